@@ -1,0 +1,75 @@
+"""COLD pool: a token-granular (page size 1) free list of slot ids.
+
+Per-request suffixes and generated tokens live here: no internal fragmentation and no
+copy on growth. Bulk allocate/free are vectorised with numpy; a boolean mask catches
+double frees and foreign ids before any state changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SLOT_DTYPE = np.int64
+
+
+class ColdPool:
+    """Free list over slots ``[slot_start, slot_start + capacity)``."""
+
+    def __init__(self, capacity: int, slot_start: int = 0, name: str = "cold"):
+        if not isinstance(capacity, (int, np.integer)) or capacity < 0:
+            raise ValueError(f"{name} pool capacity must be an integer >= 0, got {capacity!r}")
+        if slot_start < 0:
+            raise ValueError(f"{name} pool slot_start must be >= 0, got {slot_start!r}")
+        self.name = name
+        self.capacity = int(capacity)
+        self.slot_start = int(slot_start)
+        # Stack of free slots; allocation pops from the top so ids are reused LIFO
+        # (deterministic, and recently freed rows are likely still in cache on a GPU).
+        self._stack = np.arange(slot_start + capacity - 1, slot_start - 1, -1, dtype=SLOT_DTYPE)
+        self._top = self.capacity
+        self._is_free = np.ones(self.capacity, dtype=bool)
+
+    @property
+    def free(self) -> int:
+        return self._top
+
+    @property
+    def used(self) -> int:
+        return self.capacity - self._top
+
+    def owns(self, slots: np.ndarray) -> bool:
+        s = np.asarray(slots)
+        return bool(s.size == 0 or (s.min() >= self.slot_start and s.max() < self.slot_start + self.capacity))
+
+    def allocate(self, n: int) -> np.ndarray:
+        """Take ``n`` free slots; raises ValueError (state unchanged) if fewer are free."""
+        if n < 0:
+            raise ValueError(f"{self.name}: cannot allocate a negative number of slots ({n})")
+        if n > self._top:
+            raise ValueError(f"{self.name}: asked for {n} slots, only {self._top} free")
+        out = self._stack[self._top - n : self._top][::-1].copy()
+        self._top -= n
+        self._is_free[out - self.slot_start] = False
+        return out
+
+    def free_slots(self, slots: np.ndarray) -> None:
+        """Return slots to the pool. Unknown, free or repeated ids raise ValueError; state unchanged."""
+        s = np.asarray(slots, dtype=SLOT_DTYPE)
+        if s.size == 0:
+            return
+        if not self.owns(s):
+            bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
+            raise ValueError(f"{self.name}: slot id {int(bad)} is not in this pool")
+        idx = s - self.slot_start
+        already = self._is_free[idx]
+        if already.any():
+            raise ValueError(f"{self.name}: slot id {int(s[already][0])} is already free (double free)")
+        if s.size > 1 and np.unique(idx).size != s.size:
+            raise ValueError(f"{self.name}: the same slot id appears twice in one free")
+        self._is_free[idx] = True
+        self._stack[self._top : self._top + s.size] = s[::-1]
+        self._top += s.size
+
+    def free_mask(self) -> np.ndarray:
+        """Copy of the per-slot free flags (index = slot - slot_start)."""
+        return self._is_free.copy()

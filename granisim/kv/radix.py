@@ -1,0 +1,243 @@
+"""Radix index over token-id sequences (RadixAttention semantics), integers only.
+
+Each node holds a run of token ids (``key``) and the slot ids of their K/V rows
+(``value``), plus the pool that owns those slots. Matching splits a node on a partial
+match; ``lock``/``unlock`` count references along the path to the root (a locked node
+and its ancestors are never evicted); eviction frees unlocked leaves in LRU order.
+
+With ``page_size`` N > 1 every key length is a multiple of N and matches are floored to
+whole pages, as in a paged prefix cache (children are keyed by their first page).
+
+LRU uses a logical clock (not wall time) so that runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+TOKEN_DTYPE = np.int64
+
+
+class RadixNode:
+    __slots__ = ("id", "key", "value", "pool", "slab", "parent", "children", "lock_ref", "last_access")
+
+    def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray, pool: str, parent: "RadixNode | None"):
+        self.id = node_id
+        self.key = key
+        self.value = value
+        self.pool = pool
+        self.slab: int | None = None  # HOT slab id when the value is one contiguous slab
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.lock_ref = 0
+        self.last_access = 0
+
+    def __len__(self) -> int:
+        return int(self.key.size)
+
+    def __repr__(self) -> str:
+        return f"RadixNode(id={self.id}, len={len(self)}, pool={self.pool}, lock={self.lock_ref})"
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    node: RadixNode  # deepest matched node (the root when nothing matched)
+    length: int  # matched tokens
+
+    def path(self) -> list[RadixNode]:
+        """Nodes from the root's first child down to ``node``."""
+        out = []
+        n = self.node
+        while n.parent is not None:
+            out.append(n)
+            n = n.parent
+        return out[::-1]
+
+
+def path_to(node: RadixNode) -> list[RadixNode]:
+    return MatchResult(node, 0).path()
+
+
+class RadixIndex:
+    def __init__(self, page_size: int = 1, on_split: Callable[[RadixNode, RadixNode], None] | None = None):
+        if page_size < 1:
+            raise ValueError(f"radix index page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.root = RadixNode(0, np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64), "root", None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self._next_id = 1
+        self._clock = 0
+        self._on_split = on_split  # (head, tail): lets the owner split a HOT slab in step
+        self.evictable: dict[str, int] = {}
+        self.protected: dict[str, int] = {}
+        self.num_nodes = 0
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _child_key(self, tokens: np.ndarray) -> tuple[int, ...]:
+        return tuple(tokens[: self.page_size].tolist())
+
+    def _common(self, a: np.ndarray, b: np.ndarray) -> int:
+        k = min(a.size, b.size)
+        neq = np.flatnonzero(a[:k] != b[:k])
+        m = int(neq[0]) if neq.size else k
+        return m - m % self.page_size
+
+    def _account(self, node: RadixNode, sign: int) -> None:
+        bucket = self.protected if node.lock_ref else self.evictable
+        bucket[node.pool] = bucket.get(node.pool, 0) + sign * len(node)
+
+    def _split(self, child: RadixNode, m: int) -> RadixNode:
+        """Cut ``child`` after ``m`` tokens; returns the new head node (the child keeps the tail)."""
+        parent = child.parent
+        head = RadixNode(self._next_id, child.key[:m], child.value[:m], child.pool, parent)
+        self._next_id += 1
+        self.num_nodes += 1
+        head.lock_ref = child.lock_ref
+        head.last_access = child.last_access
+        child.key = child.key[m:]
+        child.value = child.value[m:]
+        child.parent = head
+        head.children[self._child_key(child.key)] = child
+        parent.children[self._child_key(head.key)] = head
+        if self._on_split is not None:
+            self._on_split(head, child)
+        return head
+
+    # ---- matching and insertion ------------------------------------------------------------
+    def match_prefix(self, tokens: np.ndarray, max_len: int | None = None) -> MatchResult:
+        """Longest cached prefix of ``tokens`` (at most ``max_len``), splitting a partially matched node."""
+        tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
+        if max_len is not None:
+            tokens = tokens[: max(0, max_len)]
+        node, pos, now = self.root, 0, self._tick()
+        while pos + self.page_size <= tokens.size:
+            child = node.children.get(self._child_key(tokens[pos:]))
+            if child is None:
+                break
+            m = self._common(child.key, tokens[pos:])
+            if m == 0:
+                break
+            partial = m < len(child)
+            if partial:
+                child = self._split(child, m)
+            child.last_access = now
+            node, pos = child, pos + m
+            if partial:
+                break
+        return MatchResult(node, pos)
+
+    def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str) -> tuple[RadixNode, int]:
+        """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).
+
+        The caller still owns the slots of the already-cached part (they duplicate the
+        tree's) and must free them; the rest now belongs to the tree.
+        """
+        tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
+        slots = np.asarray(slots, dtype=np.int64)
+        if tokens.size != slots.size:
+            raise ValueError(f"radix insert: {tokens.size} tokens but {slots.size} slots")
+        if tokens.size % self.page_size:
+            raise ValueError(f"radix insert: length {tokens.size} is not a multiple of page_size {self.page_size}")
+        match = self.match_prefix(tokens)
+        node, pos = match.node, match.length
+        if pos < tokens.size:
+            leaf = RadixNode(self._next_id, tokens[pos:].copy(), slots[pos:].copy(), pool, node)
+            self._next_id += 1
+            self.num_nodes += 1
+            leaf.last_access = self._tick()
+            node.children[self._child_key(leaf.key)] = leaf
+            self._account(leaf, +1)
+            node = leaf
+        return node, pos
+
+    # ---- reference counts -----------------------------------------------------------------
+    def lock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._account(node, -1)
+                node.lock_ref = 1
+                self._account(node, +1)
+            else:
+                node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        # check the whole path first so a bad unlock leaves the state unchanged
+        n = node
+        while n is not self.root:
+            if n.lock_ref <= 0:
+                raise ValueError(f"radix unlock: node {n.id} would drop below zero references")
+            n = n.parent
+        now = self._tick()
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self._account(node, -1)
+                node.lock_ref = 0
+                self._account(node, +1)
+            else:
+                node.lock_ref -= 1
+            node.last_access = now
+            node = node.parent
+
+    # ---- eviction -------------------------------------------------------------------------
+    def evictable_leaves(self, pool: str | None = None) -> list[RadixNode]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            if n.children:
+                stack.extend(n.children.values())
+            elif n is not self.root and n.lock_ref == 0 and (pool is None or n.pool == pool):
+                out.append(n)
+        return out
+
+    def remove_leaf(self, leaf: RadixNode) -> None:
+        if leaf.children or leaf.lock_ref or leaf is self.root:
+            raise ValueError(f"radix: node {leaf.id} is not an unlocked leaf")
+        self._account(leaf, -1)
+        del leaf.parent.children[self._child_key(leaf.key)]
+        self.num_nodes -= 1
+
+    def evict(self, num_tokens: int, pool: str, free: Callable[[RadixNode], None]) -> int:
+        """Evict unlocked leaves of ``pool`` in LRU order until ``num_tokens`` are freed.
+
+        ``free`` releases a node's storage. Returns the tokens freed (may fall short).
+        """
+        heap = [(n.last_access, n.id, n) for n in self.evictable_leaves(pool)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_tokens:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            self.remove_leaf(leaf)
+            free(leaf)
+            freed += len(leaf)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0 and parent.pool == pool:
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        return freed
+
+    def evict_subtree(self, node: RadixNode, free: Callable[[RadixNode], None]) -> int:
+        """Evict an unlocked node with all its descendants (all unlocked, since locks reach the root)."""
+        if node.lock_ref:
+            raise ValueError(f"radix: cannot evict locked node {node.id}")
+        freed = 0
+        for child in list(node.children.values()):
+            freed += self.evict_subtree(child, free)
+        self.remove_leaf(node)
+        free(node)
+        return freed + len(node)
+
+    def nodes(self) -> list[RadixNode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out

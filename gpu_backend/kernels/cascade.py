@@ -1,0 +1,68 @@
+"""Cascade prefix pass: each prefix group's decode queries stacked (M_eff = B_group * G rows per
+KV head) over the group's shared prefix in any storage, split along KV, in ONE launch.
+
+Kernel: `split_kv._split_kv_kernel` (+ `_combine_kernel` when split). The result is the
+prefix half of each query's attention; merge it with the suffix half (`merge.merge_states`).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import checks
+from .. import layout as L
+from . import split_kv
+
+
+def block_m_for(rows: int) -> int:
+    """Smallest power-of-two row tile >= rows, between 16 (tl.dot minimum) and 128."""
+    return max(16, min(128, triton.next_power_of_2(max(rows, 1))))
+
+
+def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
+            max_rows, max_kv_len, kv_name):
+    """Shared argument checks for the split-KV launchers; returns (out, lse, scale, max_rows, max_kv_len)."""
+    num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
+    checks.queries("q", q, n_kv=n_kv, d=d, dtype=k_cache.dtype, device=k_cache.device)
+    T, n_q, _ = q.shape
+    n_groups = group_indptr.shape[0] - 1 if isinstance(group_indptr, torch.Tensor) else None
+    if check:
+        L.check_indptr("group_indptr", group_indptr, None, T, k_cache.device)
+        L.validate(kv, n=n_groups, num_slots=num_slots, device=k_cache.device, name=kv_name)
+    elif L.num_seqs(kv) != n_groups:
+        raise ValueError(f"{kv_name} describes {L.num_seqs(kv)} sequences, group_indptr {n_groups}")
+    out = checks.out_tensor("out", out, (T, n_q, d), q.dtype, q.device)
+    lse = checks.out_tensor("lse", lse, (T, n_q), torch.float32, q.device)
+    if max_rows is None:
+        p = group_indptr.cpu().long()
+        max_rows = int((p[1:] - p[:-1]).max()) if n_groups else 0
+    if max_kv_len is None:
+        max_kv_len = L.max_len(kv)
+    return out, lse, split_kv.default_scale(d, sm_scale), max_rows, max_kv_len
+
+
+def cascade_prefix_attention(
+    *, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    group_indptr: torch.Tensor, prefix: L.KVLayout,
+    sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+    max_group_size: int | None = None, max_kv_len: int | None = None, check: bool = True,
+    block_m: int | None = None, block_n: int = 64, num_warps: int | None = None,
+    num_stages: int = 3, kv_chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, n_q, d] sorted by group; group g owns rows group_indptr[g]:group_indptr[g+1] and its
+    prefix is sequence g of `prefix`. Returns o [T, n_q, d] (q.dtype), lse [T, n_q] fp32 (natural log).
+
+    `max_group_size` / `max_kv_len` (host ints) avoid a device read; with `check=False` and both
+    given the call is CUDA-graph capturable.
+    """
+    out, lse, scale, max_rows, max_kv_len = prepare(
+        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
+        lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
+        kv_name="prefix")
+    G = q.shape[1] // k_cache.shape[1]
+    bm = block_m or block_m_for(max_rows * G)
+    return split_kv.launch(
+        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
+        lse=lse, sm_scale=scale, max_rows=max_rows, max_kv_len=max_kv_len, block_m=bm,
+        block_n=block_n, num_warps=num_warps or (4 if bm <= 64 else 8), num_stages=num_stages,
+        kv_chunk=kv_chunk)

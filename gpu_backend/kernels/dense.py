@@ -1,0 +1,153 @@
+"""Dense prefix pass: the stacked queries of each prefix group against its contiguous HOT slab,
+GEMM-shaped (128-row M tiles, num_warps 8, software-pipelined K/V tiles). K/V tiles arrive
+through block pointers, or through TMA tensor descriptors (`use_tma=True`, Hopper+) — pick by
+measurement (reports/kernels/h200.md). Split along KV when the M tiles alone would not fill
+the GPU; partials are reduced by `split_kv._combine_kernel`.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import layout as L
+from .cascade import prepare
+from .common import LOG2E, attend, attend_full, finish, stacked_rows
+from .split_kv import _combine_kernel, plan_splits
+
+
+@triton.jit
+def _dense_kernel(
+    Q, K, V, O, LSE, OP, LSEP,        # as split_kv._split_kv_kernel
+    K_DESC, V_DESC,                   # TMA descriptors over K/V viewed [num_slots, n_kv * D] (USE_TMA)
+    GROUP_PTR, START, LEN,            # slabs: group g's prefix is slots START[g] .. START[g] + LEN[g] - 1
+    qk_scale, kv_chunk, n_kv, n_q, n_rows_total,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_hs = tl.program_id(1)
+    g = tl.program_id(2)
+    h = pid_hs % n_kv
+    s = pid_hs // n_kv
+    q_start = tl.load(GROUP_PTR + g)
+    n_rows = (tl.load(GROUP_PTR + g + 1) - q_start) * G
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok, qh, row_ok = stacked_rows(r, n_rows, q_start, h, G)
+    tok = tok.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                                   # [BLOCK_M, D]
+
+    start = tl.load(START + g)
+    length = tl.load(LEN + g)
+    lo = s * kv_chunk
+    hi = tl.minimum(lo + kv_chunk, length)
+    n_full = tl.maximum(hi - lo, 0) // BLOCK_N
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if USE_TMA:
+        for i in range(n_full):
+            row0 = start + lo + i * BLOCK_N
+            k = K_DESC.load([row0, h * D])                                         # [BLOCK_N, D]
+            v = V_DESC.load([row0, h * D])
+            m_i, l_i, acc = attend_full(q, k, v, m_i, l_i, acc, qk_scale)
+        tail = lo + n_full * BLOCK_N
+        if tail < hi:
+            pos = tail + tl.arange(0, BLOCK_N)
+            ok = pos < hi
+            k = K_DESC.load([start + tail, h * D])
+            v = tl.where(ok[:, None], V_DESC.load([start + tail, h * D]), 0.0)   # rows past the slab
+            m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale)
+    else:
+        # Block pointers bounded at the chunk's end: the tail tile reads zeros past it.
+        k_blk = tl.make_block_ptr(K + h * stride_kh, shape=(start + hi, D), strides=(stride_kt, 1),
+                                  offsets=(start + lo, 0), block_shape=(BLOCK_N, D), order=(1, 0))
+        v_blk = tl.make_block_ptr(V + h * stride_vh, shape=(start + hi, D), strides=(stride_vt, 1),
+                                  offsets=(start + lo, 0), block_shape=(BLOCK_N, D), order=(1, 0))
+        for i in range(n_full):
+            k = tl.load(k_blk)
+            v = tl.load(v_blk)
+            m_i, l_i, acc = attend_full(q, k, v, m_i, l_i, acc, qk_scale)
+            k_blk = tl.advance(k_blk, (BLOCK_N, 0))
+            v_blk = tl.advance(v_blk, (BLOCK_N, 0))
+        tail = lo + n_full * BLOCK_N
+        if tail < hi:
+            pos = tail + tl.arange(0, BLOCK_N)
+            k = tl.load(k_blk, boundary_check=(0,), padding_option="zero")
+            v = tl.load(v_blk, boundary_check=(0,), padding_option="zero")
+            m_i, l_i, acc = attend(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, qk_scale)
+    o, lse = finish(m_i, l_i, acc)
+
+    row = tok * n_q + qh
+    if SPLIT:
+        tl.store(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LSEP + s * n_rows_total + row, lse, mask=row_ok)
+    else:
+        tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + row, lse, mask=row_ok)
+
+
+def _descriptor(cache: torch.Tensor, block_n: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    n, h, d = cache.shape
+    if cache.stride(1) != d or cache.stride(2) != 1:
+        raise ValueError("use_tma needs each slot's [n_kv, d] row contiguous")
+    return TensorDescriptor(cache, [n, h * d], [cache.stride(0), 1], [block_n, d])
+
+
+def dense_prefix_attention(
+    *, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    group_indptr: torch.Tensor, prefix: L.Slabs,
+    sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+    max_group_size: int | None = None, max_kv_len: int | None = None, check: bool = True,
+    block_m: int = 128, block_n: int = 64, num_warps: int = 8, num_stages: int = 3,
+    kv_chunk: int | None = None, use_tma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `cascade_prefix_attention`, for prefixes held as HOT slabs only."""
+    if not isinstance(prefix, L.Slabs):
+        raise TypeError(f"prefix must be Slabs for the dense pass, got {type(prefix).__name__}")
+    out, lse, scale, max_rows, max_kv_len = prepare(
+        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
+        lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
+        kv_name="prefix")
+    T, n_q, D = q.shape
+    n_kv = k_cache.shape[1]
+    G = n_q // n_kv
+    n_groups = group_indptr.shape[0] - 1
+    if T == 0 or n_groups == 0:
+        return out, lse
+    m_tiles = max(1, triton.cdiv(max_rows * G, block_m))
+    n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
+                                  block_n=block_n, device=q.device, kv_chunk=kv_chunk)
+    R = T * n_q
+    split = n_splits > 1
+    if split:
+        op = torch.empty((n_splits, R, D), dtype=torch.float32, device=q.device)
+        lsep = torch.empty((n_splits, R), dtype=torch.float32, device=q.device)
+    else:
+        op, lsep = out, lse
+    kd, vd = (_descriptor(k_cache, block_n), _descriptor(v_cache, block_n)) if use_tma else (k_cache, v_cache)
+    with warnings.catch_warnings():  # triton 3.7 deprecates block pointers; they are still measured here
+        warnings.filterwarnings("ignore", message=".*make_block_ptr is deprecated.*")
+        _dense_kernel[(m_tiles, n_kv * n_splits, n_groups)](
+            q, k_cache, v_cache, out, lse, op, lsep, kd, vd, group_indptr, prefix.start, prefix.length,
+            scale * LOG2E, chunk, n_kv, n_q, R,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+            G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, USE_TMA=use_tma,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+    if split:
+        block_r = 16 if D >= 128 else 32
+        _combine_kernel[(triton.cdiv(R, block_r),)](
+            op, lsep, out, lse, R, n_splits, n_q, out.stride(0), out.stride(1),
+            D=D, BLOCK_R=block_r, num_warps=4)
+    return out, lse

@@ -1,0 +1,120 @@
+"""Prefill / extend: a chunk of new tokens of several requests (`qo_indptr`), each attending to
+its whole cached prefix (slot lists, page table or slab) and causally to the chunk itself.
+
+The chunk's own K/V come from `k_new`/`v_new` `[T, n_kv, d]` (the same tensors handed to
+`write_kv`), so the launch does not depend on whether the write has happened yet. Rows are GQA
+packed: row r of request i's tile is (new token r // G, q head h * G + r % G). No split along
+KV: a chunk supplies M rows enough to fill the GPU except for tiny chunks over long prefixes,
+where the engine should use `cascade_prefix_attention` over the prefix + this kernel over an
+empty prefix + `merge_states`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import checks
+from .. import layout as L
+from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
+from .split_kv import default_scale
+
+
+@triton.jit
+def _extend_kernel(
+    Q, KN, VN, K, V, O, LSE,          # Q, KN, VN, O [T, heads, D]; K, V [slots, n_kv, D]; LSE [T, n_q]
+    QO_PTR, A, B, C,                  # QO_PTR [n_req + 1]; prefix storage (common.py)
+    qk_scale, n_kv, n_q,
+    stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MODE: tl.constexpr, PAGE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    req = tl.program_id(2)
+    q_start = tl.load(QO_PTR + req)
+    n_new = tl.load(QO_PTR + req + 1) - q_start
+    n_rows = n_new * G
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok, qh, row_ok = stacked_rows(r, n_rows, q_start, h, G)
+    i_new = r // G                                                                 # token index in chunk
+    tok = tok.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                                   # [BLOCK_M, D]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+
+    # 1. the cached prefix, whole
+    base, length = kv_span(MODE, req, A, C)
+    for start in range(0, length, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        ok = pos < length
+        slots = slot_ids(MODE, B, base, pos, ok, PAGE)
+        k = tl.load(K + slots[:, None] * stride_kt + h * stride_kh + offs_d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(V + slots[:, None] * stride_vt + h * stride_vh + offs_d[None, :], mask=ok[:, None], other=0.0)
+        m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale)
+
+    # 2. the chunk itself, causal: new token i sees new tokens j <= i
+    j_hi = tl.minimum(n_new, ((pid_m + 1) * BLOCK_M - 1) // G + 1)
+    for j0 in range(0, j_hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        ok = j < n_new
+        jt = (q_start + j).to(tl.int64)
+        k = tl.load(KN + jt[:, None] * stride_knt + h * stride_knh + offs_d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(VN + jt[:, None] * stride_vnt + h * stride_vnh + offs_d[None, :], mask=ok[:, None], other=0.0)
+        causal = ok[None, :] & (j[None, :] <= i_new[:, None])
+        m_i, l_i, acc = attend(q, k, v, causal, m_i, l_i, acc, qk_scale)
+    o, lse = finish(m_i, l_i, acc)
+    tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + tok * n_q + qh, lse, mask=row_ok)
+
+
+def extend_attention(
+    *, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, qo_indptr: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: L.KVLayout,
+    sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+    max_qo_len: int | None = None, check: bool = True,
+    block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, n_q, d], k_new/v_new [T, n_kv, d]: request i's new tokens are rows
+    qo_indptr[i]:qo_indptr[i+1]; its cached prefix is sequence i of `prefix` (may be empty).
+    Returns o [T, n_q, d], lse [T, n_q] fp32."""
+    num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
+    dev = k_cache.device
+    G = checks.queries("q", q, n_kv=n_kv, d=d, dtype=k_cache.dtype, device=dev)
+    T, n_q, _ = q.shape
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        checks.tensor(name, t, dim=3, dtypes=(k_cache.dtype,), device=dev)
+        if tuple(t.shape) != (T, n_kv, d):
+            raise ValueError(f"{name} must be [{T}, {n_kv}, {d}], got {tuple(t.shape)}")
+    n_req = qo_indptr.shape[0] - 1 if isinstance(qo_indptr, torch.Tensor) else None
+    if check:
+        L.check_indptr("qo_indptr", qo_indptr, None, T, dev)
+        L.validate(prefix, n=n_req, num_slots=num_slots, device=dev, name="prefix")
+    elif L.num_seqs(prefix) != n_req:
+        raise ValueError(f"prefix describes {L.num_seqs(prefix)} sequences, qo_indptr {n_req}")
+    out = checks.out_tensor("out", out, (T, n_q, d), q.dtype, dev)
+    lse = checks.out_tensor("lse", lse, (T, n_q), torch.float32, dev)
+    if T == 0 or n_req == 0:
+        return out, lse
+    if max_qo_len is None:
+        p = qo_indptr.cpu().long()
+        max_qo_len = int((p[1:] - p[:-1]).max())
+    mode, A, B, C, page = L.kernel_args(prefix)
+    grid = (max(1, triton.cdiv(max_qo_len * G, block_m)), n_kv, n_req)
+    _extend_kernel[grid](
+        q, k_new, v_new, k_cache, v_cache, out, lse, qo_indptr, A, B, C,
+        default_scale(d, sm_scale) * LOG2E, n_kv, n_q,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1),
+        G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out, lse

@@ -1,0 +1,166 @@
+"""Split-KV (flash-decoding) attention of stacked query rows over KV in any storage.
+
+The engine room of `decode` (one query per sequence) and `cascade` (the queries of a prefix
+group stacked into M_eff = B_group * G rows per KV head). Program (m, h * S + s, g) takes rows
+[m * BLOCK_M, (m + 1) * BLOCK_M) of group g's stacked rows for KV head h, and KV positions
+[s * kv_chunk, (s + 1) * kv_chunk) of the group's sequence. With S = 1 it writes o, lse
+directly; with S > 1 it writes fp32 partials and `_combine_kernel` reduces them.
+Row index m is the fastest grid axis, so programs that share K/V tiles run together (L2).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import layout as L
+from ..checks import num_sms
+from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
+
+# Split until about this many programs per SM would run (tuned on the H200, see reports/kernels).
+CTAS_PER_SM = 2
+MIN_CHUNK = 256  # tokens per split, at least
+
+
+@triton.jit
+def _split_kv_kernel(
+    Q, K, V, O, LSE, OP, LSEP,        # Q [T, n_q, D]; K, V [slots, n_kv, D]; O [T, n_q, D]; LSE [T, n_q]
+    GROUP_PTR, A, B, C,               # GROUP_PTR [n_groups + 1] query rows; A/B/C: storage (common.py)
+    qk_scale, kv_chunk, n_kv, n_q, n_rows_total,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MODE: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_hs = tl.program_id(1)
+    g = tl.program_id(2)
+    h = pid_hs % n_kv
+    s = pid_hs // n_kv
+    q_start = tl.load(GROUP_PTR + g)
+    n_rows = (tl.load(GROUP_PTR + g + 1) - q_start) * G
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok, qh, row_ok = stacked_rows(r, n_rows, q_start, h, G)
+    tok = tok.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                                   # [BLOCK_M, D]
+
+    base, length = kv_span(MODE, g, A, C)
+    lo = s * kv_chunk
+    hi = tl.minimum(lo + kv_chunk, length)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    k_base = K + h * stride_kh + offs_d[None, :]
+    v_base = V + h * stride_vh + offs_d[None, :]
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        ok = pos < hi
+        slots = slot_ids(MODE, B, base, pos, ok, PAGE)                             # [BLOCK_N]
+        k = tl.load(k_base + slots[:, None] * stride_kt, mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(v_base + slots[:, None] * stride_vt, mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
+        m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale)
+    o, lse = finish(m_i, l_i, acc)
+
+    row = tok * n_q + qh                                                           # flat (token, head)
+    if SPLIT:
+        tl.store(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LSEP + s * n_rows_total + row, lse, mask=row_ok)
+    else:
+        tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + row, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    OP, LSEP, O, LSE,                 # OP [S, R, D] fp32; LSEP [S, R]; O [T, n_q, D]; LSE [T, n_q] (R = T * n_q)
+    n_rows_total, n_splits, n_q, stride_ot, stride_oh,
+    D: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < n_rows_total
+    rows = rows.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in range(n_splits):
+        m = tl.maximum(m, tl.load(LSEP + s * n_rows_total + rows, mask=ok, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_R, D], tl.float32)
+    w_sum = tl.zeros([BLOCK_R], tl.float32)
+    for s in range(n_splits):
+        w = tl.exp(tl.load(LSEP + s * n_rows_total + rows, mask=ok, other=float("-inf")) - m_safe)
+        part = tl.load(OP + (s * n_rows_total + rows)[:, None] * D + offs_d[None, :],
+                       mask=ok[:, None], other=0.0)
+        acc += w[:, None] * part
+        w_sum += w
+    empty = w_sum == 0.0
+    o = acc / tl.where(empty, 1.0, w_sum)[:, None]
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, w_sum)))
+    tok = rows // n_q
+    qh = rows % n_q
+    tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=ok[:, None])
+    tl.store(LSE + rows, lse, mask=ok)
+
+
+def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
+                kv_chunk: int | None = None) -> tuple[int, int]:
+    """(n_splits, kv_chunk): split along KV until about CTAS_PER_SM programs per SM would run."""
+    if kv_chunk is not None:
+        if kv_chunk <= 0 or kv_chunk % block_n:
+            raise ValueError(f"kv_chunk = {kv_chunk} must be a positive multiple of block_n={block_n}")
+        return max(1, triton.cdiv(max_kv_len, kv_chunk)), kv_chunk
+    if max_kv_len <= 0:
+        return 1, block_n
+    target = CTAS_PER_SM * num_sms(device)
+    n_splits = max(1, min(triton.cdiv(target, max(base_programs, 1)), triton.cdiv(max_kv_len, MIN_CHUNK)))
+    chunk = triton.cdiv(triton.cdiv(max_kv_len, n_splits), block_n) * block_n
+    return triton.cdiv(max_kv_len, chunk), chunk
+
+
+def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_scale,
+           max_rows: int, max_kv_len: int, block_m: int, block_n: int, num_warps: int,
+           num_stages: int, kv_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch with arguments already checked (by decode.py / cascade.py)."""
+    T, n_q, D = q.shape
+    n_kv = k_cache.shape[1]
+    G = n_q // n_kv
+    n_groups = group_indptr.shape[0] - 1
+    if T == 0 or n_groups == 0:
+        return out, lse
+    m_tiles = max(1, triton.cdiv(max_rows * G, block_m))
+    n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
+                                  block_n=block_n, device=q.device, kv_chunk=kv_chunk)
+    mode, A, B, C, page = L.kernel_args(kv)
+    R = T * n_q
+    split = n_splits > 1
+    if split:
+        op = torch.empty((n_splits, R, D), dtype=torch.float32, device=q.device)
+        lsep = torch.empty((n_splits, R), dtype=torch.float32, device=q.device)
+    else:
+        op, lsep = out, lse
+    grid = (m_tiles, n_kv * n_splits, n_groups)
+    _split_kv_kernel[grid](
+        q, k_cache, v_cache, out, lse, op, lsep, group_indptr, A, B, C,
+        sm_scale * LOG2E, chunk, n_kv, n_q, R,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page, SPLIT=split,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        block_r = 16 if D >= 128 else 32
+        _combine_kernel[(triton.cdiv(R, block_r),)](
+            op, lsep, out, lse, R, n_splits, n_q, out.stride(0), out.stride(1),
+            D=D, BLOCK_R=block_r, num_warps=4,
+        )
+    return out, lse
+
+
+def default_scale(d: int, sm_scale: float | None) -> float:
+    return 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)

@@ -319,6 +319,18 @@ class KVAllocator:
         """Evict up to ``n`` cached private-pool tokens (LRU); returns tokens freed."""
         return self._evict(self.store.name, n)
 
+    def clear_cache(self) -> int:
+        """Evict every unlocked cached node in every pool; returns tokens freed."""
+        freed = 0
+        for node in list(self.radix.root.children.values()):
+            freed += self._evict_unlocked(node)
+        return freed
+
+    def _evict_unlocked(self, node: RadixNode) -> int:
+        if node.lock_ref == 0:
+            return self.radix.evict_subtree(node, self._free_node)
+        return sum(self._evict_unlocked(c) for c in list(node.children.values()))
+
     def _make_hot_room(self, n: int) -> bool:
         hot = self.hot
         if n > hot.capacity:

@@ -1,0 +1,101 @@
+"""Allocators with one deliberate bug each: the fuzzer must catch every one of them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from granisim.fuzz import FUZZ_CAPACITY
+from granisim.kv.allocator import KVAllocator
+from granisim.kv.hot_pool import HotPool
+from granisim.kv.radix import RadixIndex, RadixNode
+
+
+class DoubleFree(KVAllocator):
+    """Caching a request's private tokens also frees them, though the radix tree now owns
+    them: the tree's eventual eviction frees them a second time."""
+
+    def _cache_private(self, seq, tokens):
+        k = tokens.size - seq.cached_len
+        handed = seq.priv[:k].copy()
+        super()._cache_private(seq, tokens)
+        self.store.release(handed)  # BUG
+
+
+class OffByOneHotPool(HotPool):
+    def allocate(self, n):
+        slab = super().allocate(n)
+        if slab is not None and n > 1:
+            start, length = self._slabs[slab]
+            self._insert_free(start + length - 1, 1)  # the slab's last slot is also handed out as free
+        return slab
+
+
+class OffByOneSlabEnd(KVAllocator):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.hot = OffByOneHotPool(self.hot.capacity, self.hot.slot_start)
+
+
+class EvictsLockedRadix(RadixIndex):
+    def evictable_leaves(self, pool=None):
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            if n.children:
+                stack.extend(n.children.values())
+            elif n is not self.root and (pool is None or n.pool == pool):
+                out.append(n)  # BUG: ignores lock_ref
+        return out
+
+    def remove_leaf(self, leaf):
+        saved = leaf.lock_ref
+        leaf.lock_ref = 0
+        self._account(leaf, -1)
+        leaf.lock_ref = saved
+        del leaf.parent.children[self._child_key(leaf.key)]
+        self.num_nodes -= 1
+
+
+class EvictsLockedNode(KVAllocator):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.radix = EvictsLockedRadix(self.page_size, on_split=self._on_split)
+
+
+class LosesSlotOnSplitRadix(RadixIndex):
+    def _split(self, child, m):
+        head = super()._split(child, m)
+        if head.pool != "hot" and len(head) > 1:
+            head.value = head.value.copy()
+            head.value[-1] = head.value[0]  # BUG: the head's last slot is replaced, the real one is lost
+        return head
+
+
+class LosesSlotOnSplit(KVAllocator):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.radix = LosesSlotOnSplitRadix(self.page_size, on_split=self._on_split)
+
+
+class StaleLayoutAfterCompaction(KVAllocator):
+    def compact(self):
+        copies = self.hot.compact()  # BUG: node values keep pointing at the old slab positions
+        self._copies.extend(copies)
+        return copies
+
+
+def _hot(cls):
+    return lambda: cls("granikv", FUZZ_CAPACITY, hot_fraction=0.25)
+
+
+def _tok(cls):
+    return lambda: cls("token", FUZZ_CAPACITY)
+
+
+PLANTED = {
+    "double_free": _tok(DoubleFree),
+    "off_by_one_slab_end": _hot(OffByOneSlabEnd),
+    "evicts_locked_node": _tok(EvictsLockedNode),
+    "slot_lost_on_split": _tok(LosesSlotOnSplit),
+    "stale_layout_after_compaction": _hot(StaleLayoutAfterCompaction),
+}

@@ -2,7 +2,8 @@
 
 (o1, lse1) and (o2, lse2) are attention over disjoint key sets (natural-log LSE). Result:
 o = (e^lse1 o1 + e^lse2 o2) / (e^lse1 + e^lse2), lse = log(e^lse1 + e^lse2), in fp32.
-A state with lse = -inf is absent (an empty prefix or suffix); both absent -> o = 0, lse = -inf.
+A state with lse = -inf is absent (an empty prefix or suffix; its o is ignored, even NaN);
+both absent -> o = 0, lse = -inf.
 """
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def _merge_kernel(
     tot = w1 + w2
     empty = tot == 0.0
     tot_safe = tl.where(empty, 1.0, tot)
-    o = (o1 * w1[:, None] + o2 * w2[:, None]) / tot_safe[:, None]
+    # an absent state (weight 0) contributes nothing, whatever its o holds
+    o = (tl.where(w1[:, None] > 0, o1 * w1[:, None], 0.0)
+         + tl.where(w2[:, None] > 0, o2 * w2[:, None], 0.0)) / tot_safe[:, None]
     tl.store(O + offs, o.to(O.dtype.element_ty), mask=ok[:, None])
     tl.store(LO + rows, tl.where(empty, float("-inf"), m + tl.log(tot_safe)), mask=ok)
 

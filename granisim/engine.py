@@ -1,0 +1,138 @@
+"""The engine loop (SimPy): one process plans and executes steps, arrivals feed the queue.
+
+    plan = scheduler.schedule(now)          # allocator + radix index decide
+    result = executor.execute(plan)         # predicted (cost model) or measured (GPU) seconds
+    yield env.timeout(result.duration_s)    # the clock advances by the step's duration
+    scheduler.postprocess(plan, result, now)
+
+Event ordering at equal times: arrivals are scheduled with SimPy's URGENT priority, so a
+request arriving exactly when a step ends is already queued when the next step is
+planned; a request arriving during a step waits for that step's end. Otherwise SimPy fires
+events in time order and, at equal time and priority, in creation order — so the same
+scenario and seed give identical results.
+
+Decode fast-forward (executors with ``max_steps_per_plan > 1``): when a step is decode
+only and nothing can change the batch before its end, the engine lets one plan stand for
+k identical steps, stopping at the step boundary at or after the next arrival or queue
+expiry. The results equal stepping one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+from simpy.core import URGENT
+from tqdm import tqdm
+
+from granisim.kv.allocator import make_allocator
+from granisim.metrics import StepLog
+from granisim.plan import Executor
+from granisim.request import RequestRecord
+from granisim.scheduler import Scheduler
+from granisim.workload import ArrivalQueue, Workload
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    steps: StepLog
+    end_s: float
+    info: dict = field(default_factory=dict)
+
+
+def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.Event:
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, value  # what simpy.Timeout sets; we only change the priority
+    env.schedule(ev, URGENT, delay)
+    return ev
+
+
+class Engine:
+    def __init__(self, setup, executor: Executor, *, progress: bool = True):
+        self.setup = setup
+        self.executor = executor
+        self.progress = progress
+        s = setup.scenario
+        self.allocator = make_allocator(s.policy.name, setup.kv_budget, hot_fraction=s.policy.hot_fraction,
+                                        page_size=s.policy.page_size)
+        self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
+                                   m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
+                                   needs_layouts=executor.needs_layouts)
+        self.workload = Workload(s.workload, s.seed, setup.trace)
+        self.steps = StepLog()
+        self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)
+        self._wake: simpy.Event | None = None
+
+    def run(self) -> SimResult:
+        env = self.env = simpy.Environment()
+        initial = self.workload.initial()
+        self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
+        env.process(self._arrivals(initial))
+        env.process(self._engine())
+        env.run()
+        self._bar.close()
+        return SimResult(self.scheduler.records, self.steps, env.now,
+                         dict(kv_budget=self.setup.kv_budget, preemptions=self.scheduler.preemptions))
+
+    # ---- processes ------------------------------------------------------------------------
+    def _arrivals(self, specs):
+        """Deliver requests at their arrival times (URGENT: before a step ending then is planned)."""
+        queue = ArrivalQueue(specs)
+        for s in specs:
+            heapq.heappush(self._pending, s.arrival_s)
+        while len(queue):
+            spec = queue.pop()
+            yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
+            heapq.heappop(self._pending)
+            self.scheduler.add(spec, self.env.now)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+
+    def _engine(self):
+        env, sched, ex = self.env, self.scheduler, self.executor
+        n_done = 0
+        while True:
+            sched.expire(env.now)
+            plan = sched.schedule(env.now)
+            if plan is None:
+                if not self._pending and not sched.has_work:
+                    break
+                self._wake = env.event()
+                yield self._wake
+                continue
+            steps = 1
+            if ex.max_steps_per_plan > 1:
+                steps = min(sched.fast_forward_limit(plan), ex.max_steps_per_plan)
+            if steps > 1:
+                durations = ex.execute(dataclasses.replace(plan, num_steps=steps)).step_durations
+                steps = self._steps_until_event(durations, steps)
+            if steps > 1:
+                sched.extend_plan(plan, steps)
+                plan = dataclasses.replace(plan, num_steps=steps)
+            result = ex.execute(plan)
+            start = env.now
+            yield env.timeout(result.duration_s)
+            done = sched.postprocess(plan, result, env.now, steps)
+            self.steps.record(start, plan, result, self.allocator)
+            for r in done:
+                nxt = self.workload.follow_up(r.spec, r.tokens[r.prompt_len : r.n_tokens], env.now)
+                if nxt is not None:
+                    self._bar.total += 1
+                    env.process(self._arrivals([nxt]))
+            n_finished = len(sched.records)
+            if n_finished != n_done:
+                self._bar.update(n_finished - n_done)
+                n_done = n_finished
+
+    def _steps_until_event(self, durations, k: int) -> int:
+        """Steps to run so that the block ends at the first step boundary at or after the next event."""
+        nxt = [t for t in (self._pending[0] if self._pending else None, self.scheduler.next_expiry()) if t is not None]
+        if not nxt:
+            return k
+        gap = min(nxt) - self.env.now
+        cum = np.cumsum(durations)
+        return int(min(k, np.searchsorted(cum, gap, side="left") + 1))

@@ -1,0 +1,132 @@
+"""Scenario files (TOML) validated by pydantic: every field, its default and its range.
+
+A user mistake becomes a :class:`ScenarioError` with one line naming the file, the field
+and the value; the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+POLICY_RE = re.compile(r"^(granikv|token|paged\d*)$")
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelCfg(_Strict):
+    name: str = "llama-3.1-8b"
+
+
+class HardwareCfg(_Strict):
+    profile: str = "a100-80gb"  # name of a shipped profile or a path to a profile JSON
+    mem_fraction: float = Field(0.9, gt=0, le=1)  # share of GPU memory the engine may take
+    reserve_gb: float = Field(4.0, ge=0)  # activations, workspace, CUDA graphs
+    kv_budget_tokens: int | None = Field(None, gt=0)  # override the derived budget
+
+
+class PolicyCfg(_Strict):
+    name: str = "granikv"  # granikv | token | paged | paged<N>
+    hot_fraction: float = Field(0.2, ge=0, le=1)
+    page_size: int = Field(16, ge=1)  # for `paged` without a number
+    m_sat: int | None = Field(None, ge=1)  # dense when M_eff >= m_sat; default: the profile's
+    dispatch: Literal["threshold", "cost"] = "threshold"
+
+    @field_validator("name")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if not POLICY_RE.match(v):
+            raise ValueError(f"unknown policy {v!r}; use granikv, token, paged or paged<N> (e.g. paged16)")
+        return v
+
+
+class SchedulerCfg(_Strict):
+    max_batch_tokens: int = Field(8192, ge=1)  # new tokens per step (prefill chunks + decodes)
+    max_running: int = Field(256, ge=1)
+    preempt_order: Literal["retract", "lifo"] = "retract"  # SGLang's retract order | vLLM's LIFO
+    new_token_ratio: float = Field(0.3, ge=0, le=1)  # share of outstanding outputs reserved at admission
+    fast_forward: bool = True  # advance identical decode steps at once where exact
+    max_waiting: int = Field(0, ge=0)  # 0 = unlimited queue; else arrivals beyond are rejected
+    queue_timeout_s: float = Field(0.0, ge=0)  # 0 = wait forever; else waiting longer is rejected
+
+
+class WorkloadCfg(_Strict):
+    kind: Literal["multi_agent", "control", "azure"] = "multi_agent"
+    num_requests: int = Field(0, ge=0)  # 0 = as many as the trace has rows
+    rate: float = Field(1.0, gt=0)  # Poisson arrivals per second
+    arrivals: Literal["poisson", "trace"] = "poisson"
+    roles: int = Field(4, ge=1)  # k: distinct agent prefixes
+    prefix_len: int = Field(16384, ge=1)  # L_p
+    role_dist: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: float = Field(1.0, gt=0)
+    trace: str | None = None  # CSV with arrived_at, num_prefill_tokens, num_decode_tokens
+    time_scale: float = Field(1.0, gt=0)  # trace timestamps divided by this
+    suffix_scale: float = Field(1.0, gt=0)
+    output_scale: float = Field(1.0, gt=0)
+    max_output_len: int = Field(0, ge=0)  # 0 = no cap
+    turns: int = Field(1, ge=1)  # turns per session (multi-turn when > 1)
+    think_time_s: float = Field(0.0, ge=0)
+    followup_scale: float = Field(0.25, gt=0)  # follow-up message length vs a trace prompt
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 0
+    model: ModelCfg = ModelCfg()
+    hardware: HardwareCfg = HardwareCfg()
+    policy: PolicyCfg = PolicyCfg()
+    scheduler: SchedulerCfg = SchedulerCfg()
+    workload: WorkloadCfg = WorkloadCfg()
+
+    def with_changes(self, **dotted) -> "Scenario":
+        """Copy with fields replaced by dotted name, e.g. ``{"policy.name": "token"}``."""
+        data = self.model_dump()
+        for key, value in dotted.items():
+            target, parts = data, key.split(".")
+            for p in parts[:-1]:
+                if p not in target or not isinstance(target[p], dict):
+                    raise ScenarioError(f"unknown scenario field {key!r}")
+                target = target[p]
+            if parts[-1] not in target:
+                raise ScenarioError(f"unknown scenario field {key!r}")
+            target[parts[-1]] = value
+        return parse_scenario(data, source="<override>")
+
+
+def _format(err: ValidationError, source: str) -> str:
+    e = err.errors()[0]
+    field = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        return f"{source}: unknown field {field!r}"
+    msg = e["msg"].removeprefix("Value error, ")
+    return f"{source}: field {field} = {e.get('input')!r}: {msg}"
+
+
+def parse_scenario(data: dict, source: str = "<scenario>") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(_format(err, source)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read scenario file ({err.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ScenarioError(f"{path}: not valid TOML ({err})") from None
+    return parse_scenario(data, source=str(path))

@@ -62,7 +62,7 @@ def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
     for r in records:
         rows.append(dict(rid=r.rid, role=r.role, session=r.session, turn=r.turn, status=r.status,
                          reason=r.reason, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
-                         output_len=r.output_len, cached_tokens=r.cached_tokens, preemptions=r.preemptions,
+                         output_len=r.output_len, generated=r.generated, cached_tokens=r.cached_tokens, preemptions=r.preemptions,
                          queue_s=r.queue_s, ttft_s=r.ttft_s, tpot_s=r.tpot_s, e2e_s=r.e2e_s,
                          finish_s=r.finish_s))
     return pd.DataFrame(rows).sort_values("rid", kind="stable").reset_index(drop=True)

@@ -64,6 +64,7 @@ class RequestRecord:
     finish_s: float = float("nan")
     cached_tokens: int = 0
     preemptions: int = 0
+    generated: int = 0
 
     @property
     def ttft_s(self) -> float:

@@ -290,4 +290,4 @@ class Scheduler:
         s = r.spec
         self.records.append(RequestRecord(s.rid, s.role, s.session, s.turn, s.arrival_s, r.prompt_len,
                                           s.output_len, "completed", "", r.admitted_s, r.first_token_s, now,
-                                          r.cached_at_admit, r.preemptions))
+                                          r.cached_at_admit, r.preemptions, r.generated))

@@ -71,7 +71,7 @@ class Engine:
         env = self.env = simpy.Environment()
         initial = self.workload.initial()
         self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
-        env.process(self._arrivals(initial))
+        self._add_arrivals(initial)
         env.process(self._engine())
         env.run()
         self._bar.close()
@@ -79,11 +79,14 @@ class Engine:
                          dict(kv_budget=self.setup.kv_budget, preemptions=self.scheduler.preemptions))
 
     # ---- processes ------------------------------------------------------------------------
-    def _arrivals(self, specs):
-        """Deliver requests at their arrival times (URGENT: before a step ending then is planned)."""
-        queue = ArrivalQueue(specs)
+    def _add_arrivals(self, specs) -> None:
+        # counted as pending at once, so the engine never stops while one is on its way
         for s in specs:
             heapq.heappush(self._pending, s.arrival_s)
+        self.env.process(self._arrivals(ArrivalQueue(specs)))
+
+    def _arrivals(self, queue: ArrivalQueue):
+        """Deliver requests at their arrival times (URGENT: before a step ending then is planned)."""
         while len(queue):
             spec = queue.pop()
             yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
@@ -122,7 +125,7 @@ class Engine:
                 nxt = self.workload.follow_up(r.spec, r.tokens[r.prompt_len : r.n_tokens], env.now)
                 if nxt is not None:
                     self._bar.total += 1
-                    env.process(self._arrivals([nxt]))
+                    self._add_arrivals([nxt])
             n_finished = len(sched.records)
             if n_finished != n_done:
                 self._bar.update(n_finished - n_done)

@@ -117,3 +117,12 @@ def test_granikv_uses_a_hot_slab_and_a_prefix_pass():
     assert st.hot_placements == sc.workload.roles
     steps = res.steps.frame()
     assert (steps.groups_cascade + steps.groups_dense).sum() > 0
+
+
+def test_multi_turn_sessions_lose_no_turn_and_hit_their_own_context():
+    sc = small(**{"workload.turns": 3, "workload.num_requests": 12, "workload.think_time_s": 0.0})
+    _, eng, _, reqs = run(sc)
+    assert len(reqs) == 36 and set(reqs.status) == {"completed"}
+    later = reqs[reqs.turn > 0]
+    # a follow-up turn finds its previous turn's prompt and outputs in the cache
+    assert (later.cached_tokens > later.prompt_len * 0.5).all()

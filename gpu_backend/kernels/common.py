@@ -60,7 +60,7 @@ def finish(m_i, l_i, acc):
 
 
 @triton.jit
-def stacked_rows(r, n_rows, q_start, h, G: tl.constexpr):
+def stacked_rows(r, n_rows, q_start, h, G):
     """Stacked row r of a group -> (query token, query head, valid). Row r = b * G + g."""
     valid = r < n_rows
     tok = q_start + r // G

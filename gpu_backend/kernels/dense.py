@@ -25,7 +25,7 @@ def _dense_kernel(
     GROUP_PTR, START, LEN,            # slabs: group g's prefix is slots START[g] .. START[g] + LEN[g] - 1
     qk_scale, kv_chunk, n_kv, n_q, n_rows_total,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    G, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_m = tl.program_id(0)

@@ -27,7 +27,7 @@ def _extend_kernel(
     qk_scale, n_kv, n_q,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    G, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MODE: tl.constexpr, PAGE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)

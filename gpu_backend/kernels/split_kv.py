@@ -30,7 +30,7 @@ def _split_kv_kernel(
     GROUP_PTR, A, B, C,               # GROUP_PTR [n_groups + 1] query rows; A/B/C: storage (common.py)
     qk_scale, kv_chunk, n_kv, n_q, n_rows_total,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    G, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MODE: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)

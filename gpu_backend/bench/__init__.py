@@ -1,0 +1,1 @@
+"""Benchmarks, tuning sweep and sanitizer driver for the kernels (run on a GPU; see reports/kernels)."""

@@ -113,7 +113,10 @@ def cmd_fuzz(args) -> int:
     hypothesis.seed(args.seed)(machine)
     try:
         run_state_machine_as_test(machine, settings=fuzz_settings(args.examples, args.steps))
-    except Exception as err:  # hypothesis has printed the shrunk rule sequence above
+    except Exception as err:
+        # hypothesis attaches the shrunk, replayable rule sequence to the error as notes
+        for note in getattr(err, "__notes__", []):
+            print(note, file=sys.stderr)
         print(f"\nFUZZ FAILURE ({args.allocator}): {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     print(f"fuzz {args.allocator}: {args.examples} examples, no invariant violated (seed {args.seed})")

@@ -1,0 +1,87 @@
+"""The CLI: bad input gives one line naming file, field and value, exit 2, no traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from granisim.cli import main
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[workload]\nratee = 3\n", "unknown field 'workload.ratee'"),
+    ("[workload]\nrate = 'fast'\n", "field workload.rate = 'fast'"),
+    ("[workload]\nrate = -2\n", "field workload.rate = -2"),
+    ("[policy]\nhot_fraction = 1.5\n", "field policy.hot_fraction = 1.5"),
+    ("[policy]\nname = 'vllm'\n", "field policy.name = 'vllm'"),
+    ("[model]\nname = 'gpt-9'\n", "field model.name = 'gpt-9'"),
+    ("[hardware]\nprofile = 'tpu-v9'\n", "field hardware.profile = 'tpu-v9'"),
+    ("[hardware]\nkv_budget_tokens = 1000\n[workload]\nprefix_len = 16384\n", "too small for one request"),
+    ("[workload]\ntrace = '/nonexistent/trace.csv'\n", "field workload.trace = '/nonexistent/trace.csv': file not found"),
+    ("this is = = not toml", "not valid TOML"),
+])
+def test_bad_scenarios_exit_2_with_one_line(tmp_path, capsys, text, needle):
+    path = _write(tmp_path, text)
+    assert main(["run", path, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err, err
+    assert path in err or "tpu-v9" in err or "gpt-9" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_missing_scenario_file(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.toml")]) == 2
+    assert "cannot read scenario file" in capsys.readouterr().err
+
+
+def test_run_writes_outputs(tmp_path):
+    path = _write(tmp_path, "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 20\nrate = 5.0\n"
+                            "max_output_len = 16\n")
+    out = tmp_path / "out"
+    assert main(["run", path, "--out", str(out)]) == 0
+    for f in ("requests.parquet", "steps.parquet", "summary.json", "latency_cdf.png", "occupancy_batch.png",
+              "trace.json"):
+        assert (out / f).exists(), f
+    assert json.loads((out / "summary.json").read_text())["completed"] == 20
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["traceEvents"]
+
+
+def test_compare_runs_each_policy(tmp_path, capsys):
+    path = _write(tmp_path, "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 15\nrate = 5.0\n"
+                            "max_output_len = 8\n")
+    assert main(["compare", path, "--policies", "granikv,token,paged16", "--out", str(tmp_path / "c")]) == 0
+    table = capsys.readouterr().out
+    for pol in ("granikv", "token", "paged16"):
+        assert pol in table
+        assert (tmp_path / "c" / pol / "summary.json").exists()
+
+
+def test_fuzz_command_passes_on_a_real_policy(capsys):
+    assert main(["fuzz", "--allocator", "token", "--examples", "20", "--seed", "1"]) == 0
+
+
+def test_console_script_reports_errors_without_traceback(tmp_path):
+    path = _write(tmp_path, "[workload]\nrate = 0\n")
+    proc = subprocess.run([sys.executable, "-m", "granisim.cli", "run", path], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "workload.rate" in proc.stderr
+
+
+def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys):
+    import granisim.fuzz
+    from tests.granisim.planted_bugs import PLANTED
+
+    monkeypatch.setattr(granisim.fuzz, "default_factory", lambda policy: PLANTED["evicts_locked_node"])
+    assert main(["fuzz", "--allocator", "token", "--examples", "300", "--seed", "3"]) == 1
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert "FUZZ FAILURE" in text
+    assert "state = AllocatorMachine()" in text  # hypothesis' reproducible rule sequence

@@ -1,0 +1,495 @@
+"""Cost model: a batch plan's predicted duration from a hardware profile and a model shape.
+
+Pure functions (no SimPy, no state visible to callers). Every coefficient comes from the
+profile (``granisim/hardware.py``); per (profile, model) the derived constants are built once
+into a cached :class:`CostTables`.
+
+Operator families and their forms (per layer unless noted; ``P`` = ``bf16_flops``,
+``BW`` = ``hbm_bandwidth``, ``b`` = dtype bytes, ``kvb = 2 * n_kv * d * b`` bytes of K+V per
+token per layer; every family is least-squares fittable from microbenchmarks):
+
+``linear``
+    QKV projection, O projection, MLP up (gated: 2 x intermediate), activation, MLP down, two
+    RMS norms, RoPE, two residual adds per layer over the step's ``T`` new tokens; once per step
+    the embedding and the final norm. Roofline per family:
+    ``t(n) = launch_s + max(F(n) / (P * flop_eff), B(n) / (BW * mem_eff))`` (element-wise
+    families: ``F = 0``). With a profile ``linear_table`` (a100-80gb: Vidur's A100 timings of
+    Llama-3-8B) the table is used instead, interpolated linearly in ``n`` (proportional beyond
+    its last row), carried to other model shapes per operator by the ratio of roofline times
+    ``max(F_model/P, B_model/BW) / max(F_table/P, B_table/BW)`` — the FLOPs ratio where the
+    operator is compute-bound, the bytes ratio where it is memory-bound — and made
+    non-decreasing: a size costs no more than the cheapest larger measured size (pad up to it).
+``lm_head``
+    ``rows x hidden x vocab`` GEMM (roofline, family ``lm_head``), ``rows`` = one per request.
+``attn_prefill``
+    prefill / extend, causal over context + chunk, one kernel: rows ``num_new * G`` per KV head
+    padded to ``attn.prefill.m_tile``; ``F = 4 d n_q (q c + q (q+1) / 2) * pad``,
+    ``B = c kvb / storage_eff + q kvb + Q/O``; ``t = launch + max(F/(P e_f), B/(BW e_m))``.
+    Prefill requests take no part in prefix passes (their shared part is read here, at the
+    group's storage efficiency).
+``attn_decode``
+    one kernel over every decode request's KV that is not read by a prefix pass: the whole
+    context for path ``paged`` and ungrouped requests (the shared prefix re-read by every
+    member: the baseline's cost), ``context - shared_len`` for members of ``cascade``/``dense``
+    groups. Rows ``G`` padded to ``attn.decode.m_tile``; bytes divided by the storage gather
+    efficiency (shared part: the group's storage; the rest: the plan's page size).
+``attn_prefix``
+    one pass per ``cascade``/``dense`` group over its ``L`` prefix tokens, ``M = m_eff`` rows
+    per KV head padded to the kernel's M tile (``tiles = ceil(M / m_tile)``);
+    ``F = 4 * tiles * m_tile * n_kv * d * L``; the prefix bytes are read once per M tile.
+    ``dense``: large tile, no KV split: ``n_kv * tiles`` CTAs, occupancy
+    ``min(1, CTAs / sm_count)`` divides the roofline time (few CTAs -> idle SMs).
+    ``cascade``: small tile, KV split into ``min(ceil(ctas_per_sm * SMs / CTAs), ceil(L /
+    min_split_tokens))`` chunks (full occupancy), fp32 partials written and combined.
+``merge``
+    LSE merge of prefix and suffix partials: per member ``n_q * (2 (d+1) 4 + d b)`` bytes.
+``kv_write``
+    new tokens' K/V: ``2 * T * kvb`` bytes (read + write) at ``kv.write_eff``.
+``kv_copy``
+    compaction copies of ``plan.copies``, all layers, read + write, at ``kv.copy_eff``.
+``overhead``
+    ``overhead.step_s`` per step (host work). Each attention / KV kernel adds
+    ``overhead.kernel_launch_s`` per layer (linear-operator times include their own).
+
+``plan.num_steps = n > 1`` (decode fast-forward): step ``s`` sees every context grown by
+``s``; only ``attn_decode`` changes with ``s`` and is evaluated for all ``s`` at once with
+numpy. Copies are applied in the first step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from granisim.hardware import HardwareProfile
+from granisim.models import ModelShape
+from granisim.plan import BatchPlan, StepResult
+
+BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge",
+                  "kv_write", "kv_copy", "overhead")
+GEMM_FAMILIES = ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "lm_head")
+ELEMENTWISE_FAMILIES = ("mlp_act", "norm", "rope", "add", "embedding")
+
+# (family, table column, count) per layer, and per step (embedding, final norm).
+LAYER_OPS = (("qkv_proj", "attn_pre_proj", 1), ("o_proj", "attn_post_proj", 1),
+             ("mlp_up", "mlp_up_proj", 1), ("mlp_act", "mlp_act", 1), ("mlp_down", "mlp_down_proj", 1),
+             ("norm", "input_layernorm", 1), ("norm", "post_attention_layernorm", 1),
+             ("rope", "attn_rope", 1), ("add", "add", 2))
+STEP_OPS = (("embedding", "emb", 1), ("norm", "input_layernorm", 1))
+
+_MEMO_MAX = 200_000
+
+
+# ---- operator work ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Dims:
+    """The shape numbers the linear operators need."""
+
+    hidden: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, model: ModelShape) -> "Dims":
+        return cls(model.hidden, model.n_q_heads, model.n_kv_heads, model.head_dim,
+                   model.intermediate, model.vocab, model.dtype_bytes)
+
+
+def op_work(family: str, n, dims: Dims):
+    """(FLOPs, bytes) of one instance of an operator family over ``n`` tokens (rows).
+
+    ``n`` may be a number or a numpy array. GEMMs count weights once plus activations in and out.
+    """
+    h, q, kv, d, inter, vocab, b = (dims.hidden, dims.n_q_heads, dims.n_kv_heads, dims.head_dim,
+                                    dims.intermediate, dims.vocab, dims.dtype_bytes)
+    gemm = {"qkv_proj": (h, (q + 2 * kv) * d), "o_proj": (q * d, h), "mlp_up": (h, 2 * inter),
+            "mlp_down": (inter, h), "lm_head": (h, vocab)}
+    if family in gemm:
+        k, m = gemm[family]
+        return 2.0 * n * k * m, float(b) * (k * m + n * (k + m))
+    elementwise = {"mlp_act": 3 * inter, "norm": 2 * h, "rope": 2 * (q + kv) * d, "add": 3 * h,
+                   "embedding": 2 * h}
+    if family in elementwise:
+        return 0.0 * n, float(b) * n * elementwise[family] + (b * h if family == "norm" else 0.0)
+    raise ValueError(f"unknown operator family {family!r}")
+
+
+def roofline_time(flops, nbytes, peak_flops: float, bandwidth: float, launch_s: float = 0.0,
+                  flop_eff: float = 1.0, mem_eff: float = 1.0):
+    """``launch_s + max(flops / (peak_flops * flop_eff), nbytes / (bandwidth * mem_eff))``."""
+    return launch_s + np.maximum(flops / (peak_flops * flop_eff), nbytes / (bandwidth * mem_eff))
+
+
+def fit_roofline(flops, nbytes, seconds, peak_flops: float, bandwidth: float,
+                 max_launch_s: float | None = None) -> tuple[float, float, float]:
+    """Least-squares fit (relative error) of ``(launch_s, flop_eff, mem_eff)`` in :func:`roofline_time`.
+
+    Grid search over the two efficiencies (log-spaced, refined twice around the best point),
+    ``0 <= launch_s <= max_launch_s`` solved in closed form for each. With all ``flops == 0``
+    ``flop_eff`` is returned as 1.0. Bounding the launch keeps the fit physical: an unbounded
+    one absorbs the smooth memory->compute transition of GEMMs into a large constant that would
+    not carry over to another GPU.
+    """
+    f = np.asarray(flops, float)
+    by = np.asarray(nbytes, float)
+    t = np.asarray(seconds, float)
+    w = 1.0 / t**2
+
+    def launch_for(m):  # m [..., N] modelled time without launch -> best launch >= 0
+        return np.clip(((t - m) * w).sum(-1) / w.sum(), 0.0, max_launch_s)
+
+    def loss(m, c):
+        return (((c[..., None] + m - t) / t) ** 2).sum(-1)
+
+    lo, hi = np.log(1e-3), 0.0
+    if not np.any(f > 0):
+        grid = np.linspace(lo, hi, 400)
+        for _ in range(3):
+            em = np.exp(grid)
+            m = by[None, :] / (bandwidth * em[:, None])
+            c = launch_for(m)
+            i = int(np.argmin(loss(m, c)))
+            step = grid[1] - grid[0]
+            best = (float(c[i]), 1.0, float(em[i]))
+            grid = np.linspace(max(lo, grid[i] - 2 * step), min(hi, grid[i] + 2 * step), 400)
+        return best
+    gf = np.linspace(lo, hi, 120)
+    gm = np.linspace(lo, hi, 120)
+    for _ in range(3):
+        ef, em = np.exp(gf), np.exp(gm)
+        m = np.maximum(f[None, None, :] / (peak_flops * ef[:, None, None]),
+                       by[None, None, :] / (bandwidth * em[None, :, None]))
+        c = launch_for(m)
+        err = loss(m, c)
+        i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+        best = (float(c[i, j]), float(ef[i]), float(em[j]))
+        sf, sm = gf[1] - gf[0], gm[1] - gm[0]
+        gf = np.linspace(max(lo, gf[i] - 2 * sf), min(hi, gf[i] + 2 * sf), 120)
+        gm = np.linspace(max(lo, gm[j] - 2 * sm), min(hi, gm[j] + 2 * sm), 120)
+    return best
+
+
+# ---- per (profile, model) constants ------------------------------------------------------------
+class CostTables:
+    """Constants of one (profile, model) pair, and memoised pieces of the step cost."""
+
+    def __init__(self, profile: HardwareProfile, model: ModelShape):
+        self.profile, self.model = profile, model
+        p = profile
+        self.P, self.BW, self.sms = p.bf16_flops, p.hbm_bandwidth, p.sm_count
+        self.layers = model.num_layers
+        self.n_q, self.n_kv, self.d, self.G = model.n_q_heads, model.n_kv_heads, model.head_dim, model.group_size
+        self.b = model.dtype_bytes
+        self.kvb = 2 * self.n_kv * self.d * self.b  # K+V bytes per token per layer
+        self.dims = Dims.of(model)
+        self.launch = p["overhead.kernel_launch_s"]
+        self.step_overhead = p["overhead.step_s"]
+        self.fam = {f: (p[f"linear.{f}.launch_s"],
+                        p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
+                        p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}
+        self.page1, self.page16, self.slab = p["storage.page1_eff"], p["storage.page16_eff"], p["storage.slab_eff"]
+        L = self.layers
+        # prefill
+        self.pf_mt = int(p["attn.prefill.m_tile"])
+        self.pf_a = L / (self.P * p["attn.prefill.flop_eff"])  # s per FLOP of one layer, all layers
+        self.pf_b = L / (self.BW * p["attn.prefill.mem_eff"])
+        self.pf_launch = L * self.launch
+        # decode: per token of KV read
+        dec_rows = math.ceil(self.G / p["attn.decode.m_tile"]) * p["attn.decode.m_tile"]
+        self.dec_f_tok = 4.0 * self.n_kv * dec_rows * self.d * L / (self.P * p["attn.decode.flop_eff"])
+        self.dec_b_tok = self.kvb * L / (self.BW * p["attn.decode.mem_eff"])
+        self.dec_qo = 2.0 * self.n_q * self.d * self.b * L / (self.BW * p["attn.decode.mem_eff"])
+        self.dec_launch = L * self.launch
+        # merge, KV movement
+        self.merge_row = self.n_q * (2 * (self.d + 1) * 4 + self.d * self.b) * L / (self.BW * p["attn.merge.mem_eff"])
+        self.merge_launch = L * self.launch
+        self.kvw_tok = 2.0 * self.kvb * L / (self.BW * p["kv.write_eff"])
+        self.kvw_launch = L * self.launch
+        self.copy_tok = 2.0 * self.kvb * L / (self.BW * p["kv.copy_eff"])
+        self.copy_launch = L * self.launch
+        self._lin_grid = self._build_linear_grid()
+        self._memo_lin: dict[int, float] = {}
+        self._memo_head: dict[int, float] = {}
+        self._memo_prefix: dict[tuple, float] = {}
+        self._memo_inv: dict[tuple, float] = {}
+
+    # -- storage -------------------------------------------------------------------------------
+    def storage_eff(self, storage: str | None, page_size: int) -> float:
+        """Fraction of the contiguous read rate: slab; page size 1 ('cold', 'token', a
+        non-contiguous 'hot' run); pages of ``page_size`` ('paged', or None = the plan's private
+        storage), interpolated in log2(page size) between page 1 and page 16, flat above 16."""
+        if storage == "slab":
+            return self.slab
+        if storage in ("cold", "token", "hot"):
+            page_size = 1
+        elif storage not in ("paged", None):
+            raise ValueError(f"unknown KV storage {storage!r}; expected slab, cold, token, hot or paged")
+        x = min(1.0, math.log2(max(1, page_size)) / 4.0)
+        return self.page1 + (self.page16 - self.page1) * x
+
+    def _inv_eff(self, storage: str | None, page_size: int) -> float:
+        key = (storage, page_size)
+        v = self._memo_inv.get(key)
+        if v is None:
+            v = self._memo_inv[key] = 1.0 / self.storage_eff(storage, page_size)
+        return v
+
+    # -- linear operators ----------------------------------------------------------------------
+    def _family_time(self, family: str, n):
+        launch, ef, em = self.fam[family]
+        f, by = op_work(family, n, self.dims)
+        return roofline_time(f, by, self.P, self.BW, launch, ef, em)
+
+    def _build_linear_grid(self):
+        """(n grid, seconds per step for all layers) when the profile has a linear table."""
+        table = self.profile.linear_table
+        if table is None:
+            return None
+        n = np.asarray(table.num_tokens, float)
+        ref = Dims(**{k: int(v) for k, v in table.model.items()})
+        total = np.zeros_like(n)
+        for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
+            for family, col, count in ops:
+                fm, bm = op_work(family, n, self.dims)
+                fr, br = op_work(family, n, ref)
+                ratio = np.maximum(fm / self.P, bm / self.BW) / np.maximum(fr / self.P, br / self.BW)
+                total += np.asarray(table.ops_ms[col]) * 1e-3 * ratio * count * mult
+        # GEMMs at tile-aligned sizes run faster than at slightly smaller ones (n = 48 beats 40):
+        # a step of n tokens costs no more than the cheapest measured size >= n (pad up to it),
+        # so more tokens are never cheaper.
+        return n, np.minimum.accumulate(total[::-1])[::-1]
+
+    def linear_time(self, tokens: int) -> float:
+        """All linear/element-wise operators of one step over ``tokens`` new tokens (no LM head)."""
+        v = self._memo_lin.get(tokens)
+        if v is not None:
+            return v
+        if tokens <= 0:
+            v = 0.0
+        elif self._lin_grid is not None:
+            n, t = self._lin_grid
+            if tokens >= n[-1]:
+                v = float(t[-1] * tokens / n[-1])
+            elif tokens <= n[0]:
+                v = float(t[0] * tokens / n[0])
+            else:
+                v = float(np.interp(tokens, n, t))
+        else:
+            v = 0.0
+            for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
+                for family, _, count in ops:
+                    v += float(self._family_time(family, tokens)) * count * mult
+        if len(self._memo_lin) > _MEMO_MAX:
+            self._memo_lin.clear()
+        self._memo_lin[tokens] = v
+        return v
+
+    def lm_head_time(self, rows: int) -> float:
+        v = self._memo_head.get(rows)
+        if v is None:
+            v = 0.0 if rows <= 0 else float(self._family_time("lm_head", rows))
+            if len(self._memo_head) > _MEMO_MAX:
+                self._memo_head.clear()
+            self._memo_head[rows] = v
+        return v
+
+    # -- prefix pass -----------------------------------------------------------------------------
+    def prefix_time_array(self, path: str, prefix_len: int, m_eff, storage: str = "slab", page_size: int = 1):
+        """Seconds (all layers) of one group's prefix pass; ``m_eff`` may be a numpy array."""
+        p = self.profile
+        if path == "dense" and storage != "slab":
+            raise ValueError(f"path 'dense' needs a HOT slab, got storage {storage!r}")
+        if path not in ("dense", "cascade"):
+            raise ValueError(f"prefix pass path must be 'dense' or 'cascade', got {path!r}")
+        m = np.asarray(m_eff, float)
+        L = float(prefix_len)
+        mt = p[f"attn.{path}.m_tile"]
+        tiles = np.maximum(1.0, np.ceil(m / mt))
+        flops = 4.0 * tiles * mt * self.n_kv * self.d * L
+        kv_bytes = tiles * L * self.kvb / self.storage_eff(storage, page_size)
+        q_bytes = m * self.n_kv * self.d * self.b
+        out_bytes = m * self.n_kv * (self.d + 1) * 4.0
+        ctas = self.n_kv * tiles
+        if path == "cascade":
+            splits = np.maximum(1.0, np.minimum(np.ceil(p["attn.cascade.ctas_per_sm"] * self.sms / ctas),
+                                                math.ceil(L / p["attn.cascade.min_split_tokens"])))
+            split = splits > 1
+            nbytes = kv_bytes + q_bytes + out_bytes + np.where(split, 2.0 * splits * out_bytes, 0.0)
+            launches = np.where(split, p["attn.cascade.launches"], 1.0)
+            occ = 1.0
+        else:
+            nbytes = kv_bytes + q_bytes + out_bytes
+            launches = p["attn.dense.launches"]
+            occ = np.minimum(1.0, ctas / self.sms)
+        t = np.maximum(flops / (self.P * p[f"attn.{path}.flop_eff"]),
+                       nbytes / (self.BW * p[f"attn.{path}.mem_eff"])) / occ
+        t = self.layers * (t + launches * self.launch)
+        return np.where(L > 0, t, 0.0)
+
+    def prefix_time(self, path: str, prefix_len: int, m_eff: int, storage: str = "slab", page_size: int = 1) -> float:
+        key = (path, prefix_len, m_eff, storage, page_size)
+        v = self._memo_prefix.get(key)
+        if v is None:
+            v = float(self.prefix_time_array(path, prefix_len, m_eff, storage, page_size))
+            if len(self._memo_prefix) > _MEMO_MAX:
+                self._memo_prefix.clear()
+            self._memo_prefix[key] = v
+        return v
+
+    # -- prefill ----------------------------------------------------------------------------------
+    def prefill_time(self, reqs, inv_priv: float, ginv: list) -> float:
+        G, mt = self.G, self.pf_mt
+        f = bts = 0.0
+        for r in reqs:
+            q, c = r.num_new, r.context_len
+            if q <= 0:
+                continue
+            rows = q * G
+            pad = math.ceil(rows / mt) * mt / rows
+            f += 4.0 * self.d * self.n_q * (q * c + q * (q + 1) / 2.0) * pad
+            s = r.shared_len if r.group >= 0 else 0
+            inv_s = ginv[r.group] if s else 0.0
+            bts += self.kvb * ((c - s) * inv_priv + s * inv_s + q) + 2.0 * q * self.n_q * self.d * self.b
+        return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
+
+    # -- the step ---------------------------------------------------------------------------------
+    def step(self, plan: BatchPlan) -> StepResult:
+        page_size = plan.page_size
+        inv_priv = self._inv_eff(None, page_size)
+        # groups: prefix passes now; per-group read factor for members that re-read (paged path)
+        ginv = []
+        gpaged = []
+        prefix = 0.0
+        for g in plan.groups:
+            if g.path == "paged":
+                gpaged.append(True)
+                ginv.append(self._inv_eff(g.storage, page_size))
+            else:
+                gpaged.append(False)
+                ginv.append(self._inv_eff(g.storage, page_size))
+                prefix += self.prefix_time(g.path, g.prefix_len, g.m_eff, g.storage, page_size)
+        # requests
+        T = n_dec = tok = merge_rows = 0
+        shared_eff = 0.0
+        prefill_reqs = None
+        for r in plan.requests:
+            nn = r.num_new
+            T += nn
+            if nn == 1 and not r.is_prefill:
+                n_dec += 1
+                g = r.group
+                if g >= 0:
+                    s = r.shared_len
+                    tok += r.context_len + 1 - s
+                    if gpaged[g]:
+                        shared_eff += s * ginv[g]
+                    else:
+                        merge_rows += 1
+                else:
+                    tok += r.context_len + 1
+            elif prefill_reqs is None:
+                prefill_reqs = [r]
+            else:
+                prefill_reqs.append(r)
+        n = plan.num_steps
+        if n > 1 and prefill_reqs is not None:
+            raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
+        linear = self.linear_time(T)
+        lm_head = self.lm_head_time(len(plan.requests))
+        attn_prefill = self.prefill_time(prefill_reqs, inv_priv, ginv) if prefill_reqs else 0.0
+        merge = merge_rows * self.merge_row + self.merge_launch if merge_rows else 0.0
+        kv_write = T * self.kvw_tok + self.kvw_launch if T else 0.0
+        if plan.copies:
+            ctok = sum(c.length for c in plan.copies)
+            kv_copy = ctok * self.copy_tok + self.copy_launch
+        else:
+            kv_copy = 0.0
+        overhead = self.step_overhead
+        if n <= 1:
+            if n_dec:
+                attn_decode = max(tok * self.dec_f_tok,
+                                  (tok * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
+            else:
+                attn_decode = 0.0
+            parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
+            total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
+            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
+        # decode fast-forward: step s has every context grown by s
+        toks = tok + np.arange(n, dtype=np.int64) * n_dec
+        if n_dec:
+            dec = np.maximum(toks * self.dec_f_tok,
+                             (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
+        else:
+            dec = np.zeros(n)
+        copy = np.zeros(n)
+        copy[0] = kv_copy
+        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + overhead
+        durations = steps.tolist()
+        total = 0.0
+        for x in durations:
+            total += x
+        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(dec.sum()),
+                                              prefix * n, merge * n, kv_write * n, kv_copy, overhead * n)))
+        return StepResult(total, breakdown, step_durations=tuple(durations))
+
+
+_TABLES: dict[tuple, CostTables] = {}
+
+
+def cost_tables(profile: HardwareProfile, model: ModelShape) -> CostTables:
+    """The cached constants of (profile, model) (built once per profile object and model)."""
+    key = (profile, model)
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = CostTables(profile, model)
+    return t
+
+
+# ---- public functions --------------------------------------------------------------------------
+def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> StepResult:
+    """Predicted duration and breakdown (keys :data:`BREAKDOWN_KEYS`) of ``plan`` (all its steps)."""
+    key = (profile, model)
+    t = _TABLES.get(key)
+    if t is None:
+        t = cost_tables(profile, model)
+    return t.step(plan)
+
+
+def group_path_cost(profile: HardwareProfile, model: ModelShape, path: str, prefix_len: int, b_group: int,
+                    storage: str = "slab", page_size: int = 1) -> float:
+    """Seconds (one step, all layers) of one group's prefix pass by ``path`` ('dense' | 'cascade')
+    for ``b_group`` decode requests over ``prefix_len`` shared tokens. The suffix pass and the
+    merge are the same for both paths and are not included."""
+    t = cost_tables(profile, model)
+    return t.prefix_time(path, int(prefix_len), int(b_group) * t.G, storage, page_size)
+
+
+def cheaper_path(profile: HardwareProfile, model: ModelShape, prefix_len: int, b_group: int,
+                 storage: str = "slab", page_size: int = 1) -> str:
+    """'dense' or 'cascade', whichever the model predicts cheaper (ties: dense); 'cascade'
+    when the prefix is not one contiguous slab (dense needs a slab)."""
+    if storage != "slab":
+        return "cascade"
+    d = group_path_cost(profile, model, "dense", prefix_len, b_group, storage, page_size)
+    c = group_path_cost(profile, model, "cascade", prefix_len, b_group, storage, page_size)
+    return "dense" if d <= c else "cascade"
+
+
+def m_sat_crossover(profile: HardwareProfile, model: ModelShape, prefix_len: int, max_m_eff: int = 16384) -> int | None:
+    """Smallest ``M_eff = B * G`` (B = 1 .. max_m_eff / G) from which the dense prefix pass is no
+    dearer than cascade for every larger B in the range; None if dense never wins."""
+    t = cost_tables(profile, model)
+    m = np.arange(1, max_m_eff // t.G + 1) * t.G
+    dense = t.prefix_time_array("dense", prefix_len, m)
+    casc = t.prefix_time_array("cascade", prefix_len, m)
+    lose = np.nonzero(dense > casc)[0]
+    if lose.size == 0:
+        return int(m[0])
+    i = int(lose[-1]) + 1
+    return int(m[i]) if i < m.size else None

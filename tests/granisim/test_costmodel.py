@@ -1,0 +1,245 @@
+"""Cost model: closed forms, monotonicity, fast-forward exactness, dense vs cascade, re-reads."""
+
+import math
+
+import numpy as np
+import pytest
+
+from granisim.costmodel import (BREAKDOWN_KEYS, cheaper_path, cost_tables, fit_roofline, group_path_cost,
+                                m_sat_crossover, op_work, roofline_time, step_cost)
+from granisim.executor import CostExecutor
+from granisim.hardware import get_profile
+from granisim.kv.hot_pool import KVCopy
+from granisim.models import get_model
+from granisim.plan import BatchPlan, Executor, PlannedRequest, PrefixGroup
+
+A100 = get_profile("a100-80gb")
+H200 = get_profile("h200")
+LLAMA = get_model("llama-3.1-8b")
+G = LLAMA.group_size
+KVB = 2 * LLAMA.n_kv_heads * LLAMA.head_dim * LLAMA.dtype_bytes  # K+V bytes / token / layer
+
+
+def decode(rid, ctx, group=-1, shared=0):
+    return PlannedRequest(rid=rid, context_len=ctx, num_new=1, is_prefill=False, group=group, shared_len=shared)
+
+
+def prefill(rid, ctx, n):
+    return PlannedRequest(rid=rid, context_len=ctx, num_new=n, is_prefill=True)
+
+
+def plan(reqs, groups=(), policy="granikv", page_size=1, copies=(), steps=1):
+    return BatchPlan(step=0, policy=policy, page_size=page_size, requests=tuple(reqs), groups=tuple(groups),
+                     copies=tuple(copies), num_steps=steps)
+
+
+def group_plan(b, prefix, path, storage="slab", suffix=50, policy="granikv", page_size=1, steps=1):
+    reqs = [decode(i, prefix + suffix + i, 0, prefix) for i in range(b)]
+    g = PrefixGroup(key=7, prefix_len=prefix, storage=storage, path=path, members=tuple(range(b)), m_eff=b * G)
+    return plan(reqs, [g], policy=policy, page_size=page_size, steps=steps)
+
+
+def cost(p, profile=A100, model=LLAMA):
+    return step_cost(p, profile, model)
+
+
+# ---- shape of the result ------------------------------------------------------------------------
+def test_breakdown_keys_and_sum():
+    r = cost(group_plan(16, 4096, "cascade"))
+    assert tuple(r.breakdown) == BREAKDOWN_KEYS
+    assert r.duration_s == pytest.approx(sum(r.breakdown.values()), rel=1e-12)
+    assert r.next_tokens is None and r.step_durations is None
+    assert all(v >= 0 for v in r.breakdown.values())
+    assert r.breakdown["attn_prefix"] > 0 and r.breakdown["merge"] > 0 and r.breakdown["attn_prefill"] == 0
+
+
+def test_executor_protocol():
+    ex = CostExecutor("a100-80gb", "llama-3.1-8b")
+    ex_typed: Executor = ex  # structural: needs_layouts, max_steps_per_plan, execute
+    assert callable(ex_typed.execute)
+    assert ex.needs_layouts is False and ex.max_steps_per_plan >= 1 << 20
+    p = group_plan(8, 2048, "dense", steps=5)
+    assert ex.execute(p) == cost(p)
+    assert CostExecutor(A100, LLAMA).execute(p).duration_s == cost(p).duration_s
+
+
+# ---- closed forms ---------------------------------------------------------------------------------
+def test_one_decode_request_closed_form():
+    """attention = bytes / (bandwidth * decode mem_eff * storage eff) per layer + one launch per layer."""
+    ctx = 3000
+    for policy, page, storage_eff in (("paged", 16, A100["storage.page16_eff"]), ("token", 1, A100["storage.page1_eff"])):
+        r = cost(plan([decode(0, ctx)], policy=policy, page_size=page))
+        L, P, BW = LLAMA.num_layers, A100.bf16_flops, A100.hbm_bandwidth
+        nbytes = (ctx + 1) * KVB / storage_eff + 2 * LLAMA.n_q_heads * LLAMA.head_dim * 2
+        expect = L * (nbytes / (BW * A100["attn.decode.mem_eff"]) + A100["overhead.kernel_launch_s"])
+        flops = 4 * LLAMA.n_kv_heads * 16 * LLAMA.head_dim * (ctx + 1)  # G=4 rows padded to 16
+        assert flops / (P * A100["attn.decode.flop_eff"]) < nbytes / (BW * A100["attn.decode.mem_eff"])
+        assert r.breakdown["attn_decode"] == pytest.approx(expect, rel=1e-12)
+        kvw = L * (2 * KVB / (BW * A100["kv.write_eff"]) + A100["overhead.kernel_launch_s"])
+        assert r.breakdown["kv_write"] == pytest.approx(kvw, rel=1e-12)
+        assert r.breakdown["overhead"] == A100["overhead.step_s"]
+        head_f, head_b = op_work("lm_head", 1, cost_tables(A100, LLAMA).dims)
+        assert r.breakdown["lm_head"] == pytest.approx(float(roofline_time(
+            head_f, head_b, P, BW, A100["linear.lm_head.launch_s"], A100["linear.lm_head.flop_eff"],
+            A100["linear.lm_head.mem_eff"])), rel=1e-12)
+
+
+def test_linear_equals_vidur_table_at_grid_points():
+    t = A100.linear_table
+    i = t.num_tokens.index(1024)
+    per_layer = sum(t.ops_ms[c][i] for c in ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+                                            "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj"))
+    per_layer += 2 * t.ops_ms["add"][i]
+    expect = (LLAMA.num_layers * per_layer + t.ops_ms["emb"][i] + t.ops_ms["input_layernorm"][i]) * 1e-3
+    got = cost_tables(A100, LLAMA).linear_time(1024)
+    assert got <= expect * (1 + 1e-12) and got == pytest.approx(expect, rel=0.03)  # padded-up min only lowers
+
+
+def test_kv_copy_closed_form():
+    copies = (KVCopy(src=100, dst=0, length=300), KVCopy(src=900, dst=300, length=200))
+    r = cost(plan([decode(0, 10)], copies=copies))
+    L = LLAMA.num_layers
+    expect = 500 * 2 * KVB * L / (A100.hbm_bandwidth * A100["kv.copy_eff"]) + L * A100["overhead.kernel_launch_s"]
+    assert r.breakdown["kv_copy"] == pytest.approx(expect, rel=1e-12)
+    assert cost(plan([decode(0, 10)])).breakdown["kv_copy"] == 0
+
+
+# ---- monotonicity ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("profile", [A100, H200], ids=["a100", "h200"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen-2.5-32b"])
+def test_more_tokens_never_cheaper(profile, model):
+    m = get_model(model)
+    t = cost_tables(profile, m)
+    lin = [t.linear_time(n) for n in range(1, 40000, 37)]
+    assert np.all(np.diff(lin) >= 0)
+    prev = 0.0
+    for n in (1, 2, 7, 64, 65, 128, 500, 2048, 4096, 16384):
+        d = step_cost(plan([prefill(0, 1000, n)]), profile, m).duration_s
+        assert d >= prev
+        prev = d
+
+
+def test_longer_context_never_cheaper():
+    for mk in (lambda c: plan([decode(0, c)]), lambda c: plan([prefill(0, c, 256)]),
+               lambda c: group_plan(8, 1024, "cascade", suffix=c),
+               lambda c: group_plan(8, c + 16, "dense"), lambda c: group_plan(8, c + 16, "paged", policy="paged",
+                                                                           storage="paged", page_size=16)):
+        d = [cost(mk(c)).duration_s for c in (1, 10, 100, 1000, 5000, 20000, 60000)]
+        assert np.all(np.diff(d) >= 0), d
+
+
+def test_more_requests_never_cheaper():
+    for path in ("paged", "cascade", "dense"):
+        d = [cost(group_plan(b, 8192, path)).duration_s for b in (1, 2, 4, 16, 64, 128, 300)]
+        assert np.all(np.diff(d) > 0), (path, d)
+
+
+def test_storage_gathers_cost_more_than_slabs():
+    slab = cost(group_plan(16, 8192, "paged", storage="slab")).breakdown["attn_decode"]
+    p16 = cost(group_plan(16, 8192, "paged", storage="paged", policy="paged", page_size=16)).breakdown["attn_decode"]
+    p1 = cost(group_plan(16, 8192, "paged", storage="cold")).breakdown["attn_decode"]
+    assert slab < p16 < p1
+    c_slab = cost(group_plan(16, 8192, "cascade")).breakdown["attn_prefix"]
+    c_cold = cost(group_plan(16, 8192, "cascade", storage="cold")).breakdown["attn_prefix"]
+    assert c_slab < c_cold
+    with pytest.raises(ValueError, match="slab"):
+        cost(group_plan(16, 8192, "dense", storage="cold"))
+
+
+def test_bigger_model_costs_more():
+    p = group_plan(32, 4096, "cascade")
+    assert cost(p, model=get_model("qwen-2.5-32b")).duration_s > cost(p, model=get_model("qwen-2.5-14b")).duration_s \
+        > cost(p).duration_s
+    assert cost(p, profile=H200).duration_s < cost(p).duration_s
+
+
+# ---- decode fast-forward --------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["paged", "cascade", "dense"])
+def test_num_steps_equals_sum_of_single_steps(path):
+    n = 37
+    base = group_plan(12, 3000, path, suffix=20, steps=n)
+    extra = [decode(100, 50), decode(101, 7000)]
+    multi = plan(list(base.requests) + extra, base.groups, steps=n,
+                 copies=(KVCopy(src=10, dst=0, length=5),))
+    r = cost(multi)
+    singles = []
+    for s in range(n):
+        reqs = [PlannedRequest(q.rid, q.context_len + s, 1, False, q.group, q.shared_len) for q in multi.requests]
+        singles.append(cost(plan(reqs, multi.groups, copies=multi.copies if s == 0 else ())))
+    assert r.step_durations == tuple(x.duration_s for x in singles)  # bit for bit
+    assert r.duration_s == sum(x.duration_s for x in singles)
+    for k in BREAKDOWN_KEYS:
+        assert r.breakdown[k] == pytest.approx(sum(x.breakdown[k] for x in singles), rel=1e-12, abs=1e-15)
+
+
+def test_num_steps_rejects_prefill():
+    with pytest.raises(ValueError, match="decode-only"):
+        cost(plan([decode(0, 10), prefill(1, 0, 100)], steps=3))
+
+
+# ---- shared prefix: re-read vs once ---------------------------------------------------------------
+def test_paged_rereads_prefix_per_request_cascade_once():
+    L, B = 16384, 16
+    launches = LLAMA.num_layers * A100["overhead.kernel_launch_s"]
+    one = cost(group_plan(1, L, "paged", suffix=0)).breakdown["attn_decode"] - launches
+    paged = cost(group_plan(B, L, "paged", suffix=0)).breakdown["attn_decode"] - launches
+    assert paged / one == pytest.approx(B, rel=1e-3)  # B x the prefix bytes
+    prefix_read = L * KVB * LLAMA.num_layers / (A100.hbm_bandwidth * A100["attn.cascade.mem_eff"])
+    casc = cost(group_plan(B, L, "cascade", suffix=0)).breakdown["attn_prefix"]
+    assert prefix_read < casc < 1.5 * prefix_read  # ~once (+ launches, fp32 split partials)
+    assert (paged + launches) / casc > 0.75 * B
+
+
+# ---- dense vs cascade (A100) ----------------------------------------------------------------------
+def test_dense_loses_at_small_m_eff_and_wins_at_large():
+    for lp in (4096, 16384):
+        for b in (1, 4, 16, 64):
+            assert group_path_cost(A100, LLAMA, "cascade", lp, b) < group_path_cost(A100, LLAMA, "dense", lp, b)
+            assert cheaper_path(A100, LLAMA, lp, b) == "cascade"
+        for b in (512, 1024, 4096):
+            assert group_path_cost(A100, LLAMA, "dense", lp, b) < group_path_cost(A100, LLAMA, "cascade", lp, b)
+            assert cheaper_path(A100, LLAMA, lp, b) == "dense"
+    assert cheaper_path(A100, LLAMA, 16384, 4096, storage="cold") == "cascade"
+
+
+def test_dense_occupancy_penalty():
+    """Dense at few M tiles leaves SMs idle: the pass costs the same from M_eff = 4 to one full wave."""
+    t1 = group_path_cost(A100, LLAMA, "dense", 16384, 1)
+    t32 = group_path_cost(A100, LLAMA, "dense", 16384, 32)
+    floor = 16384 * KVB * LLAMA.num_layers / A100.hbm_bandwidth
+    assert t1 == pytest.approx(t32, rel=1e-9) and t1 > 10 * floor
+
+
+def test_a100_crossover_near_published_m_sat():
+    x = m_sat_crossover(A100, LLAMA, 16384)
+    assert x is not None and abs(x - 1024) <= 64
+    for lp in (1024, 4096, 32768):
+        x = m_sat_crossover(A100, LLAMA, lp)
+        assert x is not None and 256 <= x <= 2048
+
+
+def test_prefix_path_in_plan_matches_group_path_cost():
+    for path in ("dense", "cascade"):
+        r = cost(group_plan(64, 16384, path))
+        assert r.breakdown["attn_prefix"] == group_path_cost(A100, LLAMA, path, 16384, 64)
+
+
+# ---- fitting helper (used by calibration) ---------------------------------------------------------
+def test_fit_roofline_recovers_known_coefficients():
+    n = np.unique(np.geomspace(1, 32768, 80).astype(int)).astype(float)
+    f, b = op_work("mlp_down", n, cost_tables(A100, LLAMA).dims)
+    truth = (4e-6, 0.7, 0.8)
+    t = roofline_time(f, b, 312e12, 2.039e12, *truth)
+    got = fit_roofline(f, b, t, 312e12, 2.039e12)
+    assert got[0] == pytest.approx(truth[0], rel=0.05, abs=2e-7)
+    assert got[1] == pytest.approx(truth[1], rel=0.01) and got[2] == pytest.approx(truth[2], rel=0.01)
+    f0, b0 = op_work("norm", n, cost_tables(A100, LLAMA).dims)
+    t0 = roofline_time(f0, b0, 312e12, 2.039e12, 2e-6, 1.0, 0.4)
+    got = fit_roofline(f0, b0, t0, 312e12, 2.039e12)
+    assert got[1] == 1.0 and got[2] == pytest.approx(0.4, rel=0.01) and got[0] == pytest.approx(2e-6, rel=0.05)
+
+
+def test_empty_plan_costs_the_overhead_only():
+    r = cost(plan([]))
+    assert r.duration_s == A100["overhead.step_s"]
+    assert math.isclose(sum(r.breakdown.values()), r.duration_s)

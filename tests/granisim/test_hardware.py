@@ -1,0 +1,161 @@
+"""Hardware profiles: shipped files load, every coefficient has a valid source, bad files give
+one-line errors naming file, field and value."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from granisim.hardware import (COEFFICIENTS, PROFILE_DIR, HardwareProfile, ProfileError, available_profiles,
+                               get_profile, load_profile)
+
+SHIPPED = ["a100-80gb", "h100-sxm", "h200", "b200"]
+GIB = 2**30
+
+
+def test_shipped_profiles_present_and_load():
+    assert set(SHIPPED) <= set(available_profiles())
+    for name in SHIPPED:
+        p = get_profile(name)
+        assert isinstance(p, HardwareProfile) and p.name == name
+        assert set(p.coefficients) == set(COEFFICIENTS)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_coefficient_has_a_valid_source(name):
+    raw = json.loads((PROFILE_DIR / f"{name}.json").read_text())
+    for key, c in get_profile(name).coefficients.items():
+        s = c.source
+        assert s.kind in ("measured", "published", "extrapolated"), key
+        if s.kind == "measured":
+            assert s.date and s.command, key
+        elif s.kind == "published":
+            assert s.citation and len(s.citation) > 10, key
+        else:
+            assert s.from_ and s.how and len(s.how) > 10, key
+        assert raw["coefficients"][key]["unit"] == COEFFICIENTS[key][0]
+    if get_profile(name).linear_table is not None:
+        assert get_profile(name).linear_table.source.kind in ("measured", "published")
+
+
+def test_datasheet_values():
+    a, h1, h2, b = (get_profile(n) for n in SHIPPED)
+    assert (a.hbm_bandwidth, a.bf16_flops, a.sm_count, a.memory_bytes) == (2.039e12, 312e12, 108, 80 * GIB)
+    assert (h1.hbm_bandwidth, h1.bf16_flops, h1.sm_count, h1.memory_bytes) == (3.35e12, 989e12, 132, 80 * GIB)
+    assert (h2.hbm_bandwidth, h2.bf16_flops, h2.sm_count, h2.memory_bytes) == (4.8e12, 989e12, 132, 141 * GIB)
+    assert (b.hbm_bandwidth, b.bf16_flops, b.sm_count, b.memory_bytes) == (8e12, 2250e12, 148, 180 * GIB)
+    for p in (a, h1, h2, b):
+        for k in ("hbm_bandwidth", "bf16_flops", "sm_count", "memory_bytes"):
+            assert p.coefficients[k].source.kind == "published"
+
+
+def test_m_sat_sources():
+    a = get_profile("a100-80gb")
+    assert a.m_sat == 1024 and a.coefficients["m_sat"].source.kind == "published"
+    assert "2608.15584" in a.coefficients["m_sat"].source.citation
+    for n in ("h100-sxm", "h200", "b200"):
+        c = get_profile(n).coefficients["m_sat"]
+        assert c.source.kind == "extrapolated" and "a100" in c.source.from_
+    # scaled by the ridge ratio relative to A100
+    assert get_profile("h100-sxm").m_sat == round(1024 * (989 / 3.35) / (312 / 2.039))
+
+
+def test_only_a100_is_published_beyond_datasheets():
+    for n in ("h100-sxm", "h200", "b200"):
+        p = get_profile(n)
+        assert p.linear_table is None
+        kinds = {k: c.source.kind for k, c in p.coefficients.items()}
+        assert {k for k, v in kinds.items() if v != "extrapolated"} == {
+            "hbm_bandwidth", "bf16_flops", "sm_count", "memory_bytes"}
+
+
+def test_a100_linear_table():
+    t = get_profile("a100-80gb").linear_table
+    assert t is not None and t.path.name == "vidur_a100_llama3_8b_linear_ops.csv"
+    assert t.num_tokens[0] == 1 and t.num_tokens[-1] == 32768
+    assert list(t.num_tokens) == sorted(set(t.num_tokens))
+    assert t.ops_ms["mlp_up_proj"][0] == pytest.approx(0.142)
+    assert t.source.kind == "published" and "vidur" in t.source.citation
+
+
+def test_get_profile_by_path_and_cache(tmp_path):
+    assert get_profile("a100-80gb") is get_profile("a100-80gb")
+    assert get_profile(PROFILE_DIR / "h200.json") is get_profile("h200")
+    dst = tmp_path / "mine.json"
+    dst.write_text((PROFILE_DIR / "h200.json").read_text())
+    assert get_profile(str(dst)).name == "h200"
+    with pytest.raises(ProfileError, match="unknown profile.*a100-80gb"):
+        get_profile("v100")
+    assert issubclass(ProfileError, ValueError)
+
+
+def test_describe_lists_sources():
+    text = get_profile("a100-80gb").describe()
+    assert "published" in text and "extrapolated" in text and "hbm_bandwidth" in text
+
+
+# ---- bad files ----------------------------------------------------------------------------------
+BASE = json.loads((PROFILE_DIR / "h200.json").read_text())
+
+
+def _write(tmp_path: Path, doc) -> Path:
+    p = tmp_path / "bad.json"
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return p
+
+
+def _err(tmp_path, doc) -> str:
+    p = _write(tmp_path, doc)
+    with pytest.raises(ProfileError) as e:
+        load_profile(p)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg
+    return msg
+
+
+def _with(mut):
+    d = copy.deepcopy(BASE)
+    mut(d)
+    return d
+
+
+@pytest.mark.parametrize("mut, field, value", [
+    (lambda d: d["coefficients"]["attn.dense.m_tile"].update(value=-3), "coefficients.attn.dense.m_tile.value", "-3"),
+    (lambda d: d["coefficients"]["attn.dense.m_tile"].update(value=12.5), "coefficients.attn.dense.m_tile.value", "12.5"),
+    (lambda d: d["coefficients"]["attn.decode.mem_eff"].update(value=1.7), "coefficients.attn.decode.mem_eff.value", "1.7"),
+    (lambda d: d["coefficients"]["hbm_bandwidth"].update(value="fast"), "coefficients.hbm_bandwidth.value", "fast"),
+    (lambda d: d["coefficients"].pop("sm_count"), "coefficients.sm_count", "missing"),
+    (lambda d: d["coefficients"].update(typo_eff={"value": 1, "unit": "", "source": BASE["coefficients"]["m_sat"]["source"]}),
+     "coefficients.typo_eff", "typo_eff"),
+    (lambda d: d["coefficients"]["sm_count"]["source"].update(kind="guessed"), "coefficients.sm_count.source", "guessed"),
+    (lambda d: d["coefficients"]["sm_count"].update(source={"kind": "published"}),
+     "coefficients.sm_count.source.citation", "missing"),
+    (lambda d: d["coefficients"]["m_sat"].update(source={"kind": "extrapolated", "from": "a100"}),
+     "coefficients.m_sat.source.how", "missing"),
+    (lambda d: d["coefficients"]["m_sat"].update(source={"kind": "measured", "command": "x"}),
+     "coefficients.m_sat.source.date", "missing"),
+    (lambda d: d["coefficients"]["hbm_bandwidth"].update(unit="GB/s"), "coefficients.hbm_bandwidth.unit", "GB/s"),
+    (lambda d: d.update(schema="v0"), "schema", "v0"),
+    (lambda d: d.update(color="red"), "color", "red"),
+    (lambda d: d.update(linear_table={"file": "nope.csv", "model": {}, "scaling": "x",
+                                      "source": {"kind": "published", "citation": "c"}}),
+     "linear_table.model.hidden", "missing"),
+])
+def test_bad_profile_names_file_field_value(tmp_path, mut, field, value):
+    msg = _err(tmp_path, _with(mut))
+    assert f"field {field}" in msg and value in msg
+
+
+def test_bad_table_file(tmp_path):
+    model = dict(hidden=1, n_q_heads=1, n_kv_heads=1, head_dim=1, intermediate=1, vocab=1, dtype_bytes=2)
+    msg = _err(tmp_path, _with(lambda d: d.update(linear_table={
+        "file": "nope.csv", "model": model, "scaling": "x", "source": {"kind": "published", "citation": "c"}})))
+    assert "linear_table.file" in msg and "nope.csv" in msg
+
+
+def test_unreadable_files(tmp_path):
+    msg = _err(tmp_path, "{not json")
+    assert "invalid JSON" in msg
+    with pytest.raises(ProfileError, match="no such profile file"):
+        load_profile(tmp_path / "absent.json")

@@ -11,8 +11,9 @@ Policies (one class, three configurations — see :func:`make_allocator`):
 HOT placement rule (``granikv``): a prefix goes to HOT when the workload *declares* it
 shared (``shared_len`` at admission: the agent role's system prompt) and the part not
 already cached needs a slab. When HOT has no free run long enough, the allocator
-(1) compacts if total free space suffices, (2) else evicts unlocked HOT nodes in LRU order
-(with their cached descendants) and compacts, (3) else falls back to COLD. Each outcome is
+(1) compacts if total free space suffices, (2) else evicts unlocked HOT leaf slabs (HOT
+nodes with no HOT node below them; their cached COLD descendants go with them) in LRU order
+and compacts, (3) else falls back to COLD. Each outcome is
 counted in stats (``hot_placements``, ``compactions``, ``hot_evictions``, ``hot_fallbacks``).
 Compaction's KV copies are queued for the executor (:meth:`take_copies`).
 
@@ -25,6 +26,8 @@ or owned by a radix node (locked = used, unlocked = cached).
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from granisim.kv.cold_pool import ColdPool
@@ -36,6 +39,12 @@ from granisim.kv.stores import PageStore, TokenStore
 
 POLICIES = ("granikv", "token", "paged")
 _EMPTY = np.empty(0, np.int64)
+
+
+def _is_run(slots: np.ndarray) -> bool:
+    """True when ``slots`` are consecutive ascending ids (first/last alone is not enough:
+    HOT runs placed out of address order, e.g. [0, 2, 1, 3], span the right range)."""
+    return bool(slots.size) and bool((np.diff(slots) == 1).all())
 
 
 class OutOfKVMemory(RuntimeError):
@@ -74,7 +83,7 @@ class KVAllocator:
             raise ValueError(f"unknown allocator policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
             raise ValueError(f"KV capacity must be a positive integer number of tokens, got {capacity!r}")
-        if not (isinstance(hot_fraction, (int, float)) and 0.0 <= hot_fraction <= 1.0):
+        if isinstance(hot_fraction, bool) or not (isinstance(hot_fraction, numbers.Real) and 0.0 <= hot_fraction <= 1.0):
             raise ValueError(f"hot_fraction must be within [0, 1], got {hot_fraction!r}")
         if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
@@ -275,7 +284,7 @@ class KVAllocator:
         if segs and segs[-1].pool == pool:
             slots = np.concatenate([segs[-1].slots, slots])
             segs.pop()
-        contiguous = pool == "hot" and slots.size and slots[-1] - slots[0] + 1 == slots.size
+        contiguous = pool == "hot" and _is_run(slots)
         segs.append(KVSegment(pool, slots, (int(slots[0]), int(slots.size)) if contiguous else None))
 
     def prefix_group(self, rid: int) -> tuple[int, int, str] | None:
@@ -299,7 +308,7 @@ class KVAllocator:
         if depth != shared:
             return
         slots = np.concatenate([n.value for n in path])
-        slab = all(n.pool == "hot" for n in path) and slots[-1] - slots[0] + 1 == slots.size
+        slab = all(n.pool == "hot" for n in path) and _is_run(slots)
         seq.group = (path[-1].id, shared, "slab" if slab else path[-1].pool)
 
     # ---- memory pressure ------------------------------------------------------------------
@@ -340,7 +349,7 @@ class KVAllocator:
         if hot.free + self.radix.evictable.get("hot", 0) < n:
             return False
         while hot.free < n:
-            victims = [x for x in self.radix.nodes() if x.pool == "hot" and x.lock_ref == 0]
+            victims = self._hot_leaves()
             if not victims:
                 return False
             victim = min(victims, key=lambda x: (x.last_access, x.id))
@@ -349,6 +358,18 @@ class KVAllocator:
         if hot.largest_free < n:
             self.compact()
         return hot.largest_free >= n
+
+    def _hot_leaves(self) -> list[RadixNode]:
+        """Unlocked HOT nodes with no HOT node below them (LRU candidates: evicting one frees
+        its slab and only its cold descendants, never a more recent HOT child's slab)."""
+        hot_nodes = [x for x in self.radix.nodes() if x.pool == "hot"]
+        above: set[int] = set()  # ids of nodes that have a HOT descendant
+        for x in hot_nodes:
+            p = x.parent
+            while p is not None and p.id not in above:
+                above.add(p.id)
+                p = p.parent
+        return [x for x in hot_nodes if x.lock_ref == 0 and x.id not in above]
 
     def compact(self) -> list[KVCopy]:
         """Compact the HOT pool now; the copies are also queued for the executor."""

@@ -64,8 +64,8 @@ def path_to(node: RadixNode) -> list[RadixNode]:
 
 class RadixIndex:
     def __init__(self, page_size: int = 1, on_split: Callable[[RadixNode, RadixNode], None] | None = None):
-        if page_size < 1:
-            raise ValueError(f"radix index page_size must be >= 1, got {page_size}")
+        if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+            raise ValueError(f"radix index page_size must be an integer >= 1, got {page_size!r}")
         self.page_size = page_size
         self.root = RadixNode(0, np.empty(0, TOKEN_DTYPE), np.empty(0, np.int64), "root", None)
         self.root.lock_ref = 1  # the root is never evicted

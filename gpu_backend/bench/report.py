@@ -109,10 +109,11 @@ def write_markdown(res, path):
     if cs:
         L += ["", "## Cascade prefix pass (one group, B queries stacked, prefix read once)", "",
               _table(["storage", "G", "L", "B", "M_eff", "floor µs", "graph µs", "× floor", "plain µs", "GB/s (graph)",
-                      "TFLOP/s (graph)"],
+                      "TFLOP/s (graph)", "best fixed split, graph µs"],
                      [[r["storage"], r["G"], r["L"], r["B"], r["M_eff"], r.get("floor_us"),
                        r.get("graph", {}).get("us"), r.get("graph", {}).get("x_floor"), r["us"],
-                       r.get("graph", {}).get("GBps"), r.get("graph", {}).get("TFLOPs")] for r in cs])]
+                       r.get("graph", {}).get("GBps"), r.get("graph", {}).get("TFLOPs"),
+                       r.get("graph_best_fixed_chunk_us")] for r in cs])]
     dn = S.get("dense", {}).get("rows", [])
     if dn:
         L += ["", "## Dense prefix pass (slab) vs torch SDPA (stacked, contiguous copy)", "",

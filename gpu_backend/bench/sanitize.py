@@ -47,7 +47,7 @@ def main():
     qg = torch.randn(20, n_kv * G, d, generator=g).to(dt).to(dev)
     for kv in (slots, pages, slabs):
         ref = R.grouped(qg, kc, vc, gp, kv)
-        for chunk in (64, None):
+        for chunk in (256, None):
             chk(f"cascade {type(kv).__name__} chunk={chunk}", cascade_prefix_attention(
                 q=qg, k_cache=kc, v_cache=vc, group_indptr=gp, prefix=kv, kv_chunk=chunk), ref)
     ref = R.grouped(qg, kc, vc, gp, slabs)

@@ -46,7 +46,7 @@ def cascade_prefix_attention(
     group_indptr: torch.Tensor, prefix: L.KVLayout,
     sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
     max_group_size: int | None = None, max_kv_len: int | None = None, check: bool = True,
-    block_m: int | None = None, block_n: int = 64, num_warps: int | None = None,
+    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
     num_stages: int = 3, kv_chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, n_q, d] sorted by group; group g owns rows group_indptr[g]:group_indptr[g+1] and its
@@ -64,5 +64,6 @@ def cascade_prefix_attention(
     return split_kv.launch(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=scale, max_rows=max_rows, max_kv_len=max_kv_len, block_m=bm,
-        block_n=block_n, num_warps=num_warps or (4 if bm <= 64 else 8), num_stages=num_stages,
+        block_n=block_n or (64 if bm <= 64 else 128), num_warps=num_warps or (4 if bm <= 64 else 8),
+        num_stages=num_stages,
         kv_chunk=kv_chunk)

@@ -19,9 +19,10 @@ from .. import layout as L
 from ..checks import num_sms
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
 
-# Split until about this many programs per SM would run (tuned on the H200, see reports/kernels).
+# Split until about this many programs per SM would run (H200 sweep, reports/kernels/h200.md).
 CTAS_PER_SM = 2
-MIN_CHUNK = 256  # tokens per split, at least
+MIN_CHUNK = 256   # tokens per split, at least
+MAX_SPLITS = 64   # the combine holds all of a row's splits at once
 
 
 @triton.jit
@@ -80,45 +81,56 @@ def _split_kv_kernel(
 def _combine_kernel(
     OP, LSEP, O, LSE,                 # OP [S, R, D] fp32; LSEP [S, R]; O [T, n_q, D]; LSE [T, n_q] (R = T * n_q)
     n_rows_total, n_splits, n_q, stride_ot, stride_oh,
-    D: tl.constexpr, BLOCK_R: tl.constexpr,
+    D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = rows < n_rows_total
-    rows = rows.to(tl.int64)
+    """One row per program, all its splits loaded at once (no serial chain over splits)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    ok = s < n_splits
     offs_d = tl.arange(0, D)
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in range(n_splits):
-        m = tl.maximum(m, tl.load(LSEP + s * n_rows_total + rows, mask=ok, other=float("-inf")))
+    lse_s = tl.load(LSEP + s * n_rows_total + row, mask=ok, other=float("-inf"))     # [BLOCK_S]
+    part = tl.load(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :],
+                   mask=ok[:, None], other=0.0)                                       # [BLOCK_S, D]
+    m = tl.max(lse_s, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_R, D], tl.float32)
-    w_sum = tl.zeros([BLOCK_R], tl.float32)
-    for s in range(n_splits):
-        w = tl.exp(tl.load(LSEP + s * n_rows_total + rows, mask=ok, other=float("-inf")) - m_safe)
-        part = tl.load(OP + (s * n_rows_total + rows)[:, None] * D + offs_d[None, :],
-                       mask=ok[:, None], other=0.0)
-        acc += w[:, None] * part
-        w_sum += w
-    empty = w_sum == 0.0
-    o = acc / tl.where(empty, 1.0, w_sum)[:, None]
-    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, w_sum)))
-    tok = rows // n_q
-    qh = rows % n_q
-    tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
-             o.to(O.dtype.element_ty), mask=ok[:, None])
-    tl.store(LSE + rows, lse, mask=ok)
+    w = tl.exp(lse_s - m_safe)                                                        # empty split -> 0
+    tot = tl.sum(w, 0)
+    empty = tot == 0.0
+    o = tl.sum(w[:, None] * part, 0) / tl.where(empty, 1.0, tot)
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, tot)))
+    tok = row // n_q
+    qh = row % n_q
+    tl.store(O + tok * stride_ot + qh * stride_oh + offs_d, o.to(O.dtype.element_ty))
+    tl.store(LSE + row, lse)
+
+
+def combine(op, lsep, out, lse, n_splits: int) -> None:
+    """Reduce split partials [S, R, D] into out [T, n_q, D] / lse [T, n_q]."""
+    R, D = op.shape[1], op.shape[2]
+    bs = triton.next_power_of_2(n_splits)
+    _combine_kernel[(R,)](op, lsep, out, lse, R, n_splits, out.shape[1], out.stride(0), out.stride(1),
+                          D=D, BLOCK_S=bs, num_warps=4 if bs * D <= 2048 else 8)
 
 
 def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
-                kv_chunk: int | None = None) -> tuple[int, int]:
-    """(n_splits, kv_chunk): split along KV until about CTAS_PER_SM programs per SM would run."""
+                kv_chunk: int | None = None, ctas_per_sm: float | None = None,
+                round_up: bool = True) -> tuple[int, int]:
+    """(n_splits, kv_chunk): split along KV until about `ctas_per_sm` programs per SM would run
+    (rounding the split count up, or down for compute-heavy kernels that want whole waves)."""
     if kv_chunk is not None:
         if kv_chunk <= 0 or kv_chunk % block_n:
             raise ValueError(f"kv_chunk = {kv_chunk} must be a positive multiple of block_n={block_n}")
-        return max(1, triton.cdiv(max_kv_len, kv_chunk)), kv_chunk
+        n = max(1, triton.cdiv(max_kv_len, kv_chunk))
+        if n > MAX_SPLITS:
+            raise ValueError(f"kv_chunk = {kv_chunk} gives {n} splits of max_kv_len={max_kv_len}; "
+                             f"at most {MAX_SPLITS}")
+        return n, kv_chunk
     if max_kv_len <= 0:
         return 1, block_n
-    target = CTAS_PER_SM * num_sms(device)
-    n_splits = max(1, min(triton.cdiv(target, max(base_programs, 1)), triton.cdiv(max_kv_len, MIN_CHUNK)))
+    target = (ctas_per_sm or CTAS_PER_SM) * num_sms(device)
+    base = max(base_programs, 1)
+    want = triton.cdiv(target, base) if round_up else max(1, int(target // base))
+    n_splits = max(1, min(want, triton.cdiv(max_kv_len, MIN_CHUNK), MAX_SPLITS))
     chunk = triton.cdiv(triton.cdiv(max_kv_len, n_splits), block_n) * block_n
     return triton.cdiv(max_kv_len, chunk), chunk
 
@@ -154,11 +166,7 @@ def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_sc
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
-        block_r = 16 if D >= 128 else 32
-        _combine_kernel[(triton.cdiv(R, block_r),)](
-            op, lsep, out, lse, R, n_splits, n_q, out.stride(0), out.stride(1),
-            D=D, BLOCK_R=block_r, num_warps=4,
-        )
+        combine(op, lsep, out, lse, n_splits)
     return out, lse
 
 

@@ -190,8 +190,11 @@ def allocator_machine(factory: Callable[[], KVAllocator]) -> type[RuleBasedState
 
         @invariant()
         def refcounts_and_locks(self):
-            for node in self.alloc.radix.nodes():
+            nodes = self.alloc.radix.nodes()
+            for node in nodes:
                 assert node.lock_ref >= 0, f"node {node.id} has negative references"
+            walked = {n.id for n in nodes if not n.children and n.lock_ref == 0}
+            assert {n.id for n in self.alloc.radix.evictable_leaves()} == walked, "evictable leaf index is stale"
             for node in self.ext_locks:
                 n = node
                 while n.parent is not None:

@@ -13,11 +13,12 @@ class Request:
     """Mutable runtime state. ``tokens`` = prompt + outputs so far; ``computed`` of them
     have K/V in the cache (the last sampled token is fed in the next decode step)."""
 
-    __slots__ = ("spec", "tokens", "n_tokens", "prompt_len", "computed", "generated", "admitted_s",
+    __slots__ = ("spec", "rid", "tokens", "n_tokens", "prompt_len", "computed", "generated", "admitted_s",
                  "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding", "prefix_cached")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
+        self.rid = spec.rid
         prompt = spec.prompt()
         self.prompt_len = prompt.size
         self.tokens = np.empty(prompt.size + spec.output_len, dtype=np.int64)
@@ -34,12 +35,13 @@ class Request:
         self.prefix_cached = False  # its declared shared prefix is in the radix index
 
     @property
-    def rid(self) -> int:
-        return self.spec.rid
-
-    @property
     def remaining_output(self) -> int:
         return self.spec.output_len - self.generated
+
+    def append_one(self, token: int) -> None:
+        self.tokens[self.n_tokens] = token
+        self.n_tokens += 1
+        self.generated += 1
 
     def append(self, tokens: np.ndarray) -> None:
         n = tokens.size

@@ -103,12 +103,12 @@ class Scheduler:
         work: list[tuple[Request, int, np.ndarray]] = []
         # (1) decodes: one token each, preempting until they all fit
         decode = [r for r in self.running.values() if r.decoding]
-        while decode and not alloc.can_extend({r.rid: 1 for r in decode}):
+        while decode and not alloc.can_extend_all([r.rid for r in decode], 1):
             victim = self._victim()
             self._preempt(victim)
             decode = [r for r in decode if r is not victim]
-        for r in decode:
-            work.append((r, 1, alloc.extend(r.rid, 1)))
+        for r, slots in zip(decode, alloc.extend_all([r.rid for r in decode], 1)):
+            work.append((r, 1, slots))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
         for r in list(self.running.values()):
@@ -121,13 +121,14 @@ class Scheduler:
                     budget -= n
         # (3) admissions
         skipped: list[Request] = []
+        reserve = self._outstanding() if self.waiting else 0
         while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
             r = self.waiting.popleft()
             key = (r.spec.role, r.spec.shared_len)
             if r.spec.shared_len and key in self._prefix_owner:
                 skipped.append(r)
                 continue
-            if not self._admit(r, now):
+            if not self._admit(r, now, reserve):
                 if not self.running:  # it does not fit even into an empty cache
                     self._reject(r.spec, now, f"does not fit the {self.alloc.policy} KV budget even alone")
                     continue
@@ -136,6 +137,7 @@ class Scheduler:
             n = min(r.n_tokens - r.computed, budget)
             work.append((r, n, alloc.extend(r.rid, n)))
             budget -= n
+            reserve += self._reserve_of(r) - n
         self.waiting.extendleft(reversed(skipped))
         if not work:
             if self.running:  # every running request is blocked: free memory for the oldest
@@ -144,11 +146,16 @@ class Scheduler:
             return None
         return self._build_plan(work)
 
-    def _admit(self, r: Request, now: float) -> bool:
+    def _reserve_of(self, q: Request) -> int:
+        """Tokens a running request may still claim: its unfinished prompt + a share of its outputs."""
+        return int(self.cfg.new_token_ratio * q.remaining_output) + (q.n_tokens - q.computed)
+
+    def _outstanding(self) -> int:
+        return sum(self._reserve_of(q) for q in self.running.values())
+
+    def _admit(self, r: Request, now: float, outstanding: int) -> bool:
         tokens = r.tokens[: r.n_tokens]
-        reserve = sum(int(self.cfg.new_token_ratio * q.remaining_output) + (q.n_tokens - q.computed)
-                      for q in self.running.values())
-        reserve += int(self.cfg.new_token_ratio * r.remaining_output)
+        reserve = outstanding + int(self.cfg.new_token_ratio * r.remaining_output)
         if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve):
             if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0):
                 # nothing running and it still does not fit: the cache must give way
@@ -241,14 +248,14 @@ class Scheduler:
             return 1
         k = min(self.running[p.rid].remaining_output for p in plan.requests)
         k = min(k, max(1, self.alloc.available() // max(1, len(plan.requests)) - self.alloc.page_size))
-        while k > 1 and not self.alloc.can_extend({p.rid: k - 1 for p in plan.requests}):
+        rids = [p.rid for p in plan.requests]
+        while k > 1 and not self.alloc.can_extend_all(rids, k - 1):
             k //= 2
         return max(1, k)
 
     def extend_plan(self, plan: BatchPlan, steps: int) -> None:
         """Allocate the K/V slots of steps 2..``steps`` of a fast-forwarded decode plan."""
-        for p in plan.requests:
-            self.alloc.extend(p.rid, steps - 1)
+        self.alloc.extend_all([p.rid for p in plan.requests], steps - 1)
 
     # ---- results -----------------------------------------------------------------------------
     def postprocess(self, plan: BatchPlan, result: StepResult, now: float, steps: int = 1) -> list[Request]:
@@ -267,7 +274,10 @@ class Scheduler:
                     del self._prefix_owner[key]
             if not sampled:
                 continue
-            r.append(self._sampled(r, result, steps))
+            if steps == 1:
+                r.append_one(self._sampled_one(r, result))
+            else:
+                r.append(self._sampled(r, steps))
             r.decoding = True
             if r.first_token_s is None:
                 r.first_token_s = now
@@ -276,11 +286,15 @@ class Scheduler:
                 done.append(r)
         return done
 
+    # The simulator's stand-in for sampling: deterministic per request and position.
     @staticmethod
-    def _sampled(r: Request, result: StepResult, steps: int) -> np.ndarray:
-        if result.next_tokens is not None and steps == 1:
-            return np.array([result.next_tokens[r.rid]], dtype=np.int64)
-        # the simulator's stand-in for sampling: deterministic per request and position
+    def _sampled_one(r: Request, result: StepResult) -> int:
+        if result.next_tokens is not None:
+            return int(result.next_tokens[r.rid])
+        return (r.rid * 7919 + r.generated * 104729 + 17) % VOCAB
+
+    @staticmethod
+    def _sampled(r: Request, steps: int) -> np.ndarray:
         pos = r.generated + np.arange(steps, dtype=np.int64)
         return (r.rid * 7919 + pos * 104729 + 17) % VOCAB
 

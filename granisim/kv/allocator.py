@@ -55,7 +55,8 @@ class _Seq:
     """A live request: tokens [0, cached_len) on a locked radix path, then an optional
     reserved HOT slab of slab_len tokens (filled first), then private slots priv[:n_priv]."""
 
-    __slots__ = ("rid", "node", "cached_len", "shared_len", "slab", "slab_len", "n_new", "priv", "group")
+    __slots__ = ("rid", "node", "cached_len", "shared_len", "slab", "slab_len", "n_new", "group", "_buf", "_lo",
+                 "_hi")
 
     def __init__(self, rid: int, node: RadixNode, cached_len: int, shared_len: int):
         self.rid = rid
@@ -65,8 +66,28 @@ class _Seq:
         self.slab: int | None = None
         self.slab_len = 0
         self.n_new = 0  # tokens allocated beyond cached_len
-        self.priv = _EMPTY  # reserved private slots (paged: whole pages)
         self.group: tuple[int, int, str] | None = None  # (node id, shared tokens, storage)
+        # reserved private slots (paged: whole pages) are _buf[_lo:_hi]; the buffer grows by
+        # doubling so that a decode step's append is O(1) amortised
+        self._buf = _EMPTY
+        self._lo = self._hi = 0
+
+    @property
+    def priv(self) -> np.ndarray:
+        return self._buf[self._lo : self._hi]
+
+    def push(self, slots: np.ndarray) -> None:
+        n = slots.size
+        if self._hi + n > self._buf.size:
+            live = self._hi - self._lo
+            buf = np.empty(max(16, 2 * (live + n)), np.int64)
+            buf[:live] = self._buf[self._lo : self._hi]
+            self._buf, self._lo, self._hi = buf, 0, live
+        self._buf[self._hi : self._hi + n] = slots
+        self._hi += n
+
+    def drop_front(self, k: int) -> None:
+        self._lo += k
 
     @property
     def n_priv(self) -> int:
@@ -164,6 +185,36 @@ class KVAllocator:
     def can_extend(self, demands: dict[int, int]) -> bool:
         return sum(self.extend_need(r, n) for r, n in demands.items()) <= self.available()
 
+    def _uniform(self, seqs: list[_Seq]) -> bool:
+        """Page size 1 and no slab being filled: every new token takes one pool slot."""
+        if self.page_size != 1:
+            return False
+        return all(q.n_new >= q.slab_len for q in seqs) if self._n["hot_placements"] else True
+
+    def can_extend_all(self, rids: list[int], n: int) -> bool:
+        """``can_extend`` for ``n`` more tokens of every request in ``rids`` (fast path)."""
+        seqs = [self._seq(r) for r in rids]
+        if self._uniform(seqs):
+            return n * len(seqs) <= self.available()
+        return self.can_extend({r: n for r in rids})
+
+    def extend_all(self, rids: list[int], n: int) -> list[np.ndarray]:
+        """``extend(rid, n)`` for every request, with one pool call when possible (decode steps)."""
+        seqs = [self._seq(r) for r in rids]
+        if n < 0 or not seqs or not self._uniform(seqs):
+            return [self.extend(r, n) for r in rids]
+        total = n * len(seqs)
+        if total > self.store.free:
+            self._evict(self.store.name, total - self.store.free)
+            if total > self.store.free:
+                raise OutOfKVMemory(f"{len(seqs)} requests need {total} {self.store.name} slots, "
+                                    f"{self.store.free} free")
+        block = self.store.pool.allocate(total).reshape(len(seqs), n)
+        for q, row in zip(seqs, block):
+            q.push(row)
+            q.n_new += n
+        return list(block)
+
     def extend(self, rid: int, n: int) -> np.ndarray:
         """Slots for the next ``n`` tokens of ``rid`` (for the executor's KV write)."""
         if n < 0:
@@ -180,7 +231,7 @@ class KVAllocator:
         spare = seq.priv.size - seq.n_priv
         new = self.store.reserve(spare, from_priv)
         if new.size:
-            seq.priv = np.concatenate([seq.priv, new])
+            seq.push(new)
         start = seq.n_priv
         out = []
         if from_slab:
@@ -239,7 +290,7 @@ class KVAllocator:
         if dup:
             self.store.release(seq.priv[:dup])
         self._relock(seq, node, tokens.size)
-        seq.priv = seq.priv[k:]
+        seq.drop_front(k)
         seq.n_new -= k
 
     def _relock(self, seq: _Seq, node: RadixNode, cached_len: int) -> None:

@@ -72,6 +72,7 @@ class RadixIndex:
         self._next_id = 1
         self._clock = 0
         self._on_split = on_split  # (head, tail): lets the owner split a HOT slab in step
+        self._leaves: set[RadixNode] = set()  # nodes without children (never the root)
         self.evictable: dict[str, int] = {}
         self.protected: dict[str, int] = {}
         self.num_nodes = 0
@@ -154,6 +155,8 @@ class RadixIndex:
             self.num_nodes += 1
             leaf.last_access = self._tick()
             node.children[self._child_key(leaf.key)] = leaf
+            self._leaves.add(leaf)
+            self._leaves.discard(node)
             self._account(leaf, +1)
             node = leaf
         return node, pos
@@ -189,20 +192,18 @@ class RadixIndex:
 
     # ---- eviction -------------------------------------------------------------------------
     def evictable_leaves(self, pool: str | None = None) -> list[RadixNode]:
-        out, stack = [], [self.root]
-        while stack:
-            n = stack.pop()
-            if n.children:
-                stack.extend(n.children.values())
-            elif n is not self.root and n.lock_ref == 0 and (pool is None or n.pool == pool):
-                out.append(n)
-        return out
+        """Unlocked leaves (of ``pool``), in no particular order."""
+        return [n for n in self._leaves if n.lock_ref == 0 and (pool is None or n.pool == pool)]
 
     def remove_leaf(self, leaf: RadixNode) -> None:
         if leaf.children or leaf.lock_ref or leaf is self.root:
             raise ValueError(f"radix: node {leaf.id} is not an unlocked leaf")
         self._account(leaf, -1)
-        del leaf.parent.children[self._child_key(leaf.key)]
+        parent = leaf.parent
+        del parent.children[self._child_key(leaf.key)]
+        self._leaves.discard(leaf)
+        if parent is not self.root and not parent.children:
+            self._leaves.add(parent)
         self.num_nodes -= 1
 
     def evict(self, num_tokens: int, pool: str, free: Callable[[RadixNode], None]) -> int:

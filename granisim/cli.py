@@ -99,6 +99,9 @@ def cmd_demo(args) -> int:
           f"{scenario.hardware.reserve_gb} GB reserve; {setup.model.kv_bytes_per_token} B/token); M_sat = {setup.m_sat}")
     summaries = compare(scenario, source, DEMO_POLICIES.split(","), out)
     print(_table(summaries))
+    g = summaries["granikv"]["throughput_rps"]
+    print("\ngranikv throughput: " + ", ".join(f"{g / s['throughput_rps']:.2f}x {name}"
+                                              for name, s in summaries.items() if name != "granikv"))
     print(f"\nwrote {out}/ (per-policy folders, compare.json, compare.txt, compare.png)")
     return 0
 

@@ -57,7 +57,13 @@ def out_tensor(name: str, t, shape, dtype, device) -> torch.Tensor:
     return t
 
 
+_SMS: dict = {}
+
+
 def num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter: keep grids small
+    if device.type != "cuda":
+        return 4  # interpreter: keep grids small
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]

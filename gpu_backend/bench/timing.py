@@ -1,7 +1,9 @@
 """Timing on the GPU: median of repeats with L2 flushed between them, CUDA-graph replays, ceilings.
 
-Each repeat: overwrite a 256 MiB buffer (evicts the 60 MB L2, so a prefix read in the last
-repeat is not served from cache, as in a real step where other layers ran in between), record
+Each repeat: read a 256 MiB buffer (evicts the 60 MB L2 with clean lines, so a prefix read in
+the last repeat is not served from cache, as in a real step where other layers ran in between;
+an earlier run that flushed by *writing* the buffer left L2 full of dirty lines whose write-back
+the timed kernel then paid for, about 10 us at L = 16K — see reports/kernels/h200.md), record
 an event, run, record an event. Plain launches include whatever launch gap the host leaves;
 graph replays remove it.
 """
@@ -18,8 +20,8 @@ _FLUSH = None
 def _flush():
     global _FLUSH
     if _FLUSH is None:
-        _FLUSH = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
-    _FLUSH.zero_()
+        _FLUSH = torch.ones(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+    _FLUSH.sum()
 
 
 def bench(fn, *, target_ms: float = 30.0, min_reps: int = 5, max_reps: int = 200, flush: bool = True) -> dict:

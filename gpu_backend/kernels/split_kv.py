@@ -19,8 +19,9 @@ from .. import layout as L
 from ..checks import num_sms
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
 
-# Split until about this many programs per SM would run (H200 sweep, reports/kernels/h200.md).
-CTAS_PER_SM = 2
+# Split until about this many programs per SM would run, in whole waves (H200 runs,
+# reports/kernels/h200.md: one wave of 128 programs beat two partial waves at L = 16K, B = 16 and 64).
+CTAS_PER_SM = 1
 MIN_CHUNK = 256   # tokens per split, at least
 MAX_SPLITS = 64   # the combine holds all of a row's splits at once
 
@@ -114,7 +115,7 @@ def combine(op, lsep, out, lse, n_splits: int) -> None:
 
 def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
                 kv_chunk: int | None = None, ctas_per_sm: float | None = None,
-                round_up: bool = True) -> tuple[int, int]:
+                round_up: bool = False) -> tuple[int, int]:
     """(n_splits, kv_chunk): split along KV until about `ctas_per_sm` programs per SM would run
     (rounding the split count up, or down for compute-heavy kernels that want whole waves)."""
     if kv_chunk is not None:

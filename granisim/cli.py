@@ -1,4 +1,4 @@
-"""The `granisim` command: run, compare, demo, fuzz, bench, profile."""
+"""The `granisim` command: run, compare, demo, sweep, capacity, paper, fuzz, bench, profile."""
 
 from __future__ import annotations
 
@@ -106,6 +106,40 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from granisim.sweep import run_sweep
+    from granisim.sweepfile import load_sweep
+    from granisim.sweepplots import write_plots
+
+    spec = load_sweep(args.sweep)
+    out = Path(args.out or f"out/sweep-{spec.name}")
+    if args.ray is not None and args.workers is not None and args.ray != "local":
+        print("note: --workers is ignored with a Ray cluster address (Ray places the tasks)", file=sys.stderr)
+    df = run_sweep(spec, out, workers=args.workers, ray_address=args.ray, max_points=args.max_points)
+    if len(df) < len(spec.points):
+        print(f"{len(df)} of {len(spec.points)} points done; re-run the same command to continue")
+        return 0
+    df.drop(columns=["scenario"]).to_csv(out / "results.csv", index=False)
+    paths = write_plots(spec, df, out)
+    cols = [c for c in spec.varied if c in df.columns] + ["throughput_rps", "ttft_p99_s", "tpot_p99_s"]
+    with __import__("pandas").option_context("display.width", 200, "display.max_rows", 40):
+        print(df[cols].to_string(index=False, max_rows=40))
+    print(f"\nwrote {out}/ (results/ parquet parts, results.csv, " + ", ".join(p.name for p in paths) + ")")
+    return 0
+
+
+def cmd_capacity(args) -> int:
+    from granisim.capacity import capacity_cli
+
+    return capacity_cli(args)
+
+
+def cmd_paper(args) -> int:
+    from granisim.paper import paper_cli
+
+    return paper_cli(args)
+
+
 def cmd_fuzz(args) -> int:
     import hypothesis
     from hypothesis.stateful import run_state_machine_as_test
@@ -161,6 +195,31 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the built-in default scenario, three policies")
     d.add_argument("--out", default="reports/demo")
     d.set_defaults(fn=cmd_demo)
+    sw = sub.add_parser("sweep", help="a grid of scenarios, in parallel, resumable (results table + plots)")
+    sw.add_argument("sweep", help="sweep file (TOML): base scenario + grid")
+    sw.add_argument("--out", help="output folder (default out/sweep-NAME)")
+    sw.add_argument("--workers", type=int, help="local processes (default: CPU count)")
+    sw.add_argument("--ray", metavar="ADDRESS", help="run on Ray: a cluster address, or 'local' to start one")
+    sw.add_argument("--max-points", type=int, help="run at most this many new points, then stop")
+    sw.set_defaults(fn=cmd_sweep)
+    ca = sub.add_parser("capacity", help="highest arrival rate each policy sustains within an SLO (bisection)")
+    ca.add_argument("scenario")
+    ca.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=100ms")
+    ca.add_argument("--policies", default=DEMO_POLICIES)
+    ca.add_argument("--out")
+    ca.add_argument("--lo", type=float, help="lowest rate to try (req/s; default: scenario rate / 8)")
+    ca.add_argument("--hi", type=float, help="first upper rate to try (req/s; default: scenario rate x 2)")
+    ca.add_argument("--rel-tol", type=float, default=0.02, help="stop when (hi - lo) / hi is below this")
+    ca.add_argument("--max-probes", type=int, default=24, help="simulations per policy at most")
+    ca.add_argument("--workers", type=int, help="policies searched in parallel (local processes)")
+    ca.set_defaults(fn=cmd_capacity)
+    pa = sub.add_parser("paper", help="the paper's claims in simulation: reports/paper/")
+    pa.add_argument("--out", default="reports/paper")
+    pa.add_argument("--profiles", default="a100-80gb,h200")
+    pa.add_argument("--workers", type=int)
+    pa.add_argument("--ray", metavar="ADDRESS")
+    pa.add_argument("--num-requests", type=int, default=400, help="requests per simulated point")
+    pa.set_defaults(fn=cmd_paper)
     f = sub.add_parser("fuzz", help="property-based fuzzing of an allocator policy")
     f.add_argument("--allocator", choices=["granikv", "paged", "token"], default="granikv")
     f.add_argument("--examples", type=int, default=1000)

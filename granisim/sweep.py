@@ -1,0 +1,165 @@
+"""Run a sweep: every point a full simulation, in parallel, each result appended at once.
+
+Points run on local processes (``concurrent.futures.ProcessPoolExecutor``, ``workers``
+of them) or on a Ray cluster (``ray_address``: ``"local"`` starts a local Ray with
+``workers`` CPUs, anything else is passed to ``ray.init(address=...)``). Either way the
+driver process is the only writer of the results table (:mod:`granisim.results`): each
+point's row is written as soon as that point finishes. A re-run skips every point whose
+row exists, so a killed sweep loses at most the points in flight.
+
+A row holds the point id, the overrides that define it (JSON), the full resolved
+scenario (JSON), every scenario field flattened to a dotted column, the summary metrics
+(:func:`granisim.metrics.summarize`), the cost breakdown totals ``t_<part>_s`` over all
+steps (``steps.parquet``'s ``t_*`` columns summed), allocator counters, and the wall time
+of the simulation. Everything but ``sim_wall_s`` is a deterministic function of the
+scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from granisim.results import ResultsStore
+from granisim.scenario import Scenario, parse_scenario
+from granisim.sweepfile import SweepSpec
+
+ALLOC_STATS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens",
+               "evicted_tokens")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def simulate_scenario(sc: Scenario) -> dict:
+    """One full simulation; returns the summary plus breakdown totals and allocator counters."""
+    from granisim.engine import Engine
+    from granisim.executor import CostExecutor
+    from granisim.metrics import requests_frame, summarize
+    from granisim.simulate import prepare
+
+    setup = prepare(sc)
+    eng = Engine(setup, CostExecutor(setup.profile, setup.model), progress=False)
+    res = eng.run()
+    steps = res.steps.frame()
+    summary = summarize(requests_frame(res.records), steps, res.end_s)
+    summary.update(kv_budget_tokens=setup.kv_budget, m_sat=setup.m_sat)
+    for c in steps.columns:
+        if c.startswith("t_"):
+            summary[f"{c}_s"] = float(steps[c].sum())
+    groups = (steps.groups_dense + steps.groups_cascade + steps.groups_paged).mul(steps.num_steps).sum()
+    summary["mean_group_size"] = float(steps.decode_requests.mul(steps.num_steps).sum() / groups) if groups else 0.0
+    st = eng.allocator.stats()
+    for k in ALLOC_STATS:
+        summary[k] = int(getattr(st, k))
+    summary["hot_capacity_end"] = int(st.pools["hot"].capacity) if "hot" in st.pools else 0
+    return summary
+
+
+def run_point(pid: str, scenario_json: str, overrides_json: str) -> dict:
+    """Worker entry point (plain arguments: picklable for processes and Ray)."""
+    sc = parse_scenario(json.loads(scenario_json))
+    t0 = time.perf_counter()
+    summary = simulate_scenario(sc)
+    row = {"point_id": pid, "overrides": overrides_json, "scenario": scenario_json}
+    row.update(_flat(sc.model_dump(mode="json")))
+    row.update(summary)
+    row["sim_wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def _normalise(row: dict) -> dict:
+    # mixed-type scenario fields (e.g. hot_fraction 0.2 | "adaptive") are stored as text
+    return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in row.items()}
+
+
+def _args(p) -> tuple[str, str, str]:
+    return p.pid, json.dumps(p.scenario.model_dump(mode="json"), sort_keys=True), json.dumps(p.overrides,
+                                                                                          sort_keys=True)
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, *, workers: int | None = None, ray_address: str | None = None,
+              progress: bool = True, max_points: int | None = None) -> pd.DataFrame:
+    """Run the points of ``spec`` not yet in ``out``'s results; returns the whole table."""
+    out = Path(out)
+    store = ResultsStore(out)
+    (out / "sweep.json").write_text(json.dumps({
+        "name": spec.name, "source": spec.source, "points": len(spec.points), "varied": spec.varied,
+        "base": spec.base.model_dump(mode="json"),
+        "point_ids": [p.pid for p in spec.points]}, indent=2))
+    done = store.done_ids()
+    todo = [p for p in spec.points if p.pid not in done]
+    if max_points is not None:
+        todo = todo[:max_points]
+    workers = workers or os.cpu_count() or 1
+    n_done = len(spec.points) - len([p for p in spec.points if p.pid not in done])
+    if progress:
+        print(f"sweep {spec.name}: {len(spec.points)} points, {n_done} already done, {len(todo)} to run "
+              f"({'ray ' + ray_address if ray_address else f'{workers} local processes'})")
+    bar = None
+    if todo:
+        runner = _run_ray if ray_address else _run_local
+        bar = tqdm(total=len(spec.points), initial=n_done, unit="pt", desc=spec.name, disable=not progress,
+                   smoothing=0.05)
+        try:
+            runner(todo, store, workers, ray_address, bar)
+        finally:
+            bar.close()
+    df = store.read([p.pid for p in spec.points])
+    return df
+
+
+def _run_local(todo, store: ResultsStore, workers: int, _addr, bar) -> None:
+    if workers <= 1:
+        for p in todo:
+            store.write(_normalise(run_point(*_args(p))))
+            bar.update(1)
+        return
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["granisim.sweep"])
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+        pending = {ex.submit(run_point, *_args(p)) for p in todo}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                store.write(_normalise(f.result()))
+                bar.update(1)
+
+
+def _run_ray(todo, store: ResultsStore, workers: int, address: str, bar) -> None:
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        if address == "local":
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False,
+                     runtime_env={"py_modules": [str(Path(__file__).parent)]})
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_point)
+        pending = [remote.remote(*_args(p)) for p in todo]
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=min(len(pending), 8), timeout=0.5)
+            for ref in finished:
+                store.write(_normalise(ray.get(ref)))
+                bar.update(1)
+    finally:
+        if started:
+            ray.shutdown()

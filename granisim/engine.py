@@ -52,8 +52,10 @@ def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.E
 
 
 class Engine:
-    def __init__(self, setup, executor: Executor, *, progress: bool = True):
+    def __init__(self, setup, executor: Executor, *, progress: bool = True, keep_outputs: bool = False):
         self.setup = setup
+        self.keep_outputs = keep_outputs  # rid -> generated token ids (for correctness checks)
+        self.outputs: dict[int, np.ndarray] = {}
         self.executor = executor
         self.progress = progress
         s = setup.scenario
@@ -62,7 +64,7 @@ class Engine:
         self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
                                    m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
                                    needs_layouts=executor.needs_layouts)
-        self.workload = Workload(s.workload, s.seed, setup.trace)
+        self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab)
         self.steps = StepLog()
         self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)
         self._wake: simpy.Event | None = None
@@ -122,6 +124,8 @@ class Engine:
             done = sched.postprocess(plan, result, env.now, steps)
             self.steps.record(start, plan, result, self.allocator)
             for r in done:
+                if self.keep_outputs:
+                    self.outputs[r.rid] = r.tokens[r.prompt_len : r.n_tokens].copy()
                 nxt = self.workload.follow_up(r.spec, r.tokens[r.prompt_len : r.n_tokens], env.now)
                 if nxt is not None:
                     self._bar.total += 1

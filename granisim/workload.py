@@ -68,19 +68,15 @@ def load_trace(path: str | Path | None = None) -> pd.DataFrame:
 class Workload:
     """Produces the initial arrivals and, for sessions, each follow-up turn."""
 
-    def __init__(self, cfg, seed: int, trace: pd.DataFrame):
+    def __init__(self, cfg, seed: int, trace: pd.DataFrame, vocab: int = VOCAB):
         self.cfg = cfg
         self.seed = seed
+        self.vocab = min(vocab, VOCAB)  # token ids must exist in the model's vocabulary
         self._trace = trace
-        self._next_rid = 0
-        self._followups = rng_for(seed, "followups")
+        self._sessions = 0
         rng = rng_for(seed, "prefixes")
         k = cfg.roles if cfg.kind != "azure" else 0
-        self.prefixes = [rng.integers(0, VOCAB, cfg.prefix_len, dtype=np.int64) for _ in range(k)]
-
-    def _rid(self) -> int:
-        self._next_rid += 1
-        return self._next_rid - 1
+        self.prefixes = [rng.integers(0, self.vocab, cfg.prefix_len, dtype=np.int64) for _ in range(k)]
 
     def initial(self) -> list[RequestSpec]:
         cfg, tr = self.cfg, self._trace
@@ -101,12 +97,13 @@ class Workload:
         roles = self._roles(len(rows))
         tokens = rng_for(self.seed, "suffix_tokens")
         specs = []
+        self._sessions = len(rows)
         for i in range(len(rows)):
             role = int(roles[i]) if self.prefixes else -1
             prefix = self.prefixes[role] if role >= 0 else np.empty(0, np.int64)
-            suffix = tokens.integers(0, VOCAB, int(suffix_lens[i]), dtype=np.int64)
+            suffix = tokens.integers(0, self.vocab, int(suffix_lens[i]), dtype=np.int64)
             session = i if cfg.turns > 1 else -1
-            specs.append(RequestSpec(self._rid(), float(times[i]), prefix, suffix, int(out_lens[i]),
+            specs.append(RequestSpec(i, float(times[i]), prefix, suffix, int(out_lens[i]),
                                      int(prefix.size), role, session, 0))
         return specs
 
@@ -124,14 +121,16 @@ class Workload:
         """The session's next turn: previous prompt + its output + a new user message."""
         if spec.session < 0 or spec.turn + 1 >= self.cfg.turns:
             return None
-        rng = self._followups
+        # one generator per (session, turn): the same follow-up whatever order turns finish in
+        rng = rng_for(self.seed, f"followup/{spec.session}/{spec.turn + 1}")
         suffix_len = max(1, int(self._trace["num_prefill_tokens"].iloc[int(rng.integers(len(self._trace)))]
                                 * self.cfg.suffix_scale * self.cfg.followup_scale))
         out_len = spec.output_len
-        new = rng.integers(0, VOCAB, suffix_len, dtype=np.int64)
+        new = rng.integers(0, self.vocab, suffix_len, dtype=np.int64)
         suffix = np.concatenate([spec.suffix, outputs, new])
         think = float(rng.exponential(self.cfg.think_time_s)) if self.cfg.think_time_s > 0 else 0.0
-        return RequestSpec(self._rid(), finish_s + think, spec.prefix, suffix, out_len, spec.shared_len,
+        rid = (spec.turn + 1) * self._sessions + spec.session  # independent of completion order
+        return RequestSpec(rid, finish_s + think, spec.prefix, suffix, out_len, spec.shared_len,
                            spec.role, spec.session, spec.turn + 1)
 
 

@@ -126,3 +126,12 @@ def test_multi_turn_sessions_lose_no_turn_and_hit_their_own_context():
     later = reqs[reqs.turn > 0]
     # a follow-up turn finds its previous turn's prompt and outputs in the cache
     assert (later.cached_tokens > later.prompt_len * 0.5).all()
+
+
+def test_follow_up_turns_are_the_same_under_every_policy():
+    sc = small(**{"workload.turns": 3, "workload.num_requests": 10})
+    seen = {}
+    for pol in ("granikv", "token"):
+        _, _, _, reqs = run(sc.with_changes(**{"policy.name": pol}))
+        seen[pol] = reqs[["rid", "session", "turn", "prompt_len", "output_len"]].reset_index(drop=True)
+    pd.testing.assert_frame_equal(seen["granikv"], seen["token"])

@@ -1,0 +1,84 @@
+"""Capacity search: SLO parsing with units; bisection finds a known answer."""
+
+import json
+import math
+
+import pytest
+
+from granisim.capacity import meets, parse_slo, search
+from granisim.cli import main
+from granisim.scenario import ScenarioError
+
+
+def test_parse_slo_units():
+    assert parse_slo("ttft_p99=2s,tpot_p99=100ms") == {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1}
+    got = parse_slo("e2e_p50=1.5min, queue_p50=250us,ttft_p50=0.5")
+    assert got == pytest.approx({"e2e_p50_s": 90.0, "queue_p50_s": 250e-6, "ttft_p50_s": 0.5})
+    assert parse_slo("ttft_p99_s=3") == {"ttft_p99_s": 3.0}
+
+
+@pytest.mark.parametrize("bad", ["ttft_p99=2parsecs", "goodput=3s", "ttft_p99", "", "ttft_p99=0s"])
+def test_parse_slo_rejects(bad):
+    with pytest.raises(ScenarioError):
+        parse_slo(bad)
+
+
+def _queue(capacity: float, base: float):
+    """An M/M/1-like stub: p99 latency = base / (1 - rate / capacity), infinite at or above capacity."""
+    calls = []
+
+    def probe(rate):
+        calls.append(rate)
+        p = base / (1 - rate / capacity) if rate < capacity else math.inf
+        return {"ttft_p99_s": p, "tpot_p99_s": base / 10, "requests": 10, "completed": 10, "rejected": 0,
+                "throughput_rps": min(rate, capacity)}
+
+    return probe, calls
+
+
+@pytest.mark.parametrize("lo,hi", [(0.5, 2.0), (0.01, 0.05), (30.0, 90.0)])
+def test_bisection_finds_the_known_answer(lo, hi):
+    # ttft_p99 <= 2 s with base 0.5 s and capacity 10 req/s  <=>  rate <= 10 * (1 - 0.5 / 2) = 7.5
+    probe, calls = _queue(10.0, 0.5)
+    res = search(probe, {"ttft_p99_s": 2.0}, lo, hi, rel_tol=0.001, max_probes=60)
+    assert res.rate <= 7.5 < res.upper
+    assert (res.upper - res.rate) / res.upper <= 0.001
+    assert res.rate == pytest.approx(7.5, rel=0.002)
+    assert len(res.probes) == len(calls) and not res.note
+
+
+def test_two_limits_the_tighter_binds():
+    probe, _ = _queue(10.0, 0.5)
+    # tpot = 0.05 always passes 0.1 s; ttft 1 s binds at 10 * (1 - 0.5) = 5
+    res = search(probe, {"ttft_p99_s": 1.0, "tpot_p99_s": 0.1}, 1.0, 4.0, rel_tol=0.001, max_probes=60)
+    assert res.rate == pytest.approx(5.0, rel=0.002)
+
+
+def test_unreachable_and_unbounded():
+    probe, _ = _queue(10.0, 5.0)
+    res = search(probe, {"ttft_p99_s": 1.0}, 1.0, 4.0, max_probes=30)  # even rate -> 0 gives 5 s
+    assert res.rate == 0.0 and "not met" in res.note
+    probe, _ = _queue(1e9, 0.001)
+    res = search(probe, {"ttft_p99_s": 1.0}, 1.0, 2.0, max_probes=5)
+    assert res.rate == 32.0 and "capacity is higher" in res.note
+
+
+def test_rejections_fail_the_slo():
+    assert not meets({"ttft_p99_s": 0.1, "rejected": 1, "requests": 5, "completed": 4}, {"ttft_p99_s": 1.0})
+    assert not meets({"ttft_p99_s": float("nan"), "requests": 0, "completed": 0}, {"ttft_p99_s": 1.0})
+
+
+def test_capacity_cli_on_the_simulator(tmp_path, capsys):
+    sc = tmp_path / "s.toml"
+    sc.write_text("[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 30\nrate = 8.0\nmax_output_len = 16\n")
+    out = tmp_path / "cap"
+    assert main(["capacity", str(sc), "--slo", "ttft_p99=500ms", "--policies", "granikv,token", "--out", str(out),
+                 "--rel-tol", "0.1", "--workers", "1"]) == 0
+    data = json.loads((out / "capacity.json").read_text())
+    assert [r["policy"] for r in data["results"]] == ["granikv", "token"]
+    for r in data["results"]:
+        passing = [p["rate"] for p in r["probes"] if p["ok"]]
+        assert r["max_rate"] == max(passing) > 0
+        assert all(p["ttft_p99_s"] <= 0.5 for p in r["probes"] if p["ok"])
+    assert (out / "capacity.png").exists()
+    assert main(["capacity", str(sc), "--slo", "ttft_p99=2furlongs"]) == 2

@@ -44,13 +44,28 @@ def _table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _gpu_executor(setup, device: str):
+    """The real engine's executor (gpu_backend); a clear error where torch or a GPU is missing."""
+    try:
+        import torch
+
+        from gpu_backend.engine import GpuExecutor
+    except ImportError as err:
+        raise ScenarioError(f"--executor gpu needs torch and triton (pip install '.[gpu]'): {err}") from None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
+                            "for a tiny model)")
+    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed)
+
+
 def cmd_run(args) -> int:
+    from granisim.simulate import prepare, simulate, write_outputs
+
     scenario = load_scenario(args.scenario)
-    if args.executor == "gpu":
-        print("the GPU executor is not available in this build (issue: real engine)", file=sys.stderr)
-        return 2
     out = Path(args.out or f"out/{scenario.name}")
-    summary = _run_one(scenario, args.scenario, out)
+    setup = prepare(scenario, args.scenario)
+    executor = _gpu_executor(setup, args.device) if args.executor == "gpu" else None
+    summary = write_outputs(setup, simulate(setup, executor), out)
     print(_table({scenario.policy.name: summary}))
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
     return 0
@@ -185,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="simulate one scenario")
     r.add_argument("scenario")
     r.add_argument("--out")
-    r.add_argument("--executor", choices=["cost", "gpu"], default="cost")
+    r.add_argument("--executor", choices=["cost", "gpu"], default="cost",
+                   help="cost: predicted step times (simulator); gpu: measured on the real engine")
+    r.add_argument("--device", default="cuda", help="device of the GPU executor (cuda, or cpu for tiny models)")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="same arrivals under several policies")
     c.add_argument("scenario")

@@ -71,6 +71,17 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    from granisim.simulate import prepare
+    from granisim.validate import validate
+
+    scenario = load_scenario(args.scenario)
+    setup = prepare(scenario, args.scenario)
+    report = validate(setup, _gpu_executor(setup, args.device), Path(args.out))
+    print((Path(args.out) / "validation.md").read_text())
+    return 0 if report["steps"] else 1
+
+
 def compare(scenario: Scenario, source: str, policies: list[str], out: Path, progress: bool = True) -> dict:
     import pandas as pd
 
@@ -204,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cost: predicted step times (simulator); gpu: measured on the real engine")
     r.add_argument("--device", default="cuda", help="device of the GPU executor (cuda, or cpu for tiny models)")
     r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("validate", help="predicted vs measured: the scenario on the real engine and the simulator")
+    v.add_argument("scenario")
+    v.add_argument("--out", default="reports/validation/run")
+    v.add_argument("--device", default="cuda")
+    v.set_defaults(fn=cmd_validate)
     c = sub.add_parser("compare", help="same arrivals under several policies")
     c.add_argument("scenario")
     c.add_argument("--policies", default=DEMO_POLICIES)

@@ -19,8 +19,12 @@ from .. import layout as L
 from ..checks import num_sms
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
 
-# Split until about this many programs per SM would run, in whole waves (H200 runs,
-# reports/kernels/h200.md: one wave of 128 programs beat two partial waves at L = 16K, B = 16 and 64).
+# How far to split along KV (H200 runs, reports/kernels/h200.md "Defaults"):
+# - gathered storages (slot lists, pages) with row tiles <= 64: about 2 programs per SM, rounded up
+#   (run 2 decode grid: 4.0 TB/s at B = 16, L = 16K against 2.4 with one program per SM; run 3
+#   cascade sweep: 30 vs 39 us at L = 16K, B = 1) — the dependent index loads want more in flight;
+# - slabs, and 128-row tiles (one program fits per SM): one program per SM in whole waves
+#   (run 3: 27.8 vs 32.8 us at L = 16K, B = 16; 78 vs 83 us at B = 64).
 CTAS_PER_SM = 1
 MIN_CHUNK = 256   # tokens per split, at least
 MAX_SPLITS = 64   # the combine holds all of a row's splits at once
@@ -147,9 +151,11 @@ def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_sc
     if T == 0 or n_groups == 0:
         return out, lse
     m_tiles = max(1, triton.cdiv(max_rows * G, block_m))
-    n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
-                                  block_n=block_n, device=q.device, kv_chunk=kv_chunk)
     mode, A, B, C, page = L.kernel_args(kv)
+    gather = mode != L.MODE_SLAB and block_m <= 64
+    n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
+                                  block_n=block_n, device=q.device, kv_chunk=kv_chunk,
+                                  ctas_per_sm=2 if gather else 1, round_up=gather)
     R = T * n_q
     split = n_splits > 1
     if split:

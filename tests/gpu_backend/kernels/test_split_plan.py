@@ -1,0 +1,47 @@
+"""The split-along-KV planner: whole waves for slab/128-row passes, ~2 programs per SM for gathers."""
+import types
+
+import pytest
+
+from gpu_backend import checks
+from gpu_backend.kernels.dense import _dense_splits
+from gpu_backend.kernels.split_kv import MAX_SPLITS, plan_splits
+
+H200 = types.SimpleNamespace(type="cuda", index=99)
+
+
+@pytest.fixture(autouse=True)
+def fake_h200(monkeypatch):
+    monkeypatch.setitem(checks._SMS, 99, 132)
+
+
+@pytest.mark.parametrize("base,L", [(8, 16384), (16, 16384), (64, 16384), (8, 4096), (128, 4096), (8, 1024)])
+def test_whole_waves(base, L):
+    n, chunk = plan_splits(base_programs=base, max_kv_len=L, block_n=64, device=H200, ctas_per_sm=1)
+    assert n * chunk >= L > (n - 1) * chunk and chunk % 64 == 0
+    assert base * n <= max(132, base)           # never a second, partial wave
+    assert n == 1 or base * (n + 1) > 132 or (n + 1) * 256 > L  # and not fewer splits than fit
+
+
+def test_gathers_round_up_to_two_per_sm():
+    n, chunk = plan_splits(base_programs=8, max_kv_len=16384, block_n=64, device=H200, ctas_per_sm=2,
+                           round_up=True)
+    assert (n, chunk) == (32, 512)
+    n, _ = plan_splits(base_programs=128, max_kv_len=16384, block_n=64, device=H200, ctas_per_sm=2,
+                       round_up=True)
+    assert n == 3
+
+
+def test_limits():
+    assert plan_splits(base_programs=8, max_kv_len=0, block_n=64, device=H200) == (1, 64)
+    assert plan_splits(base_programs=1, max_kv_len=10 ** 6, block_n=64, device=H200)[0] <= MAX_SPLITS
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        plan_splits(base_programs=8, max_kv_len=1000, block_n=64, device=H200, kv_chunk=100)
+    with pytest.raises(ValueError, match="at most 64"):
+        plan_splits(base_programs=8, max_kv_len=10 ** 5, block_n=64, device=H200, kv_chunk=64)
+
+
+def test_dense_prefers_full_last_wave():
+    assert _dense_splits(160, 32768, 128, H200, None)[0] == 4    # 640 programs: 4.85 waves, not 1.2
+    assert _dense_splits(128, 16384, 128, H200, None)[0] == 1    # one full wave already
+    assert _dense_splits(64, 16384, 128, H200, None)[0] == 2

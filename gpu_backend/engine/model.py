@@ -34,28 +34,31 @@ class RandomWeights:
         self.device = torch.device(device)
         self.dtype = dtype or TORCH_DTYPES[shape.dtype]
         self.rope_theta = rope_theta
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        # drawn on the target device: a Llama-3.1-8B's 8e9 values take seconds there, minutes on a CPU
+        g = torch.Generator(device=self.device).manual_seed(seed)
         h, d, I = shape.hidden, shape.head_dim, shape.intermediate
         qkv = (shape.n_q_heads + 2 * shape.n_kv_heads) * d
         damp = 1.0 / math.sqrt(2 * shape.num_layers)
 
         def rnd(*size, scale):
-            # drawn on the CPU in fp32 so every device and dtype sees the same values
-            return (torch.randn(*size, generator=g) * scale).to(self.device, self.dtype)
+            return (torch.randn(*size, generator=g, device=self.device) * scale).to(self.dtype)
+
+        def norm_w():
+            return (1.0 + 0.1 * torch.randn(h, generator=g, device=self.device)).to(self.dtype)
 
         self.embed = rnd(shape.vocab, h, scale=1.0)
         self.layers = []
         for _ in range(shape.num_layers):
             self.layers.append(LayerWeights(
-                attn_norm=(1.0 + 0.1 * torch.randn(h, generator=g)).to(self.device, self.dtype),
+                attn_norm=norm_w(),
                 wqkv=rnd(h, qkv, scale=1.0 / math.sqrt(h)),
                 bqkv=rnd(qkv, scale=0.02) if shape.qkv_bias else None,
                 wo=rnd(shape.n_q_heads * d, h, scale=damp / math.sqrt(shape.n_q_heads * d)),
-                mlp_norm=(1.0 + 0.1 * torch.randn(h, generator=g)).to(self.device, self.dtype),
+                mlp_norm=norm_w(),
                 w_gate_up=rnd(h, 2 * I, scale=1.0 / math.sqrt(h)),
                 w_down=rnd(I, h, scale=damp / math.sqrt(I)),
             ))
-        self.final_norm = (1.0 + 0.1 * torch.randn(h, generator=g)).to(self.device, self.dtype)
+        self.final_norm = norm_w()
         self.lm_head = rnd(h, shape.vocab, scale=1.0 / math.sqrt(h))
         inv = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         self.inv_freq = inv.float().to(self.device)

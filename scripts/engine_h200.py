@@ -1,0 +1,103 @@
+"""Real-engine runs on a GPU: validation (predicted vs measured) and real speedups.
+
+Resumable: every finished unit writes one JSON under --out; units already present in
+--out or in --done (a folder of earlier results, e.g. reports/engine/points carried with
+the working tree) are skipped, so a device call that stops early loses only the unit in flight.
+
+    python scripts/engine_h200.py speedup --out $OUT --done reports/engine/points --budget-s 480
+    python scripts/engine_h200.py validate --out $OUT --budget-s 480
+
+Needs torch + triton + a CUDA GPU, and simpy/pydantic (carry them as wheels to the device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+POLICIES = ("granikv", "token", "paged16")
+SPEEDUP_GRID = [(lp, k) for lp in (1024, 4096, 16384) for k in (1, 4, 16)]
+VALIDATION = {
+    "multi_agent_16k": {"workload": {"roles": 4, "prefix_len": 16384, "num_requests": 96, "rate": 6.0}},
+    "control_short": {"workload": {"kind": "control", "roles": 4, "prefix_len": 64, "num_requests": 96,
+                                   "rate": 6.0}},
+    "azure_replay": {"workload": {"kind": "azure", "arrivals": "trace", "num_requests": 150}},
+}
+
+
+def _scenario(extra: dict, profile: str):
+    from granisim.scenario import parse_scenario
+
+    base = {"name": "engine", "seed": 0, "model": {"name": "llama-3.1-8b"},
+            "hardware": {"profile": profile, "mem_fraction": 0.85},
+            "workload": {"max_output_len": 128}}
+    for sect, vals in extra.items():
+        base.setdefault(sect, {}).update(vals) if isinstance(vals, dict) else base.update({sect: vals})
+    return parse_scenario(base)
+
+
+def _done(name: str, out: Path, done: Path | None) -> bool:
+    return (out / f"{name}.json").exists() or (done is not None and (done / f"{name}.json").exists())
+
+
+def speedup(args) -> None:
+    from granisim.cli import _gpu_executor
+    from granisim.metrics import requests_frame, summarize
+    from granisim.simulate import prepare, simulate
+
+    t0 = time.time()
+    for lp, k in SPEEDUP_GRID:
+        for pol in POLICIES:
+            name = f"speedup_lp{lp}_k{k}_{pol}"
+            if _done(name, args.out, args.done):
+                continue
+            if time.time() - t0 > args.budget_s:
+                print(f"budget reached; stopping before {name}")
+                return
+            # a burst of requests arriving at once: throughput at saturation
+            sc = _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": 64,
+                                                                   "rate": 1000.0}}, args.profile)
+            setup = prepare(sc)
+            t = time.time()
+            res = simulate(setup, _gpu_executor(setup, "cuda"), progress=False)
+            s = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
+            s.update(lp=lp, k=k, policy=pol, wall_s=time.time() - t)
+            (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
+            print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
+
+
+def validate_all(args) -> None:
+    from granisim.cli import _gpu_executor
+    from granisim.simulate import prepare
+    from granisim.validate import validate
+
+    t0 = time.time()
+    for name, extra in VALIDATION.items():
+        if _done(f"validation_{name}", args.out, args.done) or time.time() - t0 > args.budget_s:
+            continue
+        setup = prepare(_scenario(extra, args.profile))
+        rep = validate(setup, _gpu_executor(setup, "cuda"), args.out / name, progress=False)
+        (args.out / f"validation_{name}.json").write_text(json.dumps(rep, indent=2))
+        print(name, json.dumps(rep["step_errors"]["total"]), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["speedup", "validate"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--done", type=Path)
+    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--profile", default="h200")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (speedup if args.what == "speedup" else validate_all)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -49,7 +49,8 @@ from gpu_backend.checks import num_sms
 from gpu_backend.kernels import split_kv
 from gpu_backend.kernels.cascade import block_m_for, cascade_prefix_attention
 from gpu_backend.kernels.decode import decode_attention
-from gpu_backend.kernels.dense import _dense_splits, dense_prefix_attention
+from gpu_backend.kernels import dense as _dense_mod
+from gpu_backend.kernels.dense import dense_prefix_attention
 from gpu_backend.kernels.extend import extend_attention
 from gpu_backend.kernels.kv_write import write_kv
 from gpu_backend.kernels.merge import merge_states
@@ -305,26 +306,44 @@ def s_linear(run):
         print(f"   {fam}: n={ns[-1]}: {t['median_us']:.1f} us", flush=True)
 
 
+# The split planners the launchers call, wrapped to record their last answer (so the CSV holds the
+# splits the kernels really ran with, whatever the launchers' policy is at this commit).
+LAST_SPLIT: dict = {}
+_plan, _dsplit = split_kv.plan_splits, _dense_mod._dense_splits
+
+
+def _rec_plan(**kw):
+    LAST_SPLIT["v"] = _plan(**kw)
+    return LAST_SPLIT["v"]
+
+
+def _rec_dense(*a, **kw):
+    LAST_SPLIT["v"] = _dsplit(*a, **kw)
+    return LAST_SPLIT["v"]
+
+
+split_kv.plan_splits = _rec_plan
+_dense_mod._dense_splits = _rec_dense
+
+
 def _launch_params(kind, run, G, B, Lkv, n_q):
-    """(block_m, block_n, num_warps, n_splits, chunk, programs, launches) the launcher will use."""
+    """(block_m, block_n, num_warps, n_splits, chunk, programs, launches) of the last launch."""
     n_kv = run.model.n_kv_heads
     if kind == "decode":
         bm, bn, nw = block_m_for(G), 64, 4
         base = 1 * n_kv * B
-        ns, ch = split_kv.plan_splits(base_programs=base, max_kv_len=Lkv, block_n=bn, device=DEV)
     elif kind == "cascade":
         bm = block_m_for(B * G)
         bn, nw = (64, 4) if bm <= 64 else (128, 8)
         base = triton.cdiv(B * G, bm) * n_kv
-        ns, ch = split_kv.plan_splits(base_programs=base, max_kv_len=Lkv, block_n=bn, device=DEV)
     elif kind == "dense":
         bm, bn, nw = 128, 128, 8
         base = triton.cdiv(B * G, bm) * n_kv
-        ns, ch = _dense_splits(base, Lkv, bn, DEV, None)
     else:
         raise ValueError(kind)
-    return dict(block_m=bm, block_n=bn, num_warps=nw, n_splits=ns, chunk=ch, programs=base * ns,
-                launches=2 if ns > 1 else 1)
+    ns, ch = LAST_SPLIT.get("v", ("", ""))
+    return dict(block_m=bm, block_n=bn, num_warps=nw, n_splits=ns, chunk=ch,
+                programs=base * ns if ns != "" else "", launches=(2 if ns > 1 else 1) if ns != "" else "")
 
 
 def _attn_grid(run):
@@ -364,6 +383,7 @@ def s_decode(run):
             kv = pool.layout(st, B, Lk)
             fns.append(lambda kv=kv: decode_attention(q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, out=out, lse=lse,
                                                       check=False, max_kv_len=Lk))
+        LAST_SPLIT.clear()
         t = time_calls(fns)
         lp = _launch_params("decode", run, G, B, Lk, n_q)
         r = dict(family="decode", kernel="split_kv", storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv, d=d,
@@ -407,6 +427,7 @@ def s_prefix(run, path):
             kv = pool.layout(st, 1, Lk)
             fns.append(lambda kv=kv: fn_path(q=q, k_cache=pool.k, v_cache=pool.v, group_indptr=gp, prefix=kv, out=out,
                                              lse=lse, check=False, max_group_size=B, max_kv_len=Lk))
+        LAST_SPLIT.clear()
         t = time_calls(fns)
         lp = _launch_params(path, run, G, B, Lk, n_q)
         r = dict(family=path, kernel=path, storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv, d=d, B=B, L=Lk,

@@ -117,9 +117,9 @@ def write_markdown(res, path):
     dn = S.get("dense", {}).get("rows", [])
     if dn:
         L += ["", "## Dense prefix pass (slab) vs torch SDPA (stacked, contiguous copy)", "",
-              _table(["G", "L", "B", "M_eff", "floor µs", "dense µs", "TFLOP/s", "% GEMM", "GB/s", "% copy",
+              _table(["G", "L", "B", "M_eff", "floor µs", "dense µs", "p10 µs", "TFLOP/s", "% GEMM", "GB/s", "% copy",
                       "SDPA µs", "SDPA/dense"],
-                     [[r["G"], r["L"], r["B"], r["M_eff"], r.get("floor_us"), r["us"], r["TFLOPs"],
+                     [[r["G"], r["L"], r["B"], r["M_eff"], r.get("floor_us"), r["us"], r["p10_us"], r["TFLOPs"],
                        100 * r.get("frac_gemm", 0), r["GBps"], 100 * r.get("frac_copy", 0),
                        r.get("sdpa", {}).get("us"), r.get("vs_sdpa")] for r in dn])]
     mw = S.get("merge_write", {}).get("rows", [])

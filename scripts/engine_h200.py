@@ -52,7 +52,8 @@ def speedup(args) -> None:
     from granisim.simulate import prepare, simulate
 
     t0 = time.time()
-    for lp, k in SPEEDUP_GRID:
+    grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
+    for lp, k in grid:
         for pol in POLICIES:
             name = f"speedup_lp{lp}_k{k}_{pol}"
             if _done(name, args.out, args.done):
@@ -61,7 +62,7 @@ def speedup(args) -> None:
                 print(f"budget reached; stopping before {name}")
                 return
             # a burst of requests arriving at once: throughput at saturation
-            sc = _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": 64,
+            sc = _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": args.requests,
                                                                    "rate": 1000.0}}, args.profile)
             setup = prepare(sc)
             t = time.time()
@@ -94,6 +95,8 @@ def main() -> None:
     ap.add_argument("--done", type=Path)
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--profile", default="h200")
+    ap.add_argument("--only", nargs="*", help="speedup points as LP,K (default: the whole grid)")
+    ap.add_argument("--requests", type=int, default=64)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     (speedup if args.what == "speedup" else validate_all)(args)

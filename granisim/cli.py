@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--num-requests", type=int, default=400, help="requests per simulated point")
     pa.set_defaults(fn=cmd_paper)
     f = sub.add_parser("fuzz", help="property-based fuzzing of an allocator policy")
-    f.add_argument("--allocator", choices=["granikv", "paged", "token"], default="granikv")
+    f.add_argument("--allocator", choices=["granikv", "granikv-adaptive", "paged", "token"], default="granikv")
     f.add_argument("--examples", type=int, default=1000)
     f.add_argument("--steps", type=int, default=30, help="rules per example")
     f.add_argument("--seed", type=int, default=0)

@@ -35,6 +35,9 @@ FUZZ_CAPACITY = 160
 
 
 def default_factory(policy: str) -> Callable[[], KVAllocator]:
+    if policy == "granikv-adaptive":  # HOT/COLD boundary that moves with demand
+        # a short demand window so that HOT also shrinks within one example
+        return lambda: make_allocator("granikv", FUZZ_CAPACITY, hot_fraction="adaptive", demand_window=1)
     page = 4 if policy.startswith("paged") else None
     return lambda: make_allocator(policy if policy != "paged" else "paged", FUZZ_CAPACITY, hot_fraction=0.25,
                                   page_size=page)
@@ -153,6 +156,12 @@ def allocator_machine(factory: Callable[[], KVAllocator]) -> type[RuleBasedState
         def flush(self):
             self.alloc.clear_cache()
             self._sync_copies()
+
+        @rule()
+        def rebalance(self):  # adaptive HOT moves its boundary (a no-op for the other policies)
+            if hasattr(self.alloc, "rebalance"):
+                self.alloc.rebalance()
+                self._sync_copies()
 
         @rule()
         def compact(self):

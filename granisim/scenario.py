@@ -37,10 +37,21 @@ class HardwareCfg(_Strict):
 
 class PolicyCfg(_Strict):
     name: str = "granikv"  # granikv | token | paged | paged<N>
-    hot_fraction: float = Field(0.2, ge=0, le=1)
+    hot_fraction: float | Literal["adaptive"] = 0.2  # in [0, 1], or "adaptive" (boundary follows demand)
     page_size: int = Field(16, ge=1)  # for `paged` without a number
     m_sat: int | None = Field(None, ge=1)  # dense when M_eff >= m_sat; default: the profile's
     dispatch: Literal["threshold", "cost"] = "threshold"
+
+    @field_validator("hot_fraction", mode="before")
+    @classmethod
+    def _hot_fraction(cls, v):
+        if v == "adaptive":
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError("use a number in [0, 1] or 'adaptive'")
+        if not 0 <= v <= 1:
+            raise ValueError("must be within [0, 1] (or 'adaptive')")
+        return float(v)
 
     @field_validator("name")
     @classmethod

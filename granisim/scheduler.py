@@ -100,6 +100,7 @@ class Scheduler:
     # ---- planning ------------------------------------------------------------------------------
     def schedule(self, now: float) -> BatchPlan | None:
         alloc, cfg = self.alloc, self.cfg
+        alloc.rebalance()  # adaptive HOT moves its boundary here, between plans (else a no-op)
         work: list[tuple[Request, int, np.ndarray]] = []
         # (1) decodes: one token each, preempting until they all fit
         decode = [r for r in self.running.values() if r.decoding]

@@ -17,6 +17,16 @@ and compacts, (3) else falls back to COLD. Each outcome is
 counted in stats (``hot_placements``, ``compactions``, ``hot_evictions``, ``hot_fallbacks``).
 Compaction's KV copies are queued for the executor (:meth:`take_copies`).
 
+Adaptive HOT (``hot_fraction="adaptive"``): the HOT/COLD boundary moves online with
+demand instead of sitting at a fixed share (mechanics: :mod:`granisim.kv.elastic`; the
+boundary only ever moves across free slots). HOT starts empty. When an admission wants a
+slab that HOT cannot place, HOT first grows into the free run at COLD's low end — never
+taking what COLD needs for the request and the scheduler's reserve, plus a 2% headroom.
+:meth:`rebalance` (the scheduler calls it before each plan) shrinks HOT back towards the
+demand — the total length of the distinct shared prefixes asked for in the last
+``DEMAND_WINDOW`` admissions — evicting least-recently-used unlocked slabs beyond it and
+handing HOT's free top run back to COLD.
+
 Request life cycle: ``admit`` (match + lock cached prefix, reserve a slab) → ``extend``
 per prefill chunk / decode token → ``cache_prefix`` once the declared prefix is computed
 (it becomes matchable by others) → ``release`` (finish: cache everything computed; or
@@ -31,6 +41,7 @@ import numbers
 import numpy as np
 
 from granisim.kv.cold_pool import ColdPool
+from granisim.kv.elastic import ElasticColdPool, ElasticHotPool
 from granisim.kv.hot_pool import HotPool, KVCopy
 from granisim.kv.layout import AllocatorStats, KVSegment, PoolStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
@@ -39,6 +50,8 @@ from granisim.kv.stores import PageStore, TokenStore
 
 POLICIES = ("granikv", "token", "paged")
 _EMPTY = np.empty(0, np.int64)
+DEMAND_WINDOW = 256  # admissions over which a shared prefix counts as in demand (adaptive HOT)
+HOT_HEADROOM = 0.02  # share of the budget COLD keeps free when HOT grows (adaptive HOT)
 
 
 def _is_run(slots: np.ndarray) -> bool:
@@ -99,19 +112,25 @@ class _Seq:
 
 
 class KVAllocator:
-    def __init__(self, policy: str, capacity: int, *, hot_fraction: float = 0.2, page_size: int = 16):
+    def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
+                 demand_window: int = DEMAND_WINDOW):
         if policy not in POLICIES:
             raise ValueError(f"unknown allocator policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
             raise ValueError(f"KV capacity must be a positive integer number of tokens, got {capacity!r}")
-        if isinstance(hot_fraction, bool) or not (isinstance(hot_fraction, numbers.Real) and 0.0 <= hot_fraction <= 1.0):
-            raise ValueError(f"hot_fraction must be within [0, 1], got {hot_fraction!r}")
+        self.adaptive = hot_fraction == "adaptive"
+        if not self.adaptive and (isinstance(hot_fraction, bool) or not (
+                isinstance(hot_fraction, numbers.Real) and 0.0 <= hot_fraction <= 1.0)):
+            raise ValueError(f"hot_fraction must be within [0, 1] or 'adaptive', got {hot_fraction!r}")
         if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
         self.policy = policy
         self.capacity = int(capacity)
         self.hot: HotPool | None = None
-        if policy == "granikv":
+        if policy == "granikv" and self.adaptive:
+            self.hot = ElasticHotPool(0, 0)
+            self.store = TokenStore(ElasticColdPool(self.capacity, 0, name="cold"))
+        elif policy == "granikv":
             hot_cap = int(self.capacity * hot_fraction)
             self.hot = HotPool(hot_cap, 0)
             self.store = TokenStore(ColdPool(self.capacity - hot_cap, hot_cap, name="cold"))
@@ -126,6 +145,12 @@ class KVAllocator:
         self._copies: list[KVCopy] = []
         self._n = dict(lookups=0, hit_tokens=0, lookup_tokens=0, evictions=0, evicted_tokens=0,
                        hot_placements=0, hot_fallbacks=0, hot_evictions=0)
+        # adaptive HOT: shared prefix (hash of its tokens) -> (length, admission count when last asked)
+        self._demand: dict[int, tuple[int, int]] = {}
+        self._admissions = 0
+        self._demand_window = demand_window
+        self._drained_at = -1
+        self._hyst = max(1, self.capacity // 64)
 
     # ---- admission ------------------------------------------------------------------------
     def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0) -> bool:
@@ -133,8 +158,12 @@ class KVAllocator:
         tokens = np.asarray(tokens, TOKEN_DTYPE)
         m = self.radix.match_prefix(tokens, tokens.size - 1)
         need = tokens.size - m.length + reserve
+        if self.adaptive and shared_len:
+            self._note_demand(tokens, shared_len)
         if self._wants_slab(shared_len, m.length, tokens.size):
             n = shared_len - m.length
+            if self.adaptive:
+                self._grow_hot(n, need - n, m)
             if self.hot.free + self.radix.evictable.get("hot", 0) >= n:
                 need -= n
         on_path = sum(len(n) for n in m.path() if n.lock_ref == 0 and n.pool == self.store.name)
@@ -151,6 +180,9 @@ class KVAllocator:
         if not 0 <= shared_len <= tokens.size:
             raise ValueError(f"request {rid}: shared_len {shared_len} outside [0, {tokens.size}]")
         m = self.radix.match_prefix(tokens, tokens.size - 1)  # at least one token is computed
+        if self.adaptive and shared_len:
+            self._note_demand(tokens, shared_len)
+            self._admissions += 1
         self.radix.lock(m.node)
         self._n["lookups"] += 1
         self._n["hit_tokens"] += m.length
@@ -169,7 +201,60 @@ class KVAllocator:
         return m.length
 
     def _wants_slab(self, shared_len: int, matched: int, prompt_len: int) -> bool:
-        return self.hot is not None and self.hot.capacity > 0 and matched < shared_len <= prompt_len
+        return self.hot is not None and (self.hot.capacity > 0 or self.adaptive) and matched < shared_len <= prompt_len
+
+    # ---- adaptive HOT boundary ------------------------------------------------------------
+    def _note_demand(self, tokens: np.ndarray, shared_len: int) -> None:
+        self._demand[hash(tokens[:shared_len].tobytes())] = (shared_len, self._admissions)
+
+    def hot_demand(self) -> int:
+        """Tokens of the distinct shared prefixes asked for in the last DEMAND_WINDOW admissions."""
+        horizon = self._admissions - self._demand_window
+        stale = [k for k, (_, t) in self._demand.items() if t < horizon]
+        for k in stale:
+            del self._demand[k]
+        return sum(n for n, _ in self._demand.values())
+
+    def _grow_hot(self, n: int, cold_need: int, m) -> None:
+        """Grow HOT so that a slab of ``n`` fits, out of COLD's free low run, leaving COLD
+        what the request (``cold_need`` tokens incl. the scheduler's reserve) and the headroom need."""
+        hot, pool = self.hot, self.store.pool
+        if hot.largest_free >= n:
+            return
+        on_path = sum(len(x) for x in m.path() if x.lock_ref == 0 and x.pool == self.store.name)
+        spare = pool.free + self.radix.evictable.get(self.store.name, 0) - on_path - max(0, cold_need) \
+            - int(HOT_HEADROOM * self.capacity)
+        want = n - hot.top_free_run()
+        if want <= 0 or spare < want:
+            return
+        run = pool.low_free_run()
+        if run < want and self._drained_at != self._admissions:
+            pool.prefer_high()  # let the low end drain as requests finish
+            self._drained_at = self._admissions
+        if run >= want:
+            pool.give_low(want)
+            hot.grow_top(want)
+
+    def rebalance(self) -> None:
+        """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
+        if not self.adaptive:
+            return
+        hot, target = self.hot, self.hot_demand()
+        if hot.capacity - target < self._hyst:
+            return
+        while hot.capacity - hot.free > target:  # stale slabs beyond the demand, LRU first
+            victims = self._hot_leaves()
+            if not victims:
+                break
+            self.radix.evict_subtree(min(victims, key=lambda x: (x.last_access, x.id)), self._free_node)
+            self._n["hot_evictions"] += 1
+        give = min(hot.capacity - target, hot.free)
+        if hot.top_free_run() < give and give - hot.top_free_run() >= self._hyst:
+            self.compact()
+        give = min(give, hot.top_free_run())
+        if give >= self._hyst:
+            hot.shrink_top(give)
+            self.store.pool.take_low(give)
 
     # ---- growth ---------------------------------------------------------------------------
     def extend_need(self, rid: int, n: int) -> int:
@@ -502,7 +587,8 @@ class KVAllocator:
         )
 
 
-def make_allocator(policy: str, capacity: int, *, hot_fraction: float = 0.2, page_size: int | None = None) -> KVAllocator:
+def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int | None = None,
+                   demand_window: int = DEMAND_WINDOW) -> KVAllocator:
     """``policy`` is ``granikv``, ``token``, ``paged`` or ``pagedN`` (e.g. ``paged16``)."""
     if policy.startswith("paged") and policy != "paged":
         digits = policy[len("paged"):]
@@ -510,4 +596,4 @@ def make_allocator(policy: str, capacity: int, *, hot_fraction: float = 0.2, pag
             raise ValueError(f"unknown allocator policy {policy!r}; use paged<N>, e.g. paged16")
         return KVAllocator("paged", capacity, page_size=int(digits))
     return KVAllocator(policy, capacity, hot_fraction=hot_fraction,
-                       page_size=16 if page_size is None else page_size)
+                       page_size=16 if page_size is None else page_size, demand_window=demand_window)

@@ -10,7 +10,7 @@ from tests.granisim.planted_bugs import PLANTED
 CI_EXAMPLES = 2000
 
 
-@pytest.mark.parametrize("policy", ["granikv", "token", "paged"])
+@pytest.mark.parametrize("policy", ["granikv", "granikv-adaptive", "token", "paged"])
 def test_real_policies_survive_fuzzing(policy):
     machine = allocator_machine(default_factory(policy))
     hypothesis.seed(1234)(machine)

@@ -40,7 +40,8 @@ class PolicyCfg(_Strict):
     hot_fraction: float | Literal["adaptive"] = 0.2  # in [0, 1], or "adaptive" (boundary follows demand)
     page_size: int = Field(16, ge=1)  # for `paged` without a number
     m_sat: int | None = Field(None, ge=1)  # dense when M_eff >= m_sat; default: the profile's
-    dispatch: Literal["threshold", "cost"] = "threshold"
+    # threshold (the m_sat rule) | cost (cost model picks) | cascade / dense: forced (dense needs a slab)
+    dispatch: Literal["threshold", "cost", "cascade", "dense"] = "threshold"
 
     @field_validator("hot_fraction", mode="before")
     @classmethod
@@ -69,6 +70,9 @@ class SchedulerCfg(_Strict):
     fast_forward: bool = True  # advance identical decode steps at once where exact
     max_waiting: int = Field(0, ge=0)  # 0 = unlimited queue; else arrivals beyond are rejected
     queue_timeout_s: float = Field(0.0, ge=0)  # 0 = wait forever; else waiting longer is rejected
+    # fcfs | prefix: tenancy-aware, waiting requests whose prefix a running request holds go first
+    admission: Literal["fcfs", "prefix"] = "fcfs"
+    admission_max_wait_s: float = Field(0.0, ge=0)  # prefix admission: older waiters go first (0 = no aging)
 
 
 class WorkloadCfg(_Strict):

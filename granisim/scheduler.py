@@ -11,7 +11,12 @@ admitted first-come-first-served by radix match + capacity (the whole uncached p
 plus a reserve for outstanding outputs must fit), skipping a request whose declared
 shared prefix another request is prefilling right now (it will hit the cache instead of
 computing a second copy); (4) decoding requests are grouped by their shared prefix and
-each group gets an attention path. Nothing is ever dropped: preempted requests return
+each group gets an attention path. With ``admission = "prefix"`` (tenancy-aware), step
+(3) first takes the waiting requests whose role prefix a running request holds (its
+prefix is in the cache, locked), so that requests sharing a prefix are admitted together
+and a prefix is computed once per wave instead of once per request when many tenants
+compete for the cache; ``admission_max_wait_s`` puts older waiters first (no starvation).
+Nothing is ever dropped: preempted requests return
 to the front of the queue; only requests that can never fit, or that exceed a configured
 queue limit, are rejected, with the reason recorded.
 """
@@ -121,6 +126,8 @@ class Scheduler:
                     work.append((r, n, alloc.extend(r.rid, n)))
                     budget -= n
         # (3) admissions
+        if getattr(cfg, "admission", "fcfs") == "prefix" and len(self.waiting) > 1:
+            self._group_by_prefix(now)
         skipped: list[Request] = []
         reserve = self._outstanding() if self.waiting else 0
         while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
@@ -146,6 +153,19 @@ class Scheduler:
                 return self.schedule(now)
             return None
         return self._build_plan(work)
+
+    def _group_by_prefix(self, now: float) -> None:
+        """Tenancy-aware order: aged waiters, then those whose role prefix is held by a running
+        request (a cache hit), then the rest; first come first served within each class."""
+        warm = {q.spec.role for q in self.running.values() if q.spec.shared_len}
+        max_wait = self.cfg.admission_max_wait_s
+
+        def cls(r: Request) -> int:
+            if max_wait and now - r.spec.arrival_s > max_wait:
+                return 0
+            return 1 if r.spec.shared_len and r.spec.role in warm else 2
+
+        self.waiting = deque(sorted(self.waiting, key=cls))  # stable: keeps arrival order per class
 
     def _reserve_of(self, q: Request) -> int:
         """Tokens a running request may still claim: its unfinished prompt + a share of its outputs."""
@@ -235,6 +255,10 @@ class Scheduler:
         if self.dispatch == "cost":
             path = self.path_chooser(prefix_len, b, storage)
             return path if storage == "slab" or path != "dense" else "cascade"
+        if self.dispatch == "cascade":  # forced: the prefix pass never uses the dense kernel
+            return "cascade"
+        if self.dispatch == "dense":  # forced: dense wherever the prefix is one slab
+            return "dense" if storage == "slab" else "cascade"
         return "dense" if storage == "slab" and b * self.G >= self.m_sat else "cascade"
 
     # ---- decode fast-forward ----------------------------------------------------------------

@@ -25,6 +25,7 @@
     x = "workload.roles"
     y = "policy.hot_fraction"
     value = "speedup"                              # 'speedup' or any results column
+    where = { "policy.dispatch" = "cost" }         # optional: only these rows
 
 Every field name and every value is validated through the :class:`Scenario` model (and
 :func:`granisim.simulate.prepare`) before anything runs: a mistake is a
@@ -71,6 +72,7 @@ class PlotSpec:
     y: str | None = None  # heatmap: the second axis; line: one line per value of y (optional)
     value: str = "speedup"
     title: str = ""
+    where: dict | None = None  # only rows with these field values, e.g. {"policy.dispatch" = "cost"}
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
         try:
             plots.append(PlotSpec(**p))
         except TypeError:
-            raise ScenarioError(f"{source}: field plot = {p!r}: use kind, x, y, value, title") from None
+            raise ScenarioError(f"{source}: field plot = {p!r}: use kind, x, y, value, title, where") from None
         if plots[-1].kind not in ("heatmap", "line"):
             raise ScenarioError(f"{source}: field plot.kind = {plots[-1].kind!r}: use heatmap or line")
     name = raw.get("name") or path.stem

@@ -83,12 +83,14 @@ def plot(df: pd.DataFrame, p: PlotSpec, path: Path, title: str = "") -> Path:
         ax.set_ylabel(p.y)
     else:
         by = p.y or ("policy.name" if "policy.name" in df.columns and df["policy.name"].nunique() > 1 else None)
-        groups = df.groupby(by) if by else [("", df)]
+        by = by.split(",") if by else None  # one line per value (combination) of these fields
+        groups = df.groupby(by) if by else [((), df)]
         for name, g in groups:
             g = g.groupby(p.x)[p.value].mean()
             xs = _sorted_values(pd.Series(g.index))
+            name = name if isinstance(name, tuple) else (name,)
             ax.plot([_label(x) if isinstance(x, str) else x for x in xs], [g[x] for x in xs], marker="o",
-                    label=f"{by}={_label(name)}" if by else None)
+                    label=", ".join(f"{b}={_label(v)}" for b, v in zip(by, name)) if by else None)
         if by:
             ax.legend(fontsize=8)
         ax.set_ylabel(p.value)
@@ -114,8 +116,13 @@ def write_plots(spec: SweepSpec, df: pd.DataFrame, out: Path) -> list[Path]:
         paths.append(out / "speedup.csv")
     for i, p in enumerate(spec.plots or default_plots(spec)):
         data = sp_df if p.value == "speedup" else df
+        for k, v in (p.where or {}).items():
+            if data is not None and k in data.columns:
+                data = data[data[k].astype(str) == str(v)]
         if data is None or data.empty or p.value not in data.columns:
             continue
-        name = f"{p.kind}_{p.value}_{p.x}" + (f"_{p.y}" if p.y else "")
-        paths.append(plot(data, p, out / (name.replace(".", "-") + ".png"), f"{spec.name}: {p.value}"))
+        name = f"{p.kind}_{p.value}_{p.x}" + (f"_{p.y}" if p.y else "") + \
+            "".join(f"_{k}={v}" for k, v in (p.where or {}).items())
+        name = name.replace(".", "-").replace(",", "+").replace("/", "-")
+        paths.append(plot(data, p, out / f"{name}.png", f"{spec.name}: {p.value}"))
     return paths

@@ -191,6 +191,11 @@ def cmd_bench(args) -> int:
         from granisim import bench_alloc
 
         bench_alloc.run(args.out or "reports/alloc.json")
+    elif args.what == "sweep":
+        from granisim import bench_sweep
+
+        bench_sweep.run(args.out or "reports/sweep_speed.json", points=args.points, requests=args.requests,
+                        workers=args.workers, ray=args.ray)
     return 0
 
 
@@ -260,8 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(fn=cmd_fuzz)
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=["alloc"])
+    b.add_argument("what", choices=["alloc", "sweep"])
     b.add_argument("--out")
+    b.add_argument("--points", type=int, default=1000, help="sweep: points")
+    b.add_argument("--requests", type=int, default=200, help="sweep: requests per point")
+    b.add_argument("--workers", type=int, help="sweep: local processes (default: CPU count)")
+    b.add_argument("--ray", metavar="ADDRESS", help="sweep: run on Ray instead")
     b.set_defaults(fn=cmd_bench)
     pr = sub.add_parser("profile", help="hardware profiles")
     pr.add_argument("action", choices=["show", "check"])

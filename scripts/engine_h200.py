@@ -67,8 +67,14 @@ def speedup(args) -> None:
             setup = prepare(sc)
             t = time.time()
             res = simulate(setup, _gpu_executor(setup, "cuda"), progress=False)
-            s = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
-            s.update(lp=lp, k=k, policy=pol, wall_s=time.time() - t)
+            steps = res.steps.frame()
+            s = summarize(requests_frame(res.records), steps, res.end_s)
+            dec = steps[steps.prefill_tokens == 0]
+            s.update(lp=lp, k=k, policy=pol, wall_s=time.time() - t,
+                     breakdown_s={c[2:]: float(steps[c].sum()) for c in steps.columns if c.startswith("t_")},
+                     decode_only_steps=int(len(dec)), decode_step_ms_p50=float(dec.duration_s.median() * 1e3),
+                     decode_breakdown_ms_p50={c[2:]: float(dec[c].median() * 1e3) for c in dec.columns
+                                              if c.startswith("t_")})
             (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
             print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
 

@@ -90,6 +90,12 @@ def build(plan: BatchPlan, device, num_slots: int) -> StepMeta:
         return np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx]) if idx else np.empty(0, np.int64)
 
     all_slots = {i: reqs[i].layout.slots() for i in set(ext) | set(dec) | in_group}
+    # every id is checked here, on the host, so the launches need no device reads (no syncs)
+    for i, s in all_slots.items():
+        if s.size and (s.min() < 0 or s.max() >= num_slots):
+            bad = s[(s < 0) | (s >= num_slots)][0]
+            raise ValueError(f"plan step {plan.step}: request {reqs[i].rid} reads slot {int(bad)} outside the "
+                             f"buffer of {num_slots}")
     meta = StepMeta(
         num_tokens=int(offs[-1]), tokens=torch.from_numpy(tokens).to(device),
         positions=torch.from_numpy(positions).to(device), new_slots=_i32(slots, device),

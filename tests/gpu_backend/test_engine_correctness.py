@@ -90,3 +90,15 @@ def test_out_of_range_slot_is_rejected_before_launch():
                                                     np.array([1, 2]), lay),))
     with pytest.raises(ValueError, match="slot 99 outside the buffer of 64"):
         ex.execute(plan)
+
+
+def test_out_of_range_read_is_rejected_before_launch():
+    from granisim.kv.layout import KVSegment, RequestLayout
+    from granisim.models import get_model
+    from granisim.plan import BatchPlan, PlannedRequest
+
+    ex = GpuExecutor(get_model("tiny"), 64, device="cpu")
+    lay = RequestLayout(0, (KVSegment("token", np.array([70, 5, 6])),), 3, 0, None)
+    plan = BatchPlan(1, "token", 1, (PlannedRequest(0, 2, 1, False, -1, 0, np.array([6]), np.array([1]), lay),))
+    with pytest.raises(ValueError, match="reads slot 70 outside the buffer of 64"):
+        ex.execute(plan)

@@ -80,11 +80,11 @@ def test_greedy_tokens_match_a_full_attention_forward(runs):
 
 
 def test_out_of_range_slot_is_rejected_before_launch():
-    from granisim.plan import BatchPlan, PlannedRequest
     from granisim.kv.layout import KVSegment, RequestLayout
+    from granisim.models import get_model
+    from granisim.plan import BatchPlan, PlannedRequest
 
-    ex = GpuExecutor(parse_scenario(TINY).model and __import__("granisim.models").models.get_model("tiny"), 64,
-                     device="cpu")
+    ex = GpuExecutor(get_model("tiny"), 64, device="cpu")
     lay = RequestLayout(0, (KVSegment("token", np.array([3, 99])),), 2, 0, None)
     plan = BatchPlan(1, "token", 1, (PlannedRequest(0, 0, 2, True, -1, 0, np.array([3, 99]),
                                                     np.array([1, 2]), lay),))

@@ -24,7 +24,7 @@ from ..kernels.extend import extend_attention
 from ..kernels.kv_write import write_kv
 from ..kernels.merge import merge_states
 from . import metadata
-from .model import RandomWeights, logits, mlp, qkv_proj
+from .model import RandomWeights, logits, mlp, qkv_proj, rope_tables
 from .timing import PartTimer
 
 
@@ -58,9 +58,10 @@ class GpuExecutor:
         w = self.w
         with timer.part("lm_head"):
             x = w.embed[meta.tokens]
+            rot = rope_tables(meta.positions, w.inv_freq)
         for li, layer in enumerate(w.layers):
             with timer.part("linear"):
-                q, k, v = qkv_proj(w, layer, x, meta.positions)
+                q, k, v = qkv_proj(w, layer, x, rot)
             with timer.part("kv_write"):
                 write_kv(k_cache=self.k_cache[li], v_cache=self.v_cache[li], k=k, v=v, slots=meta.new_slots,
                          check=False)

@@ -69,17 +69,21 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tenso
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x [T, heads, d]; positions [T] (absolute token index)."""
-    ang = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, d/2] for absolute positions [T]; computed once per step, used by every layer."""
+    ang = positions.float()[:, None] * inv_freq[None, :]
+    return ang.cos()[:, None, :], ang.sin()[:, None, :]
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x [T, heads, d]."""
     xf = x.float()
     x1, x2 = xf[..., : xf.shape[-1] // 2], xf[..., xf.shape[-1] // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def qkv_proj(w: RandomWeights, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor):
-    """x [T, h] -> q [T, n_q, d], k [T, n_kv, d], v [T, n_kv, d] with RoPE applied to q and k."""
+def qkv_proj(w: RandomWeights, layer: LayerWeights, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor]):
+    """x [T, h] -> q [T, n_q, d], k [T, n_kv, d], v [T, n_kv, d] with RoPE (``rot`` = rope_tables) on q, k."""
     s = w.shape
     y = rms_norm(x, layer.attn_norm) @ layer.wqkv
     if layer.bqkv is not None:
@@ -88,7 +92,7 @@ def qkv_proj(w: RandomWeights, layer: LayerWeights, x: torch.Tensor, positions: 
     q = y[:, : s.n_q_heads * d].view(T, s.n_q_heads, d)
     k = y[:, s.n_q_heads * d : (s.n_q_heads + s.n_kv_heads) * d].view(T, s.n_kv_heads, d)
     v = y[:, (s.n_q_heads + s.n_kv_heads) * d :].view(T, s.n_kv_heads, d).contiguous()
-    return rope(q, positions, w.inv_freq).contiguous(), rope(k, positions, w.inv_freq).contiguous(), v
+    return rope(q, *rot).contiguous(), rope(k, *rot).contiguous(), v
 
 
 def mlp(layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:

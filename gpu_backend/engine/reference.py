@@ -10,7 +10,7 @@ import math
 import torch
 
 from ..reference import attention
-from .model import RandomWeights, logits, mlp, qkv_proj
+from .model import RandomWeights, logits, mlp, qkv_proj, rope_tables
 
 
 @torch.no_grad()
@@ -20,8 +20,9 @@ def next_token_logits(w: RandomWeights, tokens: torch.Tensor) -> torch.Tensor:
     pos = torch.arange(tokens.numel(), device=w.device)
     x = w.embed[tokens]
     scale = 1.0 / math.sqrt(w.shape.head_dim)
+    rot = rope_tables(pos, w.inv_freq)
     for layer in w.layers:
-        q, k, v = qkv_proj(w, layer, x, pos)
+        q, k, v = qkv_proj(w, layer, x, rot)
         o, _ = attention(q, k, v, scale, causal_from=0)
         x = x + o.to(x.dtype).to(x.device).reshape(tokens.numel(), -1) @ layer.wo
         x = x + mlp(layer, x)

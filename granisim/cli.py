@@ -210,6 +210,24 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from granisim.calibration.run import calibrate, format_errors, write_figures
+
+    out = Path(args.out)
+    cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start)
+    print(format_errors(cal.result))
+    ms = cal.msat
+    print(f"\nM_sat (dense beats cascade from M_eff =): {ms['overall']} overall; per L_p measured "
+          f"{ {k: v['strict'] for k, v in ms['per_L_measured'].items()} }, profile "
+          f"{ms['per_L_model']}")
+    if args.report:
+        figs = write_figures(cal, args.report, cal.doc["name"])
+        print("figures: " + ", ".join(str(f) for f in figs.values()))
+    print(f"\nwrote {cal.profile_path} (+ {cal.doc['linear_table']['file']}, {cal.doc['kernel_table']['file']}); "
+          f"use it with [hardware] profile = \"{cal.profile_path}\"")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="granisim", description="GraniKV serving simulator")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -276,6 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("action", choices=["show", "check"])
     pr.add_argument("name", help="profile name or JSON file")
     pr.set_defaults(fn=cmd_profile)
+    cal = sub.add_parser("calibrate", help="fit a hardware profile from GPU measurements")
+    cal_sub = cal.add_subparsers(dest="calibrate_cmd", required=True)
+    cf = cal_sub.add_parser("fit", help="fit RAW_DIR (python -m calibration.measure --out RAW_DIR) into a profile")
+    cf.add_argument("raw_dir")
+    cf.add_argument("--out", required=True, help="profile JSON to write (its tables are written beside it)")
+    cf.add_argument("--name", help="profile name (default: the file name)")
+    cf.add_argument("--start", default="h200", help="profile whose values start the fit (default h200)")
+    cf.add_argument("--report", help="also write the M_sat and residual plots and a fit summary here")
+    cf.set_defaults(fn=cmd_calibrate)
     return p
 
 

@@ -175,12 +175,72 @@ def fit_roofline(flops, nbytes, seconds, peak_flops: float, bandwidth: float,
     return best
 
 
+# ---- measured corrections (form 2 with a kernel table) -----------------------------------------
+class Correction:
+    """A multiplicative correction ``exp(r(x[, y]))`` from scattered points ``(x, y, r)`` (log2 axes):
+    linear along ``y`` within each measured ``x`` column, then linear across columns, tabulated on a
+    regular grid and read back bilinearly; constant beyond the measured range (clamped)."""
+
+    def __init__(self, x, r, y=None, n: int = 65):
+        x, r = np.asarray(x, float), np.asarray(r, float)
+        ux = np.unique(x)
+        self.gx = np.linspace(ux[0], ux[-1], n) if ux.size > 1 else ux
+        if y is None:
+            rr = np.array([r[x == u].mean() for u in ux])
+            self.grid = np.interp(self.gx, ux, rr)[:, None]
+            self.gy = np.zeros(1)
+            return
+        y = np.asarray(y, float)
+        uy = np.unique(y)
+        self.gy = np.linspace(uy[0], uy[-1], n) if uy.size > 1 else uy
+        cols = []
+        for u in ux:
+            m = x == u
+            yy = np.unique(y[m])
+            rr = np.array([r[m][y[m] == v].mean() for v in yy])
+            cols.append(np.interp(self.gy, yy, rr))
+        cols = np.asarray(cols)  # [len(ux), len(gy)]
+        self.grid = np.stack([np.interp(self.gx, ux, cols[:, j]) for j in range(self.gy.size)], axis=1)
+
+    @staticmethod
+    def _pos(g, v):
+        if g.size == 1:
+            return np.zeros_like(v, dtype=int), np.zeros_like(v, dtype=float)
+        f = np.clip((v - g[0]) / (g[1] - g[0]), 0.0, g.size - 1.0)
+        i = np.minimum(f.astype(int), g.size - 2)
+        return i, f - i
+
+    def __call__(self, x, y=None):
+        x = np.asarray(x, float)
+        y = np.zeros_like(x) if y is None else np.asarray(y, float)
+        x, y = np.broadcast_arrays(x, y)
+        i, fx = self._pos(self.gx, x)
+        j, fy = self._pos(self.gy, y)
+        g = self.grid
+        i1 = np.minimum(i + 1, g.shape[0] - 1)
+        j1 = np.minimum(j + 1, g.shape[1] - 1)
+        v = ((1 - fx) * (1 - fy) * g[i, j] + fx * (1 - fy) * g[i1, j]
+             + (1 - fx) * fy * g[i, j1] + fx * fy * g[i1, j1])
+        return np.exp(v)
+
+
+def _storage_class(storage, page_size) -> str:
+    """The kernel-table storage a plan's storage reads like: 'slab', 'slots' (page 1), 'pages16'."""
+    if storage == "slab":
+        return "slab"
+    if storage in ("cold", "token", "hot") or page_size < 4:
+        return "slots"
+    return "pages16"
+
+
 # ---- per (profile, model) constants ------------------------------------------------------------
 class CostTables:
     """Constants of one (profile, model) pair, and memoised pieces of the step cost."""
 
-    def __init__(self, profile: HardwareProfile, model: ModelShape):
+    def __init__(self, profile: HardwareProfile, model: ModelShape, use_table: bool = True):
         self.profile, self.model = profile, model
+        self.corr: dict = {}
+        self._priv_class = "slots"  # kernel-table storage class of the plan's private KV (set per step)
         p = profile
         self.P, self.BW, self.sms = p.bf16_flops, p.hbm_bandwidth, p.sm_count
         self.layers = model.num_layers
@@ -213,11 +273,238 @@ class CostTables:
         self.kvw_launch = L * self.launch
         self.copy_tok = 2.0 * self.kvb * L / (self.BW * p["kv.copy_eff"])
         self.copy_launch = L * self.launch
+        self.form = int(p["attn.form"])
+        if self.form == 2:
+            self._init_form2()
+            if use_table and profile.kernel_table is not None:
+                self.corr = self._build_corrections(profile.kernel_table)
         self._lin_grid = self._build_linear_grid()
         self._memo_lin: dict[int, float] = {}
         self._memo_head: dict[int, float] = {}
         self._memo_prefix: dict[tuple, float] = {}
         self._memo_inv: dict[tuple, float] = {}
+
+    # -- form 2: the Triton kernels' own launch rules, a wave model of their programs ------------------
+    def _init_form2(self):
+        p, L = self.profile, self.layers
+        self.f2 = {}
+        for fam, pre, flop, mem in (("prefill", "attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff"),
+                                    ("decode", "attn.decode.", "attn.decode.flop_eff", "attn.decode.mem_eff"),
+                                    ("cascade", "attn.cascade.", "attn.cascade.flop_eff", "attn.cascade.mem_eff"),
+                                    ("dense", "attn.dense.", "attn.dense.flop_eff", "attn.dense.mem_eff"),
+                                    ("merge", "attn.merge.", None, "attn.merge.mem_eff"),
+                                    ("kv_write", "kv.write_", None, "kv.write_eff")):
+            self.f2[fam] = (p[pre + "launch_s"], p[pre + "program_s"], p[flop] if flop else 1.0, p[mem],
+                            p[pre + "sat_ctas_per_sm"], max(1.0, float(p[pre + "resident_ctas_per_sm"])))
+        self.ctas_per_sm = p["attn.cascade.ctas_per_sm"]
+        self.gather_ctas_per_sm = p["attn.cascade.gather_ctas_per_sm"]
+        self.min_split = p["attn.cascade.min_split_tokens"]
+        self.max_splits = p["attn.cascade.max_splits"]
+        self.dense_max_splits = int(p["attn.dense.max_splits"])
+        self.merge_eff_bw = self.BW * p["attn.merge.mem_eff"]
+        self.copy_launch = L * p["kv.copy_launch_s"]
+        self.dec_tile = float(min(128, max(p["attn.decode.m_tile"], 1 << max(0, math.ceil(math.log2(self.G))))))
+        # merge: 64-row programs, o1, o2, out in the model dtype + three fp32 LSEs per (token, head) row
+        self.merge_row_bytes = 3.0 * self.d * self.b + 12.0
+        self.merge_block = float(max(1, min(64, 8192 // self.d)))
+        # KV write: programs of 4096 // next_pow2(n_kv * d) tokens, K and V rows read and written
+        self.kvw_block = float(max(1, 4096 // (1 << math.ceil(math.log2(self.n_kv * self.d)))))
+        self._memo_small: dict[tuple, float] = {}
+        self.pf_page1, self.pf_page16 = p["attn.prefill.page1_eff"], p["attn.prefill.page16_eff"]
+
+    def prefill_inv_eff(self, storage, page_size: int) -> float:
+        """Form 2: 1 / the extend kernel's own gather efficiency for this storage."""
+        if storage == "slab":
+            return 1.0
+        if storage in ("cold", "token", "hot"):
+            page_size = 1
+        x = min(1.0, math.log2(max(1, page_size)) / 4.0)
+        return 1.0 / (self.pf_page1 + (self.pf_page16 - self.pf_page1) * x)
+
+    @staticmethod
+    def _block_n(m_tile):
+        """KV tile of the launchers: 64 tokens for row tiles up to 64, else 128."""
+        return np.where(np.asarray(m_tile) <= 64, 64.0, 128.0)
+
+    def split_rule(self, base, kv_len, block_n, gather=False):
+        """(n_splits, chunk) of gpu_backend.kernels.split_kv.launch / plan_splits: split along KV until
+        about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
+        ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True); at
+        least ``min_split_tokens`` per split, at most ``max_splits``; the chunk is a whole number of KV
+        tiles. Arrays broadcast."""
+        base = np.maximum(np.asarray(base, float), 1.0)
+        kv_len = np.asarray(kv_len, float)
+        want = np.where(gather, np.ceil(self.gather_ctas_per_sm * self.sms / base),
+                        np.maximum(1.0, np.floor(self.ctas_per_sm * self.sms / base)))
+        n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / self.min_split)), self.max_splits))
+        chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
+        chunk = np.where(kv_len > 0, chunk, block_n)
+        return np.where(kv_len > 0, np.ceil(kv_len / chunk), 1.0), chunk
+
+    def dense_split_rule(self, base, kv_len, block_n=128.0):
+        """(n_splits, chunk) of gpu_backend.kernels.dense._dense_splits: of 1..max_splits, the split
+        count whose last wave is fullest per unit of work (first minimum of
+        ``waves * (chunk + block_n) + 0.02 * n * L / 8``)."""
+        base = np.asarray(base, float)
+        L = float(kv_len)
+        if L <= 0 or self.dense_max_splits <= 1:
+            return np.ones_like(base), np.full_like(base, max(L, block_n))
+        s = np.arange(1, self.dense_max_splits + 1, dtype=float)[:, None]
+        chunk = np.ceil(np.ceil(L / s) / block_n) * block_n
+        n = np.ceil(L / chunk)
+        waves = np.ceil(base[None, :] * n / self.sms)
+        cost = waves * (chunk + block_n) + 0.02 * n * L / 8
+        i = np.argmin(cost, axis=0)
+        return n[i, 0] + 0.0 * base, chunk[i, 0] + 0.0 * base
+
+    def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0):
+        """Seconds (one layer) of one kernel of family ``fam`` (wave model; arrays broadcast).
+
+        ``programs`` programs, each doing ``flops_prog`` / ``bytes_prog``. An SM runs
+        ``resident_ctas_per_sm`` programs at once: ``waves = ceil(programs / (sm_count * resident))``.
+        ``n`` programs running together share the GPU: one computes at ``bf16_flops * flop_eff /
+        max(sm_count, n)`` and streams at ``hbm_bandwidth * mem_eff / max(sm_count * sat_ctas_per_sm, n)``.
+        ``t = launches * launch_s + waves * (program_s + max(compute, stream)) + partial_bytes / merge rate``.
+        """
+        launch, prog, ef, em, sat, res = self.f2[fam]
+        N = np.maximum(np.asarray(programs, float), 1.0)
+        slots = self.sms * res
+        waves = np.ceil(N / slots)
+        conc = np.minimum(N, slots)
+        comp = flops_prog * np.maximum(self.sms, conc) / (self.P * ef)
+        mem = bytes_prog * np.maximum(self.sms * sat, conc) / (self.BW * em)
+        return launches * launch + waves * (prog + np.maximum(comp, mem)) + partial_bytes / self.merge_eff_bw
+
+    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True):
+        """Seconds (all layers) of the decode kernel over ``n_dec`` requests reading ``tok`` KV tokens
+        (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
+        in page tables / slot lists (the simulator's private storage), not slabs; arrays broadcast."""
+        base = self.n_kv * np.asarray(n_dec, float)  # one row tile (G query heads) per request and KV head
+        n, _ = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64))
+        N = base * n
+        tok = np.asarray(tok, float)
+        per = tok * self.n_kv / N                      # mean KV tokens of one program
+        pad = np.ceil(per / 64.0) * 64.0 / np.maximum(per, 1e-9)  # a program streams whole 64-token tiles
+        flops = 4.0 * self.dec_tile * self.d * per * pad
+        split = n > 1
+        partial = np.where(split, 2.0 * n * n_dec * self.n_q * (self.d + 1) * 4.0, 0.0)
+        t = self.kernel_time2("decode", N, flops, nbytes / N * pad, np.where(split, 2.0, 1.0), partial)
+        if self.corr:
+            t = t * self._corr("decode", "slab" if not np.any(gather) else self._priv_class,
+                               np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))
+        return self.layers * t
+
+    def prefix_time2(self, path, L, m, inv_eff, gather=False, cls=None):
+        """Form 2 of :meth:`prefix_time_array` (m: numpy array of M_eff; ``cls``: kernel-table storage
+        class for the measured correction, None = none)."""
+        p = self.profile
+        if path == "cascade":
+            pow2 = 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0)))
+            bm = np.clip(pow2, p["attn.cascade.min_m_tile"], p["attn.cascade.m_tile"])
+        else:
+            bm = np.full_like(m, p["attn.dense.m_tile"])
+        bn = self._block_n(bm)
+        tiles = np.maximum(1.0, np.ceil(m / bm))
+        base = tiles * self.n_kv
+        if path == "cascade":
+            n, chunk = self.split_rule(base, L, bn, gather=np.logical_and(gather, bm <= 64))
+        else:
+            n, chunk = self.dense_split_rule(base, L, float(bn.flat[0]) if bn.size else 128.0)
+        c = chunk  # tokens of one program, whole KV tiles
+        flops = 4.0 * bm * self.d * c
+        nbytes = c * 2.0 * self.d * self.b * inv_eff + bm * self.d * self.b
+        rows = m * self.n_kv
+        split = n > 1
+        partial = np.where(split, 2.0 * n * rows * (self.d + 1) * 4.0, 0.0)
+        t = self.kernel_time2(path, base * n, flops, nbytes, np.where(split, 2.0, 1.0), partial)
+        if cls is not None and self.corr:
+            t = t * self._corr(path, cls, np.log2(np.maximum(m, 1.0)), np.log2(max(L, 1.0)))
+        return self.layers * t
+
+    def _build_corrections(self, table) -> dict:
+        """Correction functions (measured / formula) per (family, storage class) from a kernel table."""
+        from dataclasses import replace
+
+        rows = table.rows
+        ref = ModelShape("table", 1, int(table.model["hidden"]), int(table.model["n_kv_heads"]) * 4,
+                         int(table.model["n_kv_heads"]), int(table.model["head_dim"]),
+                         int(table.model["intermediate"]), int(table.model["vocab"]))
+        pts: dict = {}
+        tabs: dict = {}
+        n = len(rows["family"])
+        for i in range(n):
+            fam, st = rows["family"][i], rows["storage"][i]
+            G = int(rows["G"][i]) or 4
+            t = tabs.get(G)
+            if t is None:
+                t = tabs[G] = CostTables(self.profile, replace(ref, n_q_heads=ref.n_kv_heads * G), use_table=False)
+            B, Lk, T = rows["B"][i], rows["L"][i], rows["T"][i]
+            cls = st if st in ("slab", "slots", "pages16") else "slots"
+            sto, ps = {"slab": ("slab", 1), "slots": ("paged", 1), "pages16": ("paged", 16)}[cls]
+            if fam == "decode":
+                inv = 1.0 / t.storage_eff(sto, ps)
+                tok = B * Lk
+                f = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + B * 2.0 * t.n_q * t.d * t.b, gather=cls != "slab")
+                key, x, y = ("decode", cls), np.log2(B), np.log2(max(Lk, 1.0))
+            elif fam in ("cascade", "dense"):
+                f = t.prefix_time2(fam, Lk, np.array([rows["M_eff"][i]]), 1.0 / t.storage_eff(sto, ps),
+                                   gather=cls != "slab")[0]
+                key, x, y = (fam, cls), np.log2(rows["M_eff"][i]), np.log2(max(Lk, 1.0))
+            elif fam == "extend":
+                q, nr = int(rows["q_len"][i]), int(rows["n_req"][i])
+                from types import SimpleNamespace
+                reqs = [SimpleNamespace(num_new=q, context_len=int(Lk), shared_len=0, group=-1)] * nr
+                f = t.prefill_time(reqs, t.prefill_inv_eff(sto, ps), [], correct=False)
+                key, x, y = ("prefill", cls), np.log2(q * nr), np.log2(Lk + 1.0)
+            elif fam == "merge":
+                f = t.merge_time2(int(T) * t.n_q, correct=False)
+                key, x, y = ("merge", ""), np.log2(T * t.n_q), None
+            elif fam == "kv_write":
+                f = t.kv_write_time2(int(T), correct=False)
+                key, x, y = ("kv_write", ""), np.log2(T), None
+            else:
+                continue
+            pts.setdefault(key, []).append((x, y, np.log(rows["median_us"][i] * 1e-6 / float(f))))
+        out = {}
+        for key, v in pts.items():
+            x = [p[0] for p in v]
+            r = [p[2] for p in v]
+            out[key] = Correction(x, r, None if v[0][1] is None else [p[1] for p in v])
+        return out
+
+    def _corr(self, fam, cls, x, y=None):
+        c = self.corr.get((fam, cls))
+        if c is None and cls != "slab":
+            c = self.corr.get((fam, "slots" if cls == "pages16" else "pages16"))
+        return 1.0 if c is None else c(x, y)
+
+    def merge_time2(self, rows: int, correct: bool = True) -> float:
+        """Seconds (all layers) of the LSE merge over ``rows`` (token, head) rows."""
+        key = ("merge", rows, correct)
+        v = self._memo_small.get(key)
+        if v is None:
+            N = math.ceil(rows / self.merge_block)
+            v = self.layers * float(self.kernel_time2("merge", N, 0.0, rows / N * self.merge_row_bytes))
+            if correct and self.corr:
+                v *= float(self._corr("merge", "", np.log2(rows)))
+            if len(self._memo_small) > _MEMO_MAX:
+                self._memo_small.clear()
+            self._memo_small[key] = v
+        return v
+
+    def kv_write_time2(self, tokens: int, correct: bool = True) -> float:
+        """Seconds (all layers) of writing ``tokens`` tokens' K and V rows into their slots."""
+        key = ("kvw", tokens, correct)
+        v = self._memo_small.get(key)
+        if v is None:
+            N = math.ceil(tokens / self.kvw_block)
+            v = self.layers * float(self.kernel_time2("kv_write", N, 0.0, tokens / N * 2.0 * self.kvb))
+            if correct and self.corr:
+                v *= float(self._corr("kv_write", "", np.log2(tokens)))
+            if len(self._memo_small) > _MEMO_MAX:
+                self._memo_small.clear()
+            self._memo_small[key] = v
+        return v
 
     # -- storage -------------------------------------------------------------------------------
     def storage_eff(self, storage: str | None, page_size: int) -> float:
@@ -309,6 +596,11 @@ class CostTables:
             raise ValueError(f"prefix pass path must be 'dense' or 'cascade', got {path!r}")
         m = np.asarray(m_eff, float)
         L = float(prefix_len)
+        if self.form == 2:
+            t = self.prefix_time2(path, L, np.atleast_1d(m), 1.0 / self.storage_eff(storage, page_size),
+                                  gather=storage != "slab", cls=_storage_class(storage, page_size))
+            t = t.reshape(m.shape) if m.ndim else t[0]
+            return np.where(L > 0, t, 0.0)
         mt = p[f"attn.{path}.m_tile"]
         tiles = np.maximum(1.0, np.ceil(m / mt))
         flops = 4.0 * tiles * mt * self.n_kv * self.d * L
@@ -343,24 +635,40 @@ class CostTables:
         return v
 
     # -- prefill ----------------------------------------------------------------------------------
-    def prefill_time(self, reqs, inv_priv: float, ginv: list) -> float:
+    def prefill_time(self, reqs, inv_priv: float, ginv: list, correct: bool = True) -> float:
         G, mt = self.G, self.pf_mt
-        f = bts = 0.0
+        f = bts = pb = 0.0
+        tiles = nreq = T = ctx = 0
         for r in reqs:
             q, c = r.num_new, r.context_len
             if q <= 0:
                 continue
             rows = q * G
-            pad = math.ceil(rows / mt) * mt / rows
+            nreq += 1
+            T += q
+            ctx += c
+            nt = math.ceil(rows / mt)
+            tiles += nt
+            pad = nt * mt / rows
             f += 4.0 * self.d * self.n_q * (q * c + q * (q + 1) / 2.0) * pad
             s = r.shared_len if r.group >= 0 else 0
             inv_s = ginv[r.group] if s else 0.0
             bts += self.kvb * ((c - s) * inv_priv + s * inv_s + q) + 2.0 * q * self.n_q * self.d * self.b
+            # KV each of its programs streams: the prefix in whole 64-token tiles, half the chunk on average
+            pb += nt * (math.ceil(c / 64.0) * 64.0 * ((c - s) * inv_priv + s * inv_s) / max(c, 1) + q / 2.0)
+        if self.form == 2:
+            N = tiles * self.n_kv
+            t = float(self.kernel_time2("prefill", N, f / N, pb * 2.0 * self.d * self.b / tiles))
+            if correct and self.corr and nreq:
+                t *= float(self._corr("prefill", self._priv_class, np.log2(T), np.log2(ctx / nreq + 1.0)))
+            return self.layers * t
         return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, plan: BatchPlan) -> StepResult:
         page_size = plan.page_size
+        if self.corr:
+            self._priv_class = _storage_class(None, page_size)
         inv_priv = self._inv_eff(None, page_size)
         # groups: prefix passes now; per-group read factor for members that re-read (paged path)
         ginv = []
@@ -375,7 +683,7 @@ class CostTables:
                 ginv.append(self._inv_eff(g.storage, page_size))
                 prefix += self.prefix_time(g.path, g.prefix_len, g.m_eff, g.storage, page_size)
         # requests
-        T = n_dec = tok = merge_rows = 0
+        T = n_dec = tok = merge_rows = lmax = 0
         shared_eff = 0.0
         prefill_reqs = None
         for r in plan.requests:
@@ -386,13 +694,18 @@ class CostTables:
                 g = r.group
                 if g >= 0:
                     s = r.shared_len
-                    tok += r.context_len + 1 - s
+                    c = r.context_len + 1 - s
+                    tok += c
                     if gpaged[g]:
                         shared_eff += s * ginv[g]
+                        c += s
                     else:
                         merge_rows += 1
                 else:
-                    tok += r.context_len + 1
+                    c = r.context_len + 1
+                    tok += c
+                if c > lmax:
+                    lmax = c
             elif prefill_reqs is None:
                 prefill_reqs = [r]
             else:
@@ -402,17 +715,32 @@ class CostTables:
             raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
         linear = self.linear_time(T)
         lm_head = self.lm_head_time(len(plan.requests))
-        attn_prefill = self.prefill_time(prefill_reqs, inv_priv, ginv) if prefill_reqs else 0.0
-        merge = merge_rows * self.merge_row + self.merge_launch if merge_rows else 0.0
-        kv_write = T * self.kvw_tok + self.kvw_launch if T else 0.0
+        if prefill_reqs and self.form == 2:
+            attn_prefill = self.prefill_time(prefill_reqs, self.prefill_inv_eff(None, page_size),
+                                             [self.prefill_inv_eff(g.storage, page_size) for g in plan.groups])
+        else:
+            attn_prefill = self.prefill_time(prefill_reqs, inv_priv, ginv) if prefill_reqs else 0.0
+        if self.form == 2:
+            merge = self.merge_time2(merge_rows * self.n_q) if merge_rows else 0.0
+            kv_write = self.kv_write_time2(T) if T else 0.0
+        else:
+            merge = merge_rows * self.merge_row + self.merge_launch if merge_rows else 0.0
+            kv_write = T * self.kvw_tok + self.kvw_launch if T else 0.0
         if plan.copies:
             ctok = sum(c.length for c in plan.copies)
             kv_copy = ctok * self.copy_tok + self.copy_launch
         else:
             kv_copy = 0.0
         overhead = self.step_overhead
+        if self.form == 2 and n_dec:
+            steps_ = np.arange(max(n, 1), dtype=float)
+            toks2 = tok + steps_ * n_dec
+            dec2 = self.decode_time2(toks2, n_dec, lmax + steps_,
+                                     (toks2 * inv_priv + shared_eff) * self.kvb + n_dec * 2.0 * self.n_q * self.d * self.b)
         if n <= 1:
-            if n_dec:
+            if n_dec and self.form == 2:
+                attn_decode = float(dec2[0])
+            elif n_dec:
                 attn_decode = max(tok * self.dec_f_tok,
                                   (tok * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
             else:
@@ -422,7 +750,9 @@ class CostTables:
             return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
         # decode fast-forward: step s has every context grown by s
         toks = tok + np.arange(n, dtype=np.int64) * n_dec
-        if n_dec:
+        if n_dec and self.form == 2:
+            dec = dec2
+        elif n_dec:
             dec = np.maximum(toks * self.dec_f_tok,
                              (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
         else:

@@ -21,8 +21,8 @@ A profile is a JSON file (shipped ones live in ``granisim/profiles/``)::
       }
     }
 
-Every coefficient in :data:`COEFFICIENTS` must be present (and nothing else); its
-``source`` is one of
+Every coefficient in :data:`COEFFICIENTS` must be present; those in :data:`OPTIONAL_COEFFICIENTS` may
+be (``attn.form = 2`` needs all of them); nothing else. A coefficient's ``source`` is one of
 
 * ``{"kind": "measured", "date": ..., "command": ...}`` (+ optional gpu, commit, versions, note)
 * ``{"kind": "published", "citation": ...}`` (+ optional note)
@@ -95,6 +95,37 @@ COEFFICIENTS: dict[str, tuple[str, str]] = {
 }
 
 
+# Optional coefficients: absent means the default (which keeps the first cost-model forms). ``attn.form = 2``
+# selects the attention/KV forms fitted to the Triton kernels (granisim/costmodel.py) and then needs all of
+# FORM2_COEFFICIENTS; name -> (unit, rule, default).
+OPTIONAL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
+    "attn.form": ("", "int", 1),
+    # Form 2 kernel model, per kernel family (attn.prefill/decode/cascade/dense/merge, kv.write_):
+    #   launch_s              fixed time per launch (launch, in-graph gap, prologue, epilogue)
+    #   program_s             fixed time per program (its first loads' latency, its stores)
+    #   sat_ctas_per_sm       programs per SM needed to reach mem_eff (one program streams at most
+    #                         hbm_bandwidth * mem_eff / (sm_count * sat_ctas_per_sm))
+    #   resident_ctas_per_sm  programs an SM runs at once (programs beyond run in later waves)
+    **{f"attn.{p}.{k}": (u, r, d)
+       for p in ("prefill", "decode", "cascade", "dense", "merge")
+       for k, u, r, d in (("launch_s", "s", "nonneg", 0.0), ("program_s", "s", "nonneg", 0.0),
+                          ("sat_ctas_per_sm", "CTAs", "pos", 1.0), ("resident_ctas_per_sm", "CTAs", "int", 1))},
+    **{f"kv.write_{k}": (u, r, d)
+       for k, u, r, d in (("launch_s", "s", "nonneg", 0.0), ("program_s", "s", "nonneg", 0.0),
+                          ("sat_ctas_per_sm", "CTAs", "pos", 1.0), ("resident_ctas_per_sm", "CTAs", "int", 1))},
+    "kv.copy_launch_s": ("s", "nonneg", 0.0),
+    # the extend kernel's own gather efficiencies (no split along KV: few programs, latency-bound gathers)
+    "attn.prefill.page1_eff": ("", "frac", 1.0),
+    "attn.prefill.page16_eff": ("", "frac", 1.0),
+    "attn.cascade.min_m_tile": ("rows", "int", 16),
+    # split-KV over gathered storage (page tables, slot lists) with row tiles <= 64: programs per SM, rounded up
+    "attn.cascade.gather_ctas_per_sm": ("CTAs", "int", 1),
+    "attn.cascade.max_splits": ("splits", "int", 64),
+    "attn.dense.max_splits": ("splits", "int", 1),
+}
+FORM2_COEFFICIENTS = tuple(k for k in OPTIONAL_COEFFICIENTS if k != "attn.form")
+
+
 class ProfileError(ValueError):
     """A profile file is missing, unreadable or invalid (one line: file, field, value)."""
 
@@ -140,6 +171,22 @@ class LinearTable:
     ops_ms: Mapping[str, tuple[float, ...]]  # column (e.g. 'mlp_up_proj') -> ms per num_tokens
 
 
+KERNEL_TABLE_COLS = ("family", "storage", "G", "B", "L", "M_eff", "q_len", "n_req", "T", "median_us")
+KERNEL_FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTable:
+    """Measured per-layer kernel times (calibration/measure.py attention.csv rows) at one model shape.
+    With ``attn.form = 2`` the cost model multiplies its formula by the measured / formula ratio,
+    interpolated over these points (granisim/costmodel.py ``Correction``)."""
+
+    path: Path | None
+    model: Mapping[str, int]
+    source: Source
+    rows: Mapping[str, tuple]  # column (KERNEL_TABLE_COLS) -> values
+
+
 @dataclass(frozen=True, slots=True, eq=False)  # identity hash: usable as a cache key
 class HardwareProfile:
     name: str
@@ -148,8 +195,12 @@ class HardwareProfile:
     linear_table: LinearTable | None = None
     notes: str = ""
     path: Path | None = None
+    kernel_table: KernelTable | None = None
 
     def __getitem__(self, name: str) -> float:
+        c = self.coefficients.get(name)
+        if c is None and name in OPTIONAL_COEFFICIENTS:
+            return OPTIONAL_COEFFICIENTS[name][2]
         return self.coefficients[name].value
 
     @property
@@ -182,6 +233,10 @@ class HardwareProfile:
             lt = self.linear_table
             lines.append(f"  linear_table: {lt.path.name} ({len(lt.num_tokens)} token counts) — "
                          f"{lt.source.describe()}; {lt.scaling}")
+        if self.kernel_table is not None:
+            kt = self.kernel_table
+            lines.append(f"  kernel_table: {kt.path.name if kt.path else '(in memory)'} ({len(kt.rows['family'])} "
+                         f"kernel timings; form-2 formulas x measured/formula, interpolated) — {kt.source.describe()}")
         return "\n".join(lines)
 
 
@@ -230,12 +285,19 @@ class _TableModel(_Strict):
     source: _SourceModel = Field(discriminator="kind")
 
 
+class _KernelTableModel(_Strict):
+    file: str = Field(min_length=1)
+    model: dict[str, int]
+    source: _SourceModel = Field(discriminator="kind")
+
+
 class _ProfileModel(_Strict):
     schema_: Literal["granikv-hardware-profile/1"] = Field(alias="schema")
     name: str = Field(min_length=1)
     gpu: str = Field(min_length=1)
     notes: str = ""
     linear_table: _TableModel | None = None
+    kernel_table: _KernelTableModel | None = None
     coefficients: dict[str, _CoefModel]
 
 
@@ -334,11 +396,22 @@ def load_profile(path: str | Path) -> HardwareProfile:
         if name not in names:
             raise _fail(path, f"coefficients.{name}", "(missing)", "required coefficient missing")
     for name in m.coefficients:
-        if name not in COEFFICIENTS:
+        if name not in COEFFICIENTS and name not in OPTIONAL_COEFFICIENTS:
             raise _fail(path, f"coefficients.{name}", name, "unknown coefficient")
+    form = m.coefficients.get("attn.form")
+    if form is not None:
+        if form.value not in (1, 2):
+            raise _fail(path, "coefficients.attn.form.value", form.value, "must be 1 or 2")
+        if form.value == 2:
+            for name in FORM2_COEFFICIENTS:
+                if name not in names:
+                    raise _fail(path, f"coefficients.{name}", "(missing)", "required when attn.form = 2")
     coefs: dict[str, Coefficient] = {}
-    for name, (unit, rule) in COEFFICIENTS.items():
-        c = m.coefficients[name]
+    rules = {**COEFFICIENTS, **{k: v[:2] for k, v in OPTIONAL_COEFFICIENTS.items()}}
+    for name, (unit, rule) in rules.items():
+        c = m.coefficients.get(name)
+        if c is None:
+            continue
         _check_value(path, name, c.value, rule)
         if c.unit != unit:
             raise _fail(path, f"coefficients.{name}.unit", c.unit, f"must be {unit!r}")
@@ -358,7 +431,40 @@ def load_profile(path: str | Path) -> HardwareProfile:
         ns, ops = _read_table(path, tpath)
         table = LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
                             MappingProxyType(ops))
-    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path)
+    ktable = None
+    if m.kernel_table is not None:
+        t = m.kernel_table
+        for k in _TABLE_MODEL_KEYS:
+            if k not in t.model:
+                raise _fail(path, f"kernel_table.model.{k}", "(missing)", "required")
+        if coefs.get("attn.form") is None or coefs["attn.form"].value != 2:
+            raise _fail(path, "kernel_table", t.file, "needs coefficients.attn.form = 2")
+        tpath = next((p for p in (path.parent / t.file, DATA_DIR / t.file) if p.is_file()), None)
+        if tpath is None:
+            raise _fail(path, "kernel_table.file", t.file, f"not found next to the profile or in {DATA_DIR}")
+        ktable = KernelTable(tpath, MappingProxyType(dict(t.model)), _source(t.source), _read_kernel_table(path, tpath))
+    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable)
+
+
+def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise _fail(file, "kernel_table.file", str(path), f"cannot read ({e.strerror})") from None
+    cols: dict[str, list] = {c: [] for c in KERNEL_TABLE_COLS}
+    try:
+        for row in rows:
+            if row["family"] not in KERNEL_FAMILIES:
+                continue
+            for c in KERNEL_TABLE_COLS:
+                v = row[c]
+                cols[c].append(v if c in ("family", "storage") else float(v or 0.0))
+    except (KeyError, ValueError) as e:
+        raise _fail(file, "kernel_table.file", str(path), f"bad table column or value ({e})") from None
+    if not cols["family"] or min(cols["median_us"]) <= 0:
+        raise _fail(file, "kernel_table.file", str(path), "needs rows with positive median_us")
+    return MappingProxyType({c: tuple(v) for c, v in cols.items()})
 
 
 def available_profiles() -> list[str]:

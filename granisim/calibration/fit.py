@@ -1,0 +1,390 @@
+"""Fit the cost model's coefficients (``attn.form = 2``) to raw calibration data.
+
+Pure numpy/pandas. Each operator family's coefficients are fitted by Levenberg-Marquardt on the
+log of predicted / measured time (a relative-error least squares), parameters in log space,
+several starts; predictions come from :mod:`granisim.costmodel` itself (the same code the
+simulator runs), per layer. 20% of each family's points (seeded) are held out and only used to
+report the error.
+
+Order (later stages hold the earlier ones fixed): ceilings (meta) -> merge, KV write, KV copy ->
+cascade, dense, decode on slab rows -> storage gather efficiencies (page 1, page 16) on the
+non-slab decode / cascade rows -> prefill (extend) -> linear operators (roofline per family; the
+measured table itself is what the measured profile uses) -> per-step overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from granisim.costmodel import ELEMENTWISE_FAMILIES, GEMM_FAMILIES, fit_roofline, roofline_time, op_work, Dims
+from granisim.hardware import OPTIONAL_COEFFICIENTS
+from granisim.models import ModelShape, get_model
+
+from .raw import Raw, holdout, kernel_table_of, predict_attention, prepare_rows
+
+# (name, lower, upper) of each fitted parameter; an efficiency is at most 1
+EFF = (1e-3, 1.0)
+LAUNCH = (1e-7, 1e-4)
+PROGRAM = (1e-8, 1e-4)
+SAT = (0.05, 16.0)
+RESIDENT = (1, 2, 4, 8, 16)  # tried one by one (programs per SM is a whole number)
+
+
+def _wave(pre, flop, mem):
+    names = [(pre + "launch_s", *LAUNCH), (pre + "program_s", *PROGRAM)]
+    if flop:
+        names.append((flop, *EFF))
+    return names + [(mem, *EFF), (pre + "sat_ctas_per_sm", *SAT)]
+
+
+FAMILY_PARAMS = {
+    "merge": _wave("attn.merge.", None, "attn.merge.mem_eff"),
+    "kv_write": _wave("kv.write_", None, "kv.write_eff"),
+    "kv_copy": [("kv.copy_launch_s", *LAUNCH), ("kv.copy_eff", *EFF)],
+    **{p: _wave(f"attn.{p}.", f"attn.{p}.flop_eff", f"attn.{p}.mem_eff") for p in ("cascade", "dense")},
+    "prefill": _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff")
+    + [("attn.prefill.page1_eff", *EFF), ("attn.prefill.page16_eff", *EFF)],
+    "decode": _wave("attn.decode.", None, "attn.decode.mem_eff"),
+    "storage": [("storage.page1_eff", *EFF), ("storage.page16_eff", *EFF)],
+}
+DISCRETE = {**{p: f"attn.{p}.resident_ctas_per_sm" for p in ("merge", "cascade", "dense", "prefill", "decode")},
+            "kv_write": "kv.write_resident_ctas_per_sm"}
+RAW_FAMILY = {"prefill": "extend"}  # cost-model family -> raw family column
+
+# Kernel facts of gpu_backend at the measured commit (checked against the splits recorded in the raw CSV)
+KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
+                "attn.cascade.min_m_tile": 16, "attn.cascade.ctas_per_sm": 1, "attn.cascade.gather_ctas_per_sm": 2,
+                "attn.cascade.min_split_tokens": 256, "attn.cascade.max_splits": 64, "attn.cascade.launches": 2,
+                "attn.dense.m_tile": 128, "attn.dense.max_splits": 16, "attn.dense.launches": 2,
+                "storage.slab_eff": 1.0, "attn.form": 2}
+
+
+# ---- optimiser ---------------------------------------------------------------------------------------
+def lm_fit(resid, x0, lo, hi, iters: int = 40):
+    """Minimise ||resid(x)||^2 over lo <= x <= hi (box by clipping) by Levenberg-Marquardt with a
+    forward-difference Jacobian. Returns (x, cost)."""
+    x = np.clip(np.asarray(x0, float), lo, hi)
+    r = resid(x)
+    cost = float(r @ r)
+    lam = 1e-2
+    for _ in range(iters):
+        J = np.empty((r.size, x.size))
+        for j in range(x.size):
+            h = 1e-4 * max(1.0, abs(x[j]))
+            xj = x.copy()
+            xj[j] = xj[j] + h if xj[j] + h <= hi[j] else xj[j] - h
+            J[:, j] = (resid(xj) - r) / (xj[j] - x[j])
+        A, g = J.T @ J, J.T @ r
+        improved = False
+        for _ in range(12):
+            step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+            xn = np.clip(x + step, lo, hi)
+            rn = resid(xn)
+            cn = float(rn @ rn)
+            if np.isfinite(cn) and cn < cost:
+                done = cost - cn < 1e-12 * max(cost, 1e-30) or np.max(np.abs(xn - x)) < 1e-9
+                x, r, cost = xn, rn, cn
+                lam = max(lam / 3.0, 1e-9)
+                improved = True
+                break
+            lam *= 4.0
+        if not improved or done:
+            break
+    return x, cost
+
+
+def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape):
+    """Fit family ``fam``'s parameters (and its whole-number one, by trying each) to ``rows``."""
+    names = FAMILY_PARAMS[fam]
+    disc = DISCRETE.get(fam)
+    if disc is None:
+        fit_params(values, names, rows, model, _starts(names))
+        return values
+    best = None
+    for r in RESIDENT:
+        v = dict(values)
+        v[disc] = r
+        cost = fit_params(v, names, rows, model, _starts(names), return_cost=True)
+        if best is None or cost < best[0] - 1e-12:
+            best = (cost, v)
+    values.update(best[1])
+    return values
+
+
+def fit_params(values: dict, names, rows: pd.DataFrame, model: ModelShape, starts=None, return_cost=False):
+    """Fit ``names`` [(name, lo, hi)] in ``values`` (updated in place) to ``rows`` (log residuals)."""
+    meas = rows["median_us"].to_numpy(float) * 1e-6
+    keys = [n for n, _, _ in names]
+    lo = np.log([lo for _, lo, _ in names])
+    hi = np.log([hi for _, _, hi in names])
+
+    prepared = prepare_rows(rows)
+
+    def resid(x):
+        v = dict(values)
+        v.update(zip(keys, np.exp(x)))
+        pred = predict_attention(v, prepared, model)
+        return np.log(np.maximum(pred, 1e-15) / meas)
+
+    inits = [np.log([values[k] for k in keys])]
+    for s in starts or ():
+        inits.append(np.log([s.get(k, values[k]) for k in keys]))
+    best = None
+    for x0 in inits:
+        x, c = lm_fit(resid, np.clip(x0, lo, hi), lo, hi)
+        if best is None or c < best[1]:
+            best = (x, c)
+    values.update(zip(keys, np.exp(best[0]).tolist()))
+    return best[1] if return_cost else values
+
+
+def rel_err(pred, meas) -> np.ndarray:
+    return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)
+
+
+def summary(err) -> dict:
+    err = np.asarray(err)
+    if err.size == 0:
+        return {"n": 0, "median": float("nan"), "p90": float("nan")}
+    return {"n": int(err.size), "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9))}
+
+
+# ---- the whole fit ----------------------------------------------------------------------------------
+@dataclass
+class FitResult:
+    values: dict
+    errors: dict = field(default_factory=dict)        # family -> {"heldout": {...}, "train": {...}}
+    residuals: pd.DataFrame | None = None             # every row: family, pred_s, meas_s, heldout
+    linear_table: pd.DataFrame | None = None          # Vidur-format measured table (ms)
+    notes: dict = field(default_factory=dict)         # coefficient -> how it was obtained
+    split_check: dict = field(default_factory=dict)
+
+
+def initial_values(base: dict, meta: dict) -> dict:
+    """Start values: ``base`` coefficients, the kernel rules, ceilings and SM count from ``meta``."""
+    v = dict(base)
+    for k, (_, _, default) in OPTIONAL_COEFFICIENTS.items():
+        v.setdefault(k, default)
+    v.update(KERNEL_RULES)
+    c = meta.get("ceilings") or {}
+    if c.get("copy_Bps"):
+        v["hbm_bandwidth"] = float(c["copy_Bps"])
+    if meta.get("max_stream_Bps"):  # the fastest HBM stream measured (see hbm_ceiling)
+        v["hbm_bandwidth"] = max(v["hbm_bandwidth"], float(meta["max_stream_Bps"]))
+    if c.get("gemm_flops"):
+        v["bf16_flops"] = float(c["gemm_flops"])
+    if meta.get("sms"):
+        v["sm_count"] = int(meta["sms"])
+    if meta.get("gpu_mem_bytes"):
+        v["memory_bytes"] = float(meta["gpu_mem_bytes"])
+    for pre in ("attn.prefill.", "attn.decode.", "attn.cascade.", "attn.dense.", "attn.merge.", "kv.write_"):
+        v[pre + "launch_s"] = 3e-6
+        v[pre + "program_s"] = 1e-6
+        v[pre + "sat_ctas_per_sm"] = 1.0
+    v["kv.copy_launch_s"] = 4e-6
+    for p in ("prefill", "decode", "cascade", "dense"):
+        v[f"attn.{p}.mem_eff"] = 0.8
+    v["attn.dense.flop_eff"] = v["attn.cascade.flop_eff"] = v["attn.prefill.flop_eff"] = 0.5
+    v["storage.page1_eff"] = v["storage.page16_eff"] = 0.8
+    v["attn.prefill.page1_eff"] = v["attn.prefill.page16_eff"] = 0.8
+    return v
+
+
+STARTS = [{"sat": 0.5, "eff": 0.5}, {"sat": 2.0, "eff": 0.9}]
+
+
+def _starts(names):
+    out = []
+    for s in STARTS:
+        d = {}
+        for n, _, _ in names:
+            if n.endswith("sat_ctas_per_sm"):
+                d[n] = s["sat"]
+            elif n.endswith("_eff"):
+                d[n] = s["eff"]
+        out.append(d)
+    return out
+
+
+def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, frac: float = 0.2):
+    """Fit every attention / KV family; returns (values, residual frame, errors)."""
+    df = raw.attention.copy()
+    df["heldout"] = False
+    for fam, idx in df.groupby("family").indices.items():
+        df.loc[df.index[idx], "heldout"] = holdout(len(idx), frac, seed)
+    train = df[~df["heldout"]]
+    slab = train["storage"].fillna("") == "slab"
+
+    def rows(fam, only_slab=False):
+        r = train[train["family"] == RAW_FAMILY.get(fam, fam)]
+        return r[r["storage"] == "slab"] if only_slab else r
+
+    for fam in ("merge", "kv_write", "kv_copy"):
+        if len(rows(fam)):
+            fit_family(values, fam, rows(fam), model)
+    for fam in ("cascade", "dense", "decode"):
+        r = rows(fam, only_slab=True)
+        if len(r):
+            fit_family(values, fam, r, model)
+    values["attn.decode.flop_eff"] = values["attn.cascade.flop_eff"]  # never binding for decode (G rows)
+    gathered = train[train["family"].isin(["decode", "cascade"]) & ~slab]
+    if len(gathered):
+        fit_family(values, "storage", gathered, model)
+    if len(rows("prefill")):
+        fit_family(values, "prefill", rows("prefill"), model)
+    df["meas_s"] = df["median_us"] * 1e-6
+    df["formula_s"] = predict_attention(values, df, model)
+    # the measured correction (kernel table) built from the train rows only, read at every row
+    df["pred_s"] = predict_attention(values, df, model, table=kernel_table_of(train, model))
+    errors = {}
+    for fam, g in df.groupby("family"):
+        h = g[g.heldout]
+        errors[fam] = {"heldout": summary(rel_err(h.pred_s, h.meas_s)),
+                       "formula_heldout": summary(rel_err(h.formula_s, h.meas_s)),
+                       "formula_all": summary(rel_err(g.formula_s, g.meas_s))}
+    return values, df, errors
+
+
+TABLE_COLS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+def vidur_table(lin: pd.DataFrame) -> pd.DataFrame:
+    """The linear rows as a Vidur-format table (ms medians by num_tokens; the post-attention norm is
+    the same operator as the input norm)."""
+    piv = lin.pivot_table(index="n", columns="op", values="median_us", aggfunc="median") * 1e-3
+    piv["post_attention_layernorm"] = piv.get("input_layernorm")
+    keep = [c for c in TABLE_COLS if c in piv.columns]
+    piv = piv[keep].dropna()
+    out = pd.DataFrame({"num_tokens": piv.index.astype(int), "num_tensor_parallel_workers": 1})
+    for c in keep:
+        out[f"time_stats.{c}.median"] = piv[c].to_numpy()
+    return out.reset_index(drop=True)
+
+
+def fit_linear(raw: Raw, values: dict, model: ModelShape, seed: int = 0, frac: float = 0.2,
+               max_launch_s: float = 2e-5):
+    """Roofline per linear family (train rows) and the held-out errors of both the roofline and the
+    measured table interpolated (linearly in n, as the cost model does) from the train rows."""
+    lin = raw.linear.copy()
+    lin["heldout"] = False
+    for fam, idx in lin.groupby("family").indices.items():
+        lin.loc[lin.index[idx], "heldout"] = holdout(len(idx), frac, seed + 1)
+    dims = Dims.of(model)
+    P, BW = values["bf16_flops"], values["hbm_bandwidth"]
+    lin["meas_s"] = lin["median_us"] * 1e-6
+    lin["pred_s"] = np.nan
+    lin["table_s"] = np.nan
+    errors = {}
+    for fam, g in lin.groupby("family"):
+        tr = g[~g.heldout]
+        f, by = op_work(fam, tr["n"].to_numpy(float), dims)
+        launch, ef, em = fit_roofline(f, by, tr["meas_s"].to_numpy(), P, BW, max_launch_s=max_launch_s)
+        values[f"linear.{fam}.launch_s"] = launch
+        if fam in GEMM_FAMILIES:
+            values[f"linear.{fam}.flop_eff"] = ef
+        values[f"linear.{fam}.mem_eff"] = min(em, 1.0)
+        fa, ba = op_work(fam, g["n"].to_numpy(float), dims)
+        lin.loc[g.index, "pred_s"] = roofline_time(fa, ba, P, BW, launch, ef if fam in GEMM_FAMILIES else 1.0, em)
+        trs = tr.sort_values("n")
+        lin.loc[g.index, "table_s"] = np.interp(g["n"], trs["n"], trs["meas_s"])
+        h = lin.loc[g.index][g.heldout.to_numpy()]
+        errors[f"linear.{fam}"] = {"heldout": summary(rel_err(h.pred_s, h.meas_s)),
+                                   "all": summary(rel_err(lin.loc[g.index, "pred_s"], g.meas_s))}
+        errors[f"table.{fam}"] = {"heldout": summary(rel_err(h.table_s, h.meas_s))}
+    h = lin[lin.heldout & (lin.family != "lm_head")]
+    errors["linear(table)"] = {"heldout": summary(rel_err(h.table_s, h.meas_s))}
+    errors["linear(roofline)"] = {"heldout": summary(rel_err(h.pred_s, h.meas_s))}
+    return values, lin, errors
+
+
+def step_overhead(raw: Raw) -> tuple[float, str]:
+    """Host time of one step when its launches are a CUDA-graph replay: replay wall clock - replay
+    device time, plus building a 64-request step's attention metadata."""
+    o = raw.overhead.set_index("what")
+    med = o["median_us"]
+    if "graph_step_wall" not in med or "graph_step_events" not in med:
+        raise ValueError("overhead.csv lacks graph_step_wall / graph_step_events")
+    graph = max(0.0, float(med["graph_step_wall"]) - float(med["graph_step_events"]))
+    meta = o[o.index == "metadata_host"]
+    md = float(meta[meta["B"] == 64]["median_us"].iloc[0]) if len(meta[meta["B"] == 64]) else 0.0
+    how = (f"graph replay wall {float(med['graph_step_wall']):.0f} us - device {float(med['graph_step_events']):.0f} us"
+           f" = {graph:.0f} us, + metadata of 64 requests {md:.0f} us")
+    if "eager_step_wall" in med:
+        how += f"; for reference the same step launched eagerly took {float(med['eager_step_wall']):.0f} us wall"
+    return (graph + md) * 1e-6, how
+
+
+def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
+    """How often the cost model's split rule gives the splits the launchers recorded."""
+    from granisim.costmodel import CostTables
+
+    from .raw import layer_model, profile_of
+
+    df = raw.attention
+    if "n_splits" not in df.columns:
+        return {"rows": 0, "agree": 0, "examples": []}
+    df = df[df["family"].isin(["decode", "cascade", "dense"]) & pd.to_numeric(df["n_splits"], errors="coerce").notna()]
+    prof = profile_of(values)
+    agree = total = 0
+    bad = []
+    for _, r in df.iterrows():
+        t = CostTables(prof, layer_model(model, int(r.G)))
+        gather = r.storage != "slab"
+        if r.family == "decode":
+            n, _ = t.split_rule(t.n_kv * r.B, r.L, 64.0, gather=gather and t.dec_tile <= 64)
+        else:
+            m = float(r.M_eff)
+            if r.family == "cascade":
+                bm = min(128.0, max(16.0, 2.0 ** np.ceil(np.log2(max(m, 1.0)))))
+                n, _ = t.split_rule(np.ceil(m / bm) * t.n_kv, r.L, 64.0 if bm <= 64 else 128.0,
+                                    gather=gather and bm <= 64)
+            else:
+                n, _ = t.dense_split_rule(np.array([np.ceil(m / 128.0) * t.n_kv]), r.L)
+        total += 1
+        if int(np.asarray(n).ravel()[0]) == int(float(r.n_splits)):
+            agree += 1
+        elif len(bad) < 5:
+            bad.append(f"{r.family} {r.storage} L={r.L} B={r.B}: model {int(np.asarray(n).ravel()[0])}, "
+                       f"kernel {int(float(r.n_splits))}")
+    return {"rows": total, "agree": agree, "examples": bad}
+
+
+def hbm_ceiling(raw: Raw) -> tuple[float, str]:
+    """The fastest HBM stream of the run: the copy ceiling (bytes read + written) or the fastest
+    KV-streaming attention row (bytes read / time), whichever is larger. (A copy captured in a CUDA
+    graph runs on the copy engines, below what the SMs stream: the H200 run read 2.76 TB/s there.)"""
+    a = raw.attention
+    bw = (a["bytes"] / (a["median_us"] * 1e-6)) if "bytes" in a.columns and len(a) else pd.Series([0.0])
+    i = bw.idxmax()
+    copy = float((raw.meta.get("ceilings") or {}).get("copy_Bps") or 0.0)
+    if copy >= bw[i]:
+        return copy, f"device-to-device copy {copy / 1e12:.2f} TB/s (bytes read + written)"
+    r = a.loc[i]
+    return float(bw[i]), (f"fastest KV stream of the run: {r.family} over {r.storage}, B={int(r.B)}, L={int(r.L)}: "
+                          f"{bw[i] / 1e12:.2f} TB/s read (the copy ceiling read {copy / 1e12:.2f} TB/s)")
+
+
+def fit(raw: Raw, base_values: dict, seed: int = 0) -> FitResult:
+    """Every coefficient of a form-2 profile from ``raw`` (``base_values``: start values)."""
+    model = get_model(raw.meta.get("model", "llama-3.1-8b"))
+    bw, bw_how = hbm_ceiling(raw)
+    values = initial_values(base_values, {**raw.meta, "max_stream_Bps": bw})
+    values, att, errors = fit_attention(raw, values, model, seed)
+    values, lin, lerr = fit_linear(raw, values, model, seed)
+    errors.update(lerr)
+    values["overhead.step_s"], how = step_overhead(raw)
+    small = att[att["family"].isin(["merge", "kv_write"])]
+    values["overhead.kernel_launch_s"] = float(np.median([values["attn.merge.launch_s"], values["kv.write_launch_s"]]))
+    res = pd.concat([att.assign(kind="attention")[["family", "storage", "G", "B", "L", "M_eff", "q_len", "T",
+                                                   "meas_s", "pred_s", "formula_s", "heldout"]],
+                     lin.assign(kind="linear")[["family", "n", "meas_s", "pred_s", "table_s", "heldout"]]],
+                    ignore_index=True)
+    out = FitResult(values, errors, res, vidur_table(raw.linear[raw.linear["family"] != "lm_head"]),
+                    notes={"overhead.step_s": how, "hbm_bandwidth": bw_how})
+    out.split_check = split_check(raw, values, model)
+    del small
+    return out

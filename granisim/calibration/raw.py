@@ -1,0 +1,232 @@
+"""Raw calibration data (the CSVs of ``python -m calibration.measure``) and synthetic stand-ins.
+
+A raw directory holds ``meta.json`` and ``linear.csv``, ``attention.csv``, ``overhead.csv``
+(columns: calibration/measure.py). :func:`synthetic_raw` writes the same files from a profile's
+coefficients through the cost model itself, for fit tests that must recover known values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from granisim.costmodel import CostTables, op_work, Dims
+from granisim.hardware import (COEFFICIENTS, KERNEL_TABLE_COLS, OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile,
+                               KernelTable, ProfileError, Source)
+from granisim.models import ModelShape, get_model
+
+FILES = ("meta.json", "linear.csv", "attention.csv", "overhead.csv")
+# raw storage name -> (cost-model storage, page size)
+STORAGE = {"slab": ("slab", 1), "slots": ("paged", 1), "pages16": ("paged", 16)}
+
+
+@dataclass
+class Raw:
+    meta: dict
+    linear: pd.DataFrame
+    attention: pd.DataFrame
+    overhead: pd.DataFrame
+    path: Path | None = None
+
+
+def load_raw(path: str | Path) -> Raw:
+    """Read a raw directory; a missing or unreadable file raises ProfileError (one line)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ProfileError(f"{path}: field (raw dir): value {str(path)!r}: not a directory")
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"{path / 'meta.json'}: field (file): value 'meta.json': cannot read ({e})") from None
+    frames = {}
+    for name in ("linear", "attention", "overhead"):
+        f = path / f"{name}.csv"
+        try:
+            df = pd.read_csv(f, on_bad_lines="skip")
+        except (OSError, pd.errors.EmptyDataError) as e:
+            raise ProfileError(f"{f}: field (file): value {f.name!r}: cannot read ({e})") from None
+        if "median_us" not in df.columns:
+            raise ProfileError(f"{f}: field median_us: value (missing): not a calibration CSV")
+        frames[name] = df[pd.to_numeric(df["median_us"], errors="coerce") > 0].reset_index(drop=True)
+    return Raw(meta, frames["linear"], frames["attention"], frames["overhead"], path)
+
+
+def holdout(n: int, frac: float = 0.2, seed: int = 0) -> np.ndarray:
+    """Boolean mask of the held-out rows: round(frac * n) rows drawn with a seeded generator."""
+    mask = np.zeros(n, bool)
+    k = int(round(frac * n))
+    if n >= 2 and k:
+        mask[np.random.default_rng(seed).permutation(n)[:k]] = True
+    return mask
+
+
+# ---- profiles from plain values ----------------------------------------------------------------
+def unit_of(name: str) -> str:
+    if name in COEFFICIENTS:
+        return COEFFICIENTS[name][0]
+    return OPTIONAL_COEFFICIENTS[name][0]
+
+
+_FIT_SOURCE = Source("measured", date="(fit)", command="(fit)")
+
+
+def profile_of(values: dict, name: str = "fit", gpu: str = "fit", table=None) -> HardwareProfile:
+    """An in-memory profile with these coefficient values (no linear table; ``table``: a KernelTable)."""
+    coefs = {k: Coefficient(float(v), unit_of(k), _FIT_SOURCE) for k, v in values.items()}
+    return HardwareProfile(name, gpu, MappingProxyType(coefs), kernel_table=table)
+
+
+def kernel_table_of(df: pd.DataFrame, model: ModelShape, source: Source = _FIT_SOURCE, path=None) -> KernelTable:
+    """A KernelTable from attention.csv rows (in memory)."""
+    cols = {}
+    for c in KERNEL_TABLE_COLS:
+        v = df[c] if c in df.columns else pd.Series([0.0] * len(df))
+        cols[c] = tuple(v.fillna("").astype(str)) if c in ("family", "storage") else \
+            tuple(pd.to_numeric(v, errors="coerce").fillna(0.0).astype(float))
+    dims = dict(hidden=model.hidden, n_q_heads=model.n_q_heads, n_kv_heads=model.n_kv_heads, head_dim=model.head_dim,
+                intermediate=model.intermediate, vocab=model.vocab, dtype_bytes=model.dtype_bytes)
+    return KernelTable(path, MappingProxyType(dims), source, MappingProxyType(cols))
+
+
+def layer_model(model: ModelShape, G: int) -> ModelShape:
+    """One layer of ``model`` with G query heads per KV head (per-layer times, other group sizes)."""
+    return replace(model, num_layers=1, n_q_heads=model.n_kv_heads * int(G))
+
+
+# ---- the cost model's prediction of each raw row (seconds, one layer) ---------------------------
+def prepare_rows(df: pd.DataFrame) -> list:
+    """The attention rows grouped for :func:`predict_attention` (numpy arrays; group once, predict often)."""
+    st = df["storage"].fillna("").astype(str)
+    groups = []
+    for (fam, G, s), idx in df.assign(_st=st).groupby(["family", "G", "_st"], sort=False).indices.items():
+        sub = df.iloc[idx]
+        col = {c: sub[c].to_numpy(float) for c in ("B", "L", "M_eff", "q_len", "n_req", "T") if c in sub.columns}
+        groups.append((fam, int(G), s, idx, col))
+    return [len(df), groups]
+
+
+def predict_attention(values: dict, df, model: ModelShape, table=None) -> np.ndarray:
+    """Per-row seconds of the attention / KV rows (family column) under ``values`` (attn.form 2),
+    with the measured correction of ``table`` (a KernelTable) when given. ``df``: a DataFrame or
+    :func:`prepare_rows` of one."""
+    n, groups = prepare_rows(df) if isinstance(df, pd.DataFrame) else df
+    prof = profile_of(values, table=table)
+    out = np.full(n, np.nan)
+    tabs = {}
+    for fam, G, s, idx, col in groups:
+        t = tabs.get(G)
+        if t is None:
+            t = tabs[G] = CostTables(prof, layer_model(model, G))
+        t._priv_class = s if s in ("slots", "pages16") else "slots"
+        B, Lk = col["B"], col["L"]
+        if fam == "decode":
+            inv = 1.0 / t.storage_eff(*STORAGE[s])
+            tok = B * Lk
+            nbytes = tok * t.kvb * inv + B * 2.0 * t.n_q * t.d * t.b
+            out[idx] = t.decode_time2(tok, B, Lk, nbytes, gather=s != "slab")
+        elif fam in ("cascade", "dense"):
+            res = np.empty(len(idx))
+            for lk in np.unique(Lk):
+                j = Lk == lk
+                res[j] = t.prefix_time_array(fam, int(lk), col["M_eff"][j], *STORAGE[s])
+            out[idx] = res
+        elif fam == "extend":
+            inv = t.prefill_inv_eff(*STORAGE[s])
+            res = []
+            for c, q, nr in zip(Lk, col["q_len"], col["n_req"]):
+                reqs = [SimpleNamespace(num_new=int(q), context_len=int(c), shared_len=0, group=-1)] * int(nr)
+                res.append(t.prefill_time(reqs, inv, []))
+            out[idx] = res
+        elif fam == "merge":
+            out[idx] = [t.merge_time2(int(T) * t.n_q) for T in col["T"]]
+        elif fam == "kv_write":
+            out[idx] = [t.kv_write_time2(int(T)) for T in col["T"]]
+        elif fam == "kv_copy":
+            out[idx] = col["T"] * t.copy_tok + t.copy_launch
+    return out
+
+
+def predict_linear(values: dict, df: pd.DataFrame, model: ModelShape) -> np.ndarray:
+    """Per-row seconds of linear.csv rows by the roofline families (no table)."""
+    prof = profile_of(values)
+    P, BW = prof.bf16_flops, prof.hbm_bandwidth
+    dims = Dims.of(model)
+    out = np.empty(len(df))
+    for fam, idx in df.groupby("family").indices.items():
+        n = df["n"].to_numpy(float)[idx]
+        f, by = op_work(fam, n, dims)
+        ef = prof[f"linear.{fam}.flop_eff"] if f"linear.{fam}.flop_eff" in COEFFICIENTS else 1.0
+        out[idx] = prof[f"linear.{fam}.launch_s"] + np.maximum(f / (P * ef), by / (BW * prof[f"linear.{fam}.mem_eff"]))
+    return out
+
+
+# ---- synthetic raw data ------------------------------------------------------------------------
+def synthetic_grid(small: bool = True) -> pd.DataFrame:
+    """The attention grid of calibration/measure.py (a subset when ``small``)."""
+    rows = []
+    dec_L = [16, 256, 4096, 16384] if small else [16, 64, 256, 1024, 4096, 16384]
+    pre_L = [1024, 4096, 16384] if small else [1024, 4096, 16384, 32768]
+    pre_B = [1, 4, 16, 64, 128, 256, 512, 1024] if small else \
+        [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
+    for st in STORAGE:
+        for Lk in dec_L:
+            for B in (1, 4, 16, 64, 256):
+                rows.append(dict(family="decode", storage=st, G=4, B=B, L=Lk, M_eff=4, n_req=B, q_len=1, T=B))
+    for path in ("cascade", "dense"):
+        for Lk in pre_L:
+            for B in pre_B:
+                rows.append(dict(family=path, storage="slab", G=4, B=B, L=Lk, M_eff=4 * B, n_req=B, q_len=1, T=B))
+    for st in ("slots", "pages16"):
+        for Lk in pre_L:
+            for B in (1, 16, 256):
+                rows.append(dict(family="cascade", storage=st, G=4, B=B, L=Lk, M_eff=4 * B, n_req=B, q_len=1, T=B))
+    for st in STORAGE:
+        for c in (0, 1024, 16384):
+            for q in (16, 512, 2048):
+                for nr in (1, 4):
+                    rows.append(dict(family="extend", storage=st, G=4, B=nr, L=c, M_eff=4 * q, n_req=nr, q_len=q,
+                                     T=nr * q))
+    for fam in ("merge", "kv_write", "kv_copy"):
+        for T in (1, 16, 256, 4096, 16384):
+            rows.append(dict(family=fam, storage="slots", G=4, B=T, L=0, M_eff=0, n_req=T, q_len=1, T=T))
+    return pd.DataFrame(rows)
+
+
+LINEAR_OPS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "mlp_up": "mlp_up_proj",
+              "mlp_down": "mlp_down_proj", "lm_head": "lm_head", "norm": "input_layernorm", "mlp_act": "mlp_act",
+              "rope": "attn_rope", "add": "add", "embedding": "emb"}
+
+
+def synthetic_raw(values: dict, out: str | Path, *, model: str = "llama-3.1-8b", noise: float = 0.0,
+                  seed: int = 0, small: bool = True) -> Path:
+    """Write a raw directory whose timings are the cost model's predictions under ``values``
+    (times a log-normal noise of relative sigma ``noise``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    m = get_model(model)
+    rng = np.random.default_rng(seed)
+    att = synthetic_grid(small)
+    t = predict_attention(values, att, m) * np.exp(noise * rng.standard_normal(len(att)))
+    att["median_us"], att["p10_us"], att["p90_us"] = t * 1e6, t * 0.98e6, t * 1.02e6
+    att.to_csv(out / "attention.csv", index=False)
+    ns = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    lin = pd.DataFrame([dict(op=op, family=fam, n=n) for fam, op in LINEAR_OPS.items() for n in ns])
+    tl = predict_linear(values, lin, m) * np.exp(noise * rng.standard_normal(len(lin)))
+    lin["median_us"], lin["p10_us"], lin["p90_us"] = tl * 1e6, tl * 0.98e6, tl * 1.02e6
+    lin.to_csv(out / "linear.csv", index=False)
+    step = values["overhead.step_s"] * 1e6
+    pd.DataFrame([dict(what="graph_step_wall", B=1, median_us=1000.0 + step * 0.8),
+                  dict(what="graph_step_events", B=1, median_us=1000.0),
+                  dict(what="eager_step_wall", B=1, median_us=8000.0),
+                  dict(what="metadata_host", B=64, median_us=step * 0.2)]).to_csv(out / "overhead.csv", index=False)
+    meta = {"date": "2000-01-01T00:00:00+00:00", "commit": "synthetic", "command": "synthetic_raw", "model": model,
+            "gpu": "synthetic GPU", "sms": int(values["sm_count"]), "torch": "-", "triton": "-", "cuda": "-",
+            "gpu_mem_bytes": values["memory_bytes"], "smoke": False,
+            "ceilings": {"copy_Bps": values["hbm_bandwidth"], "gemm_flops": values["bf16_flops"]}}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return out

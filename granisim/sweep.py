@@ -140,17 +140,37 @@ def _run_local(todo, store: ResultsStore, workers: int, _addr, bar) -> None:
                 bar.update(1)
 
 
+def _check_reachable(address: str) -> None:
+    """Fail fast (one line) when a HOST:PORT address has nothing listening; ray.init would retry for minutes."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # 'auto' and other forms: left to ray.init
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ValueError(f"--ray {address}: nothing reachable there ({err.strerror or err}); start a head with "
+                         f"`ray start --head` and pass the address it prints, or use --ray local") from None
+
+
 def _run_ray(todo, store: ResultsStore, workers: int, address: str, bar) -> None:
     import ray
 
     started = False
     if not ray.is_initialized():
         if address == "local":
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         else:
-            ray.init(address=address, log_to_driver=False, configure_logging=False,
-                     runtime_env={"py_modules": [str(Path(__file__).parent)]})
+            _check_reachable(address)
+            try:
+                ray.init(address=address, log_to_driver=False, configure_logging=False,
+                         runtime_env={"py_modules": [str(Path(__file__).parent)]})
+            except (ConnectionError, RuntimeError) as err:  # one line for the CLI (exit 2)
+                msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ValueError(f"--ray {address}: cannot connect to a Ray cluster ({msg})") from None
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_point)

@@ -37,6 +37,7 @@ re-run finds the points it already has whatever the sweep file's order or layout
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -86,8 +87,29 @@ class SweepSpec:
     plots: list[PlotSpec] = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=64)
+def profile_fingerprint(name: str) -> str:
+    """Hash of the files a profile name resolves to (its JSON and the tables it references), so
+    that a re-measured profile under the same name makes new points instead of reusing old rows."""
+    from granisim.hardware import get_profile
+
+    try:
+        prof = get_profile(name)
+    except ValueError:
+        return "unresolved"
+    h = hashlib.sha256()
+    tables = [getattr(prof, "linear_table", None), getattr(prof, "kernel_table", None)]
+    for path in [prof.path] + [getattr(t, "path", None) for t in tables if t is not None]:
+        if path is not None and Path(path).is_file():
+            h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def point_id(scenario: Scenario) -> str:
-    blob = json.dumps({"schema": POINT_SCHEMA, "scenario": scenario.model_dump(mode="json")}, sort_keys=True)
+    """Stable hash of the full resolved scenario: every field, plus the content of the hardware
+    profile it names. (Simulator code changes do not change ids: use a new --out after one.)"""
+    blob = json.dumps({"schema": POINT_SCHEMA, "scenario": scenario.model_dump(mode="json"),
+                       "profile": profile_fingerprint(scenario.hardware.profile)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

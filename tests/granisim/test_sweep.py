@@ -75,7 +75,7 @@ def test_local_processes_and_ray_give_identical_results(tmp_path):
     spec = load_sweep(_sweep(tmp_path, SMALL))
     local = run_sweep(spec, tmp_path / "local", workers=2, progress=False)
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     except Exception as err:  # only a Ray that truly cannot start is a skip
         pytest.skip(f"Ray cannot start here: {err}")
     try:
@@ -161,3 +161,10 @@ value = "throughput_rps"
     assert len(list(out.glob("heatmap_*.png"))) == 1 and len(list(out.glob("line_*.png"))) == 1
     # a second run finds everything done
     assert main(["sweep", str(out.parent / "s.toml"), "--out", str(out), "--workers", "1"]) == 0
+
+
+def test_unreachable_ray_address_is_one_line(tmp_path, capsys):
+    path = _sweep(tmp_path, "name = 'r'\n" + BASE.format(n=4) + '[grid]\n"workload.roles" = [1]\n')
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--ray", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --ray 127.0.0.1:1: nothing reachable") and "Traceback" not in "".join(err)

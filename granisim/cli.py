@@ -143,6 +143,14 @@ def cmd_sweep(args) -> int:
         print("note: --workers is ignored with a Ray cluster address (Ray places the tasks)", file=sys.stderr)
     df = run_sweep(spec, out, workers=args.workers, ray_address=args.ray, max_points=args.max_points)
     if len(df) < len(spec.points):
+        fails = out / "failures.json"
+        if fails.exists():
+            bad = json.loads(fails.read_text())
+            for f in bad[:5]:
+                print(f"error: point {f['point_id']} {f['overrides']}: {f['error']}", file=sys.stderr)
+            print(f"{len(bad)} point(s) failed (all in {fails}); {len(df)} of {len(spec.points)} done",
+                  file=sys.stderr)
+            return 1
         print(f"{len(df)} of {len(spec.points)} points done; re-run the same command to continue")
         return 0
     df.drop(columns=["scenario"]).to_csv(out / "results.csv", index=False)
@@ -218,7 +226,7 @@ def cmd_calibrate(args) -> int:
     print(format_errors(cal.result))
     ms = cal.msat
     print(f"\nM_sat (dense beats cascade from M_eff =): {ms['overall']} overall; per L_p measured "
-          f"{ {k: v['strict'] for k, v in ms['per_L_measured'].items()} }, profile "
+          f"{ {k: v['best'] for k, v in ms['per_L_measured'].items()} } (best threshold per L_p), profile crossover "
           f"{ms['per_L_model']}")
     if args.report:
         figs = write_figures(cal, args.report, cal.doc["name"])

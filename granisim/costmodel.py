@@ -357,14 +357,20 @@ class CostTables:
         i = np.argmin(cost, axis=0)
         return n[i, 0] + 0.0 * base, chunk[i, 0] + 0.0 * base
 
-    def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0):
+    def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0, inv_eff=1.0,
+                     first_bytes=0.0):
         """Seconds (one layer) of one kernel of family ``fam`` (wave model; arrays broadcast).
 
         ``programs`` programs, each doing ``flops_prog`` / ``bytes_prog``. An SM runs
         ``resident_ctas_per_sm`` programs at once: ``waves = ceil(programs / (sm_count * resident))``.
         ``n`` programs running together share the GPU: one computes at ``bf16_flops * flop_eff /
-        max(sm_count, n)`` and streams at ``hbm_bandwidth * mem_eff / max(sm_count * sat_ctas_per_sm, n)``.
-        ``t = launches * launch_s + waves * (program_s + max(compute, stream)) + partial_bytes / merge rate``.
+        max(sm_count, n)`` and streams at ``hbm_bandwidth * mem_eff / max(sm_count * sat_ctas_per_sm / e, n)``
+        where ``e = 1 / inv_eff`` is the storage's gather efficiency: a gather slows one program's stream
+        (dependent index loads: latency), not the GPU's bandwidth once enough programs share it; a
+        program's first KV tile (``first_bytes``) arrives while its prologue runs.
+        A program's fixed work (``program_s``) does not overlap with other programs' on its SM.
+        ``t = launches * launch_s + program_s * max(1, programs / sm_count) + waves * max(compute, stream)
+        + partial_bytes / merge rate``.
         """
         launch, prog, ef, em, sat, res = self.f2[fam]
         N = np.maximum(np.asarray(programs, float), 1.0)
@@ -372,10 +378,14 @@ class CostTables:
         waves = np.ceil(N / slots)
         conc = np.minimum(N, slots)
         comp = flops_prog * np.maximum(self.sms, conc) / (self.P * ef)
-        mem = bytes_prog * np.maximum(self.sms * sat, conc) / (self.BW * em)
-        return launches * launch + waves * (prog + np.maximum(comp, mem)) + partial_bytes / self.merge_eff_bw
+        # one program streams at most BW * em / (sms * sat) (its first KV tile arrives during the prologue);
+        # together they share BW * em
+        mem = np.maximum((bytes_prog - first_bytes) * self.sms * sat * inv_eff, bytes_prog * conc) / (self.BW * em)
+        # the per-program fixed work is issue-bound: one SM retires programs' prologues one after another
+        over = prog * np.maximum(1.0, N / self.sms)
+        return launches * launch + over + waves * np.maximum(comp, mem) + partial_bytes / self.merge_eff_bw
 
-    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True):
+    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True, raw_bytes=None):
         """Seconds (all layers) of the decode kernel over ``n_dec`` requests reading ``tok`` KV tokens
         (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
         in page tables / slot lists (the simulator's private storage), not slabs; arrays broadcast."""
@@ -388,7 +398,9 @@ class CostTables:
         flops = 4.0 * self.dec_tile * self.d * per * pad
         split = n > 1
         partial = np.where(split, 2.0 * n * n_dec * self.n_q * (self.d + 1) * 4.0, 0.0)
-        t = self.kernel_time2("decode", N, flops, nbytes / N * pad, np.where(split, 2.0, 1.0), partial)
+        raw = nbytes if raw_bytes is None else raw_bytes
+        t = self.kernel_time2("decode", N, flops, raw / N * pad, np.where(split, 2.0, 1.0), partial,
+                              inv_eff=nbytes / np.maximum(raw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b)
         if self.corr:
             t = t * self._corr("decode", "slab" if not np.any(gather) else self._priv_class,
                                np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))
@@ -412,11 +424,12 @@ class CostTables:
             n, chunk = self.dense_split_rule(base, L, float(bn.flat[0]) if bn.size else 128.0)
         c = chunk  # tokens of one program, whole KV tiles
         flops = 4.0 * bm * self.d * c
-        nbytes = c * 2.0 * self.d * self.b * inv_eff + bm * self.d * self.b
+        nbytes = c * 2.0 * self.d * self.b + bm * self.d * self.b
         rows = m * self.n_kv
         split = n > 1
         partial = np.where(split, 2.0 * n * rows * (self.d + 1) * 4.0, 0.0)
-        t = self.kernel_time2(path, base * n, flops, nbytes, np.where(split, 2.0, 1.0), partial)
+        t = self.kernel_time2(path, base * n, flops, nbytes, np.where(split, 2.0, 1.0), partial, inv_eff=inv_eff,
+                              first_bytes=bn * 2.0 * self.d * self.b)
         if cls is not None and self.corr:
             t = t * self._corr(path, cls, np.log2(np.maximum(m, 1.0)), np.log2(max(L, 1.0)))
         return self.layers * t
@@ -444,7 +457,8 @@ class CostTables:
             if fam == "decode":
                 inv = 1.0 / t.storage_eff(sto, ps)
                 tok = B * Lk
-                f = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + B * 2.0 * t.n_q * t.d * t.b, gather=cls != "slab")
+                qo = B * 2.0 * t.n_q * t.d * t.b
+                f = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=cls != "slab", raw_bytes=tok * t.kvb + qo)
                 key, x, y = ("decode", cls), np.log2(B), np.log2(max(Lk, 1.0))
             elif fam in ("cascade", "dense"):
                 f = t.prefix_time2(fam, Lk, np.array([rows["M_eff"][i]]), 1.0 / t.storage_eff(sto, ps),
@@ -637,7 +651,7 @@ class CostTables:
     # -- prefill ----------------------------------------------------------------------------------
     def prefill_time(self, reqs, inv_priv: float, ginv: list, correct: bool = True) -> float:
         G, mt = self.G, self.pf_mt
-        f = bts = pb = 0.0
+        f = bts = pb = praw = 0.0
         tiles = nreq = T = ctx = 0
         for r in reqs:
             q, c = r.num_new, r.context_len
@@ -655,10 +669,13 @@ class CostTables:
             inv_s = ginv[r.group] if s else 0.0
             bts += self.kvb * ((c - s) * inv_priv + s * inv_s + q) + 2.0 * q * self.n_q * self.d * self.b
             # KV each of its programs streams: the prefix in whole 64-token tiles, half the chunk on average
-            pb += nt * (math.ceil(c / 64.0) * 64.0 * ((c - s) * inv_priv + s * inv_s) / max(c, 1) + q / 2.0)
+            pc = math.ceil(c / 64.0) * 64.0
+            pb += nt * (pc * ((c - s) * inv_priv + s * inv_s) / max(c, 1) + q / 2.0)
+            praw += nt * (pc + q / 2.0)
         if self.form == 2:
             N = tiles * self.n_kv
-            t = float(self.kernel_time2("prefill", N, f / N, pb * 2.0 * self.d * self.b / tiles))
+            t = float(self.kernel_time2("prefill", N, f / N, praw * 2.0 * self.d * self.b / tiles,
+                                        inv_eff=pb / max(praw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b))
             if correct and self.corr and nreq:
                 t *= float(self._corr("prefill", self._priv_class, np.log2(T), np.log2(ctx / nreq + 1.0)))
             return self.layers * t
@@ -684,7 +701,7 @@ class CostTables:
                 prefix += self.prefix_time(g.path, g.prefix_len, g.m_eff, g.storage, page_size)
         # requests
         T = n_dec = tok = merge_rows = lmax = 0
-        shared_eff = 0.0
+        shared_eff = shared_raw = 0.0
         prefill_reqs = None
         for r in plan.requests:
             nn = r.num_new
@@ -698,6 +715,7 @@ class CostTables:
                     tok += c
                     if gpaged[g]:
                         shared_eff += s * ginv[g]
+                        shared_raw += s
                         c += s
                     else:
                         merge_rows += 1
@@ -735,8 +753,9 @@ class CostTables:
         if self.form == 2 and n_dec:
             steps_ = np.arange(max(n, 1), dtype=float)
             toks2 = tok + steps_ * n_dec
-            dec2 = self.decode_time2(toks2, n_dec, lmax + steps_,
-                                     (toks2 * inv_priv + shared_eff) * self.kvb + n_dec * 2.0 * self.n_q * self.d * self.b)
+            qo = n_dec * 2.0 * self.n_q * self.d * self.b
+            dec2 = self.decode_time2(toks2, n_dec, lmax + steps_, (toks2 * inv_priv + shared_eff) * self.kvb + qo,
+                                     raw_bytes=(toks2 + shared_raw) * self.kvb + qo)
         if n <= 1:
             if n_dec and self.form == 2:
                 attn_decode = float(dec2[0])
@@ -823,3 +842,19 @@ def m_sat_crossover(profile: HardwareProfile, model: ModelShape, prefix_len: int
         return int(m[0])
     i = int(lose[-1]) + 1
     return int(m[i]) if i < m.size else None
+
+
+def m_sat_threshold(profile: HardwareProfile, model: ModelShape, prefix_len: int, max_m_eff: int = 16384) -> int:
+    """The one threshold ``T`` (dense iff ``M_eff >= T``) that minimises the summed relative excess time
+    over the cheaper path for ``M_eff = B * G``, B = 1 .. max_m_eff / G (log-spaced), at this prefix
+    length: the model's counterpart of the measured M_sat (granisim.calibration.msat). Unlike
+    :func:`m_sat_crossover` a single M_eff where dense loses (an unlucky wave count) does not move it."""
+    t = cost_tables(profile, model)
+    b = np.unique(np.round(np.geomspace(1, max_m_eff // t.G, 160)))
+    m = b * t.G
+    dense = t.prefix_time_array("dense", prefix_len, m)
+    casc = t.prefix_time_array("cascade", prefix_len, m)
+    best = np.minimum(dense, casc)
+    excess = [float(np.sum(np.where(m >= T, dense, casc) / best - 1.0)) for T in m]
+    return int(m[int(np.argmin(excess))])
+

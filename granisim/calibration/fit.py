@@ -14,6 +14,7 @@ measured table itself is what the measured profile uses) -> per-step overhead.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,7 +194,8 @@ def initial_values(base: dict, meta: dict) -> dict:
     return v
 
 
-STARTS = [{"sat": 0.5, "eff": 0.5}, {"sat": 2.0, "eff": 0.9}]
+STARTS = [{"sat": 0.5, "eff": 0.5, "prog": 3e-7}, {"sat": 2.0, "eff": 0.9, "prog": 1.5e-6},
+          {"sat": 1.0, "eff": 0.95, "prog": 3e-6}]
 
 
 def _starts(names):
@@ -205,17 +207,14 @@ def _starts(names):
                 d[n] = s["sat"]
             elif n.endswith("_eff"):
                 d[n] = s["eff"]
+            elif n.endswith("program_s"):
+                d[n] = s["prog"]
         out.append(d)
     return out
 
 
-def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, frac: float = 0.2):
-    """Fit every attention / KV family; returns (values, residual frame, errors)."""
-    df = raw.attention.copy()
-    df["heldout"] = False
-    for fam, idx in df.groupby("family").indices.items():
-        df.loc[df.index[idx], "heldout"] = holdout(len(idx), frac, seed)
-    train = df[~df["heldout"]]
+def fit_attention_rows(train: pd.DataFrame, values: dict, model: ModelShape) -> dict:
+    """Fit every attention / KV family's coefficients to ``train`` (attention.csv rows)."""
     slab = train["storage"].fillna("") == "slab"
 
     def rows(fam, only_slab=False):
@@ -235,16 +234,51 @@ def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, frac
         fit_family(values, "storage", gathered, model)
     if len(rows("prefill")):
         fit_family(values, "prefill", rows("prefill"), model)
+    return values
+
+
+def folds_of(df: pd.DataFrame, folds: int, seed: int, frac: float = 0.2) -> np.ndarray:
+    """Fold index per row, drawn per family (seeded). folds = 1: one split, 20% of each family held
+    out (fold 0), the rest -1 (never held out); folds = k > 1: k-fold, each fold holds out ~1/k."""
+    out = np.full(len(df), -1)
+    for fam, idx in df.groupby("family").indices.items():
+        if folds <= 1:
+            out[idx[holdout(len(idx), frac, fam_seed(seed, fam))]] = 0
+        else:
+            perm = np.random.default_rng(fam_seed(seed, fam)).permutation(len(idx))
+            out[idx[perm]] = np.arange(len(idx)) % folds
+    return out
+
+
+def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: int = 5):
+    """Coefficients fitted on every row; held-out errors by cross-validation: per fold, the coefficients
+    and the measured correction (kernel table) come from the other rows only and predict the fold's rows.
+    Returns (values, residual frame, errors)."""
+    df = raw.attention.copy().reset_index(drop=True)
+    df = df[~host_bound(df, host_floor(raw))].reset_index(drop=True)  # none in the H200 run
     df["meas_s"] = df["median_us"] * 1e-6
-    df["formula_s"] = predict_attention(values, df, model)
-    # the measured correction (kernel table) built from the train rows only, read at every row
-    df["pred_s"] = predict_attention(values, df, model, table=kernel_table_of(train, model))
+    fold = folds_of(df, folds, seed)
+    df["heldout"] = fold >= 0
+    df["fold"] = fold
+    df["pred_s"] = np.nan
+    df["formula_s"] = np.nan
+    start = dict(values)
+    for k in sorted(set(fold[fold >= 0])):
+        train = df[fold != k]
+        v = fit_attention_rows(train, dict(start), model)
+        h = fold == k
+        df.loc[h, "formula_s"] = predict_attention(v, df[h], model)
+        df.loc[h, "pred_s"] = predict_attention(v, df[h], model, table=kernel_table_of(train, model))
+    values = fit_attention_rows(df, values, model)
+    nh = ~df["heldout"].to_numpy()
+    if nh.any():  # rows never held out (folds = 1): the final coefficients and table
+        df.loc[nh, "formula_s"] = predict_attention(values, df[nh], model)
+        df.loc[nh, "pred_s"] = predict_attention(values, df[nh], model, table=kernel_table_of(df, model))
     errors = {}
     for fam, g in df.groupby("family"):
         h = g[g.heldout]
         errors[fam] = {"heldout": summary(rel_err(h.pred_s, h.meas_s)),
-                       "formula_heldout": summary(rel_err(h.formula_s, h.meas_s)),
-                       "formula_all": summary(rel_err(g.formula_s, g.meas_s))}
+                       "formula_heldout": summary(rel_err(h.formula_s, h.meas_s))}
     return values, df, errors
 
 
@@ -252,9 +286,33 @@ TABLE_COLS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post
               "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 
 
+HOST_BOUND_FACTOR = 1.6
+CENSORED_LAUNCH_CAP = 3e-6  # an element-wise kernel's fixed time in a graph is ~1-2 us (KV write at T = 1)
+
+
+def host_floor(raw: Raw) -> float:
+    """The host's time to issue one graph replay in the timing loop: the shortest replay of the run
+    (linear and attention rows; a replay can never be shorter)."""
+    reps = [df["k"].to_numpy(float) * df["median_us"].to_numpy(float)
+            for df in (raw.linear, raw.attention) if "k" in df.columns and len(df)]
+    return float(np.min(np.concatenate(reps))) if reps else 0.0
+
+
+def host_bound(df: pd.DataFrame, floor: float) -> np.ndarray:
+    """Rows whose CUDA-graph replay (k calls) was not clearly longer than the host's time to issue
+    one (``floor``): the GPU waited for the host, so the sample is the host's loop time, not the
+    kernels' (the H200 run: element-wise torch ops below ~1.5K tokens, ~13.5 us whatever the size)."""
+    if "k" not in df.columns or floor <= 0:
+        return np.zeros(len(df), bool)
+    return df["k"].to_numpy(float) * df["median_us"].to_numpy(float) < HOST_BOUND_FACTOR * floor
+
+
 def vidur_table(lin: pd.DataFrame) -> pd.DataFrame:
     """The linear rows as a Vidur-format table (ms medians by num_tokens; the post-attention norm is
-    the same operator as the input norm)."""
+    the same operator as the input norm). Host-bound rows (``censored``) carry the roofline's time."""
+    lin = lin.copy()
+    if "censored" in lin.columns and "pred_s" in lin.columns:
+        lin.loc[lin["censored"], "median_us"] = lin.loc[lin["censored"], "pred_s"] * 1e6
     piv = lin.pivot_table(index="n", columns="op", values="median_us", aggfunc="median") * 1e-3
     piv["post_attention_layernorm"] = piv.get("input_layernorm")
     keep = [c for c in TABLE_COLS if c in piv.columns]
@@ -265,14 +323,27 @@ def vidur_table(lin: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def fit_linear(raw: Raw, values: dict, model: ModelShape, seed: int = 0, frac: float = 0.2,
+def table_interp(n, ns, ts):
+    """The cost model's reading of a linear table: linear in n inside, proportional to n outside."""
+    out = np.interp(n, ns, ts)
+    out = np.where(n > ns[-1], ts[-1] * n / ns[-1], out)
+    return np.where(n < ns[0], ts[0] * n / ns[0], out)
+
+
+def fam_seed(seed: int, fam: str) -> int:
+    """A per-family seed (families with equally many rows do not hold out the same positions)."""
+    return seed + zlib.crc32(fam.encode()) % 100_000
+
+
+def fit_linear(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: int = 5,
                max_launch_s: float = 2e-5):
     """Roofline per linear family (train rows) and the held-out errors of both the roofline and the
     measured table interpolated (linearly in n, as the cost model does) from the train rows."""
-    lin = raw.linear.copy()
-    lin["heldout"] = False
-    for fam, idx in lin.groupby("family").indices.items():
-        lin.loc[lin.index[idx], "heldout"] = holdout(len(idx), frac, seed + 1)
+    lin = raw.linear.copy().reset_index(drop=True)
+    lin["censored"] = host_bound(lin, host_floor(raw))
+    fold = folds_of(lin, folds, seed + 1)
+    fold[lin["censored"].to_numpy()] = -2  # never fitted on, never scored
+    lin["heldout"] = fold >= 0
     dims = Dims.of(model)
     P, BW = values["bf16_flops"], values["hbm_bandwidth"]
     lin["meas_s"] = lin["median_us"] * 1e-6
@@ -280,20 +351,28 @@ def fit_linear(raw: Raw, values: dict, model: ModelShape, seed: int = 0, frac: f
     lin["table_s"] = np.nan
     errors = {}
     for fam, g in lin.groupby("family"):
-        tr = g[~g.heldout]
-        f, by = op_work(fam, tr["n"].to_numpy(float), dims)
-        launch, ef, em = fit_roofline(f, by, tr["meas_s"].to_numpy(), P, BW, max_launch_s=max_launch_s)
+        gf = fold[g.index]
+        fa, ba = op_work(fam, g["n"].to_numpy(float), dims)
+        cap = max_launch_s if not g["censored"].any() else CENSORED_LAUNCH_CAP
+        for k in [*sorted(set(gf[gf >= 0])), None]:  # each fold held out in turn, then all rows
+            tr = g[(gf != k) & (gf != -2)] if k is not None else g[gf != -2]
+            f, by = op_work(fam, tr["n"].to_numpy(float), dims)
+            launch, ef, em = fit_roofline(f, by, tr["meas_s"].to_numpy(), P, BW, max_launch_s=cap)
+            pred = roofline_time(fa, ba, P, BW, launch, ef if fam in GEMM_FAMILIES else 1.0, em)
+            trs = tr.sort_values("n")
+            tab = table_interp(g["n"].to_numpy(float), trs["n"].to_numpy(float), trs["meas_s"].to_numpy(float))
+            sel = (gf == k) if k is not None else (gf == -1)
+            lin.loc[g.index[sel], "pred_s"] = pred[sel]
+            lin.loc[g.index[sel], "table_s"] = tab[sel]
         values[f"linear.{fam}.launch_s"] = launch
         if fam in GEMM_FAMILIES:
             values[f"linear.{fam}.flop_eff"] = ef
         values[f"linear.{fam}.mem_eff"] = min(em, 1.0)
-        fa, ba = op_work(fam, g["n"].to_numpy(float), dims)
-        lin.loc[g.index, "pred_s"] = roofline_time(fa, ba, P, BW, launch, ef if fam in GEMM_FAMILIES else 1.0, em)
-        trs = tr.sort_values("n")
-        lin.loc[g.index, "table_s"] = np.interp(g["n"], trs["n"], trs["meas_s"])
+        cen = gf == -2
+        lin.loc[g.index[cen], "pred_s"] = pred[cen]   # the final roofline stands in for host-bound rows
+        lin.loc[g.index[cen], "table_s"] = pred[cen]
         h = lin.loc[g.index][g.heldout.to_numpy()]
-        errors[f"linear.{fam}"] = {"heldout": summary(rel_err(h.pred_s, h.meas_s)),
-                                   "all": summary(rel_err(lin.loc[g.index, "pred_s"], g.meas_s))}
+        errors[f"linear.{fam}"] = {"heldout": summary(rel_err(h.pred_s, h.meas_s))}
         errors[f"table.{fam}"] = {"heldout": summary(rel_err(h.table_s, h.meas_s))}
     h = lin[lin.heldout & (lin.family != "lm_head")]
     errors["linear(table)"] = {"heldout": summary(rel_err(h.table_s, h.meas_s))}
@@ -368,22 +447,26 @@ def hbm_ceiling(raw: Raw) -> tuple[float, str]:
                           f"{bw[i] / 1e12:.2f} TB/s read (the copy ceiling read {copy / 1e12:.2f} TB/s)")
 
 
-def fit(raw: Raw, base_values: dict, seed: int = 0) -> FitResult:
-    """Every coefficient of a form-2 profile from ``raw`` (``base_values``: start values)."""
+def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5) -> FitResult:
+    """Every coefficient of a form-2 profile from ``raw`` (``base_values``: start values); held-out
+    errors by ``folds``-fold cross-validation (each fold holds out ~20% of each family's points;
+    ``folds = 1``: one seeded 20% hold-out)."""
     model = get_model(raw.meta.get("model", "llama-3.1-8b"))
     bw, bw_how = hbm_ceiling(raw)
     values = initial_values(base_values, {**raw.meta, "max_stream_Bps": bw})
-    values, att, errors = fit_attention(raw, values, model, seed)
-    values, lin, lerr = fit_linear(raw, values, model, seed)
+    values, att, errors = fit_attention(raw, values, model, seed, folds)
+    values, lin, lerr = fit_linear(raw, values, model, seed, folds)
     errors.update(lerr)
     values["overhead.step_s"], how = step_overhead(raw)
+    ncen = int(lin["censored"].sum())
+    lerr["censored"] = {"rows": ncen, "families": sorted(set(lin.loc[lin["censored"], "family"]))}
     small = att[att["family"].isin(["merge", "kv_write"])]
     values["overhead.kernel_launch_s"] = float(np.median([values["attn.merge.launch_s"], values["kv.write_launch_s"]]))
     res = pd.concat([att.assign(kind="attention")[["family", "storage", "G", "B", "L", "M_eff", "q_len", "T",
                                                    "meas_s", "pred_s", "formula_s", "heldout"]],
-                     lin.assign(kind="linear")[["family", "n", "meas_s", "pred_s", "table_s", "heldout"]]],
+                     lin.assign(kind="linear")[["family", "n", "meas_s", "pred_s", "table_s", "heldout", "censored"]]],
                     ignore_index=True)
-    out = FitResult(values, errors, res, vidur_table(raw.linear[raw.linear["family"] != "lm_head"]),
+    out = FitResult(values, errors, res, vidur_table(lin[lin["family"] != "lm_head"]),
                     notes={"overhead.step_s": how, "hbm_bandwidth": bw_how})
     out.split_check = split_check(raw, values, model)
     del small

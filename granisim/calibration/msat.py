@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from granisim.costmodel import cost_tables, m_sat_crossover
+from granisim.costmodel import cost_tables, m_sat_threshold
 from granisim.hardware import HardwareProfile
 from granisim.models import ModelShape
 
@@ -25,7 +25,8 @@ def paired(att: pd.DataFrame, G: int = 4) -> pd.DataFrame:
 
 def measured_crossovers(p: pd.DataFrame) -> dict:
     """Per L: 'strict' = smallest measured M_eff from which dense is no slower at every larger measured
-    M_eff (None if the largest loses); 'first' = smallest M_eff at which dense is no slower."""
+    M_eff (None if the largest loses); 'first' = smallest M_eff at which dense is no slower; 'best' =
+    the threshold with the least summed relative excess at this L (:func:`best_threshold`)."""
     out = {}
     for L, g in p.groupby("L"):
         g = g.sort_values("M_eff")
@@ -38,7 +39,7 @@ def measured_crossovers(p: pd.DataFrame) -> dict:
                 i -= 1
             strict = int(m[i])
         first = int(m[np.argmax(win)]) if win.any() else None
-        out[int(L)] = {"strict": strict, "first": first}
+        out[int(L)] = {"strict": strict, "first": first, "best": best_threshold(g)[0]}
     return out
 
 
@@ -56,7 +57,7 @@ def best_threshold(p: pd.DataFrame) -> tuple[int, dict]:
 
 
 def model_crossovers(profile: HardwareProfile, model: ModelShape, Ls) -> dict:
-    return {int(L): m_sat_crossover(profile, model, int(L)) for L in Ls}
+    return {int(L): m_sat_threshold(profile, model, int(L)) for L in Ls}
 
 
 def plot(p: pd.DataFrame, profile: HardwareProfile, model: ModelShape, m_sat: int, per_L: dict, out: str | Path,
@@ -82,9 +83,9 @@ def plot(p: pd.DataFrame, profile: HardwareProfile, model: ModelShape, m_sat: in
         ax.loglog(m, t.prefix_time_array("dense", int(L), m) / per_layer * 1e6, "-", color="C3", alpha=0.6,
                   label="dense (profile)")
         ax.axvline(m_sat, color="k", ls="--", lw=1, label=f"fitted M_sat = {m_sat}")
-        c = per_L.get(int(L), {}).get("strict")
+        c = per_L.get(int(L), {}).get("best")
         if c:
-            ax.axvline(c, color="C2", ls=":", lw=1.5, label=f"crossover at this L = {c}")
+            ax.axvline(c, color="C2", ls=":", lw=1.5, label=f"best threshold at this L = {c}")
         ax.axvline(1024, color="0.6", ls="-.", lw=1, label="A100 (paper) 1024")
         ax.set_title(f"L_p = {int(L)}")
         ax.set_xlabel("M_eff = B x G")

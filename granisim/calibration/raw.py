@@ -127,8 +127,8 @@ def predict_attention(values: dict, df, model: ModelShape, table=None) -> np.nda
         if fam == "decode":
             inv = 1.0 / t.storage_eff(*STORAGE[s])
             tok = B * Lk
-            nbytes = tok * t.kvb * inv + B * 2.0 * t.n_q * t.d * t.b
-            out[idx] = t.decode_time2(tok, B, Lk, nbytes, gather=s != "slab")
+            qo = B * 2.0 * t.n_q * t.d * t.b
+            out[idx] = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=s != "slab", raw_bytes=tok * t.kvb + qo)
         elif fam in ("cascade", "dense"):
             res = np.empty(len(idx))
             for lk in np.unique(Lk):

@@ -38,10 +38,10 @@ class Calibration:
 
 
 def calibrate(raw_dir, out, *, name: str | None = None, start_profile: str = "h200", command: str | None = None,
-              seed: int = 0, extra_table_dirs=()) -> Calibration:
+              seed: int = 0, folds: int = 5, extra_table_dirs=()) -> Calibration:
     raw = load_raw(raw_dir)
     base = {k: c.value for k, c in get_profile(start_profile).coefficients.items()}
-    res = fit(raw, base, seed)
+    res = fit(raw, base, seed, folds)
     p = paired(raw.attention)
     per_L = measured_crossovers(p) if len(p) else {}
     T, excess = best_threshold(p) if len(p) else (int(res.values.get("m_sat", 1024)), {})
@@ -49,7 +49,8 @@ def calibrate(raw_dir, out, *, name: str | None = None, start_profile: str = "h2
     res.notes["m_sat"] = ("measured: the one threshold (dense iff M_eff >= it) that minimises the summed relative "
                           "excess time over the better path on the measured dense/cascade slab pairs (G=4) at L_p = "
                           f"{', '.join(str(k) for k in per_L)}; per L_p, dense is no slower from M_eff = "
-                          f"{', '.join(str(v['strict']) for v in per_L.values())} on")
+                          f"{', '.join(str(v['strict']) for v in per_L.values())} on (strict), best threshold per L_p "
+                          f"{', '.join(str(v['best']) for v in per_L.values())}")
     name = name or str(raw.meta.get("gpu_flag") or "gpu")
     out = Path(out)
     command = command or (f"python -m calibration.measure --gpu {name} --model {raw.meta.get('model')} --out RAW; "

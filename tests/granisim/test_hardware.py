@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from granisim.hardware import (COEFFICIENTS, PROFILE_DIR, HardwareProfile, ProfileError, available_profiles,
-                               get_profile, load_profile)
+from granisim.hardware import (COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, HardwareProfile, ProfileError,
+                               available_profiles, get_profile, load_profile)
 
 SHIPPED = ["a100-80gb", "h100-sxm", "h200", "b200"]
 GIB = 2**30
@@ -19,7 +19,7 @@ def test_shipped_profiles_present_and_load():
     for name in SHIPPED:
         p = get_profile(name)
         assert isinstance(p, HardwareProfile) and p.name == name
-        assert set(p.coefficients) == set(COEFFICIENTS)
+        assert set(COEFFICIENTS) <= set(p.coefficients) <= set(COEFFICIENTS) | set(OPTIONAL_COEFFICIENTS)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -34,40 +34,57 @@ def test_every_coefficient_has_a_valid_source(name):
             assert s.citation and len(s.citation) > 10, key
         else:
             assert s.from_ and s.how and len(s.how) > 10, key
-        assert raw["coefficients"][key]["unit"] == COEFFICIENTS[key][0]
+        assert raw["coefficients"][key]["unit"] == {**COEFFICIENTS, **OPTIONAL_COEFFICIENTS}[key][0]
     if get_profile(name).linear_table is not None:
         assert get_profile(name).linear_table.source.kind in ("measured", "published")
+    if get_profile(name).kernel_table is not None:
+        assert get_profile(name).kernel_table.source.kind == "measured"
 
 
 def test_datasheet_values():
+    """a100: datasheet; h200: measured (the calibration run); h100-sxm, b200: the measured h200 scaled by
+    datasheet ratios (scripts/make_calibrated_profiles.py)."""
     a, h1, h2, b = (get_profile(n) for n in SHIPPED)
     assert (a.hbm_bandwidth, a.bf16_flops, a.sm_count, a.memory_bytes) == (2.039e12, 312e12, 108, 80 * GIB)
-    assert (h1.hbm_bandwidth, h1.bf16_flops, h1.sm_count, h1.memory_bytes) == (3.35e12, 989e12, 132, 80 * GIB)
-    assert (h2.hbm_bandwidth, h2.bf16_flops, h2.sm_count, h2.memory_bytes) == (4.8e12, 989e12, 132, 141 * GIB)
-    assert (b.hbm_bandwidth, b.bf16_flops, b.sm_count, b.memory_bytes) == (8e12, 2250e12, 148, 180 * GIB)
-    for p in (a, h1, h2, b):
+    for p in (a,):
         for k in ("hbm_bandwidth", "bf16_flops", "sm_count", "memory_bytes"):
             assert p.coefficients[k].source.kind == "published"
+    assert h2.sm_count == 132 and 4.0e12 < h2.hbm_bandwidth < 4.8e12 and 6e14 < h2.bf16_flops < 9.9e14
+    assert 139 * GIB < h2.memory_bytes < 141 * GIB
+    assert h1.hbm_bandwidth == pytest.approx(h2.hbm_bandwidth * 3.35 / 4.8, rel=1e-5)
+    assert h1.bf16_flops == pytest.approx(h2.bf16_flops, rel=1e-5)
+    assert (h1.sm_count, h1.memory_bytes) == (132, 80 * GIB)
+    assert b.hbm_bandwidth == pytest.approx(h2.hbm_bandwidth * 8 / 4.8, rel=1e-5)
+    assert b.bf16_flops == pytest.approx(h2.bf16_flops * 2250 / 989, rel=1e-5)
+    assert (b.sm_count, b.memory_bytes) == (148, 180 * GIB)
 
 
 def test_m_sat_sources():
     a = get_profile("a100-80gb")
     assert a.m_sat == 1024 and a.coefficients["m_sat"].source.kind == "published"
     assert "2608.15584" in a.coefficients["m_sat"].source.citation
-    for n in ("h100-sxm", "h200", "b200"):
+    h2 = get_profile("h200")
+    assert h2.coefficients["m_sat"].source.kind == "measured" and 16 <= h2.m_sat <= 1024
+    for n, bw, fl in (("h100-sxm", 3.35, 989), ("b200", 8.0, 2250)):
         c = get_profile(n).coefficients["m_sat"]
-        assert c.source.kind == "extrapolated" and "a100" in c.source.from_
-    # scaled by the ridge ratio relative to A100
-    assert get_profile("h100-sxm").m_sat == round(1024 * (989 / 3.35) / (312 / 2.039))
+        assert c.source.kind == "extrapolated" and "h200" in c.source.from_
+        # scaled by the ridge (tensor-core rate / bandwidth) ratio relative to H200
+        assert c.value == round(h2.m_sat * (fl / bw) / (989 / 4.8))
 
 
-def test_only_a100_is_published_beyond_datasheets():
-    for n in ("h100-sxm", "h200", "b200"):
+def test_measured_and_derived_sources():
+    h2 = get_profile("h200")
+    assert {c.source.kind for c in h2.coefficients.values()} == {"measured"}
+    assert h2["attn.form"] == 2
+    assert h2.linear_table is not None and h2.linear_table.source.kind == "measured"
+    assert h2.kernel_table is not None and len(h2.kernel_table.rows["family"]) > 100
+    for c in h2.coefficients.values():
+        e = c.source.extra
+        assert c.source.date and c.source.command and e["gpu"] and e["commit"] and "triton" in e["versions"]
+    for n in ("h100-sxm", "b200"):
         p = get_profile(n)
-        assert p.linear_table is None
-        kinds = {k: c.source.kind for k, c in p.coefficients.items()}
-        assert {k for k, v in kinds.items() if v != "extrapolated"} == {
-            "hbm_bandwidth", "bf16_flops", "sm_count", "memory_bytes"}
+        assert p.linear_table is None and p.kernel_table is None
+        assert {c.source.kind for c in p.coefficients.values()} == {"extrapolated"}
 
 
 def test_a100_linear_table():

@@ -111,33 +111,48 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, workers: int | None = None, r
         print(f"sweep {spec.name}: {len(spec.points)} points, {n_done} already done, {len(todo)} to run "
               f"({'ray ' + ray_address if ray_address else f'{workers} local processes'})")
     bar = None
+    failures: list[dict] = []
     if todo:
         runner = _run_ray if ray_address else _run_local
         bar = tqdm(total=len(spec.points), initial=n_done, unit="pt", desc=spec.name, disable=not progress,
                    smoothing=0.05)
+        by_id = {p.pid: p for p in todo}
+
+        def done(pid: str, get) -> None:  # write a finished point at once; a failed one is reported
+            try:
+                store.write(_normalise(get()))
+            except Exception as err:  # noqa: BLE001 - one bad point must not stop the sweep
+                failures.append({"point_id": pid, "overrides": by_id[pid].overrides,
+                                 "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"})
+            bar.update(1)
+
         try:
-            runner(todo, store, workers, ray_address, bar)
+            runner(todo, done, workers, ray_address)
         finally:
             bar.close()
+    fail_path = out / "failures.json"
+    if failures:
+        fail_path.write_text(json.dumps(failures, indent=2, default=str))
+    elif fail_path.exists():
+        fail_path.unlink()
     df = store.read([p.pid for p in spec.points])
     return df
 
 
-def _run_local(todo, store: ResultsStore, workers: int, _addr, bar) -> None:
+def _run_local(todo, done, workers: int, _addr) -> None:
     if workers <= 1:
         for p in todo:
-            store.write(_normalise(run_point(*_args(p))))
-            bar.update(1)
+            done(p.pid, lambda p=p: run_point(*_args(p)))
         return
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["granisim.sweep"])
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-        pending = {ex.submit(run_point, *_args(p)) for p in todo}
+        futures = {ex.submit(run_point, *_args(p)): p.pid for p in todo}
+        pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
-                store.write(_normalise(f.result()))
-                bar.update(1)
+                done(futures[f], f.result)
 
 
 def _check_reachable(address: str) -> None:
@@ -155,7 +170,7 @@ def _check_reachable(address: str) -> None:
                          f"`ray start --head` and pass the address it prints, or use --ray local") from None
 
 
-def _run_ray(todo, store: ResultsStore, workers: int, address: str, bar) -> None:
+def _run_ray(todo, done, workers: int, address: str) -> None:
     import ray
 
     started = False
@@ -174,12 +189,12 @@ def _run_ray(todo, store: ResultsStore, workers: int, address: str, bar) -> None
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_point)
-        pending = [remote.remote(*_args(p)) for p in todo]
+        refs = {remote.remote(*_args(p)): p.pid for p in todo}
+        pending = list(refs)
         while pending:
             finished, pending = ray.wait(pending, num_returns=min(len(pending), 8), timeout=0.5)
             for ref in finished:
-                store.write(_normalise(ray.get(ref)))
-                bar.update(1)
+                done(refs[ref], lambda ref=ref: ray.get(ref))
     finally:
         if started:
             ray.shutdown()

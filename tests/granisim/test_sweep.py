@@ -168,3 +168,25 @@ def test_unreachable_ray_address_is_one_line(tmp_path, capsys):
     assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--ray", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: --ray 127.0.0.1:1: nothing reachable") and "Traceback" not in "".join(err)
+
+
+def test_a_failing_point_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
+    import granisim.sweep as sweep_mod
+
+    spec = load_sweep(_sweep(tmp_path, "name = 'f'\n" + BASE.format(n=6) + '[grid]\n"workload.roles" = [1, 2, 3]\n'))
+    real, bad = sweep_mod.run_point, spec.points[1].pid
+
+    def flaky(pid, *a):
+        if pid == bad:
+            raise RuntimeError("boom\nsecond line")
+        return real(pid, *a)
+
+    monkeypatch.setattr(sweep_mod, "run_point", flaky)
+    df = run_sweep(spec, tmp_path / "o", workers=1, progress=False)
+    assert len(df) == 2 and bad not in set(df.point_id)
+    import json
+    fails = json.loads((tmp_path / "o" / "failures.json").read_text())
+    assert [f["point_id"] for f in fails] == [bad] and fails[0]["error"] == "RuntimeError: boom"
+    monkeypatch.setattr(sweep_mod, "run_point", real)
+    assert len(run_sweep(spec, tmp_path / "o", workers=1, progress=False)) == 3
+    assert not (tmp_path / "o" / "failures.json").exists()

@@ -222,7 +222,7 @@ def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
     out = Path(args.out)
-    cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start)
+    cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds)
     print(format_errors(cal.result))
     ms = cal.msat
     print(f"\nM_sat (dense beats cascade from M_eff =): {ms['overall']} overall; per L_p measured "
@@ -310,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("--name", help="profile name (default: the file name)")
     cf.add_argument("--start", default="h200", help="profile whose values start the fit (default h200)")
     cf.add_argument("--report", help="also write the M_sat and residual plots and a fit summary here")
+    cf.add_argument("--folds", type=int, default=5,
+                    help="cross-validation folds for the held-out errors (1: one seeded 20%% hold-out)")
     cf.set_defaults(fn=cmd_calibrate)
     return p
 

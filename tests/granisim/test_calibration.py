@@ -1,0 +1,228 @@
+"""Calibration fit (granisim.calibration): synthetic data made from known coefficients by the cost model
+itself is recovered; measured corrections, host-bound censoring, M_sat, derived profiles, CLI."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from granisim.calibration.fit import fit, host_bound, initial_values
+from granisim.calibration.msat import best_threshold, measured_crossovers
+from granisim.calibration.profile import derive
+from granisim.calibration.raw import load_raw, predict_attention, synthetic_raw
+from granisim.cli import main
+from granisim.costmodel import Correction, cost_tables, step_cost
+from granisim.hardware import ProfileError, get_profile, load_profile
+from granisim.models import get_model
+from granisim.plan import BatchPlan, PlannedRequest
+
+LLAMA = get_model("llama-3.1-8b")
+BASE = {k: c.value for k, c in get_profile("h200").coefficients.items()}
+
+# known coefficients (form 2) the synthetic raw data is generated from
+TRUTH = initial_values(BASE, {"ceilings": {"copy_Bps": 4.5e12, "gemm_flops": 7.5e14}, "sms": 132})
+TRUTH.update({
+    "attn.merge.launch_s": 2.5e-6, "attn.merge.program_s": 3e-7, "attn.merge.mem_eff": 0.6,
+    "attn.merge.sat_ctas_per_sm": 1.0, "attn.merge.resident_ctas_per_sm": 2,
+    "kv.write_launch_s": 2e-6, "kv.write_program_s": 2e-7, "kv.write_eff": 0.5, "kv.write_sat_ctas_per_sm": 0.5,
+    "kv.write_resident_ctas_per_sm": 4, "kv.copy_launch_s": 8e-6, "kv.copy_eff": 0.7,
+    "attn.cascade.launch_s": 4e-6, "attn.cascade.program_s": 1.5e-6, "attn.cascade.flop_eff": 0.45,
+    "attn.cascade.mem_eff": 0.85, "attn.cascade.sat_ctas_per_sm": 1.5, "attn.cascade.resident_ctas_per_sm": 1,
+    "attn.dense.launch_s": 5e-6, "attn.dense.program_s": 2.5e-6, "attn.dense.flop_eff": 0.7,
+    "attn.dense.mem_eff": 0.8, "attn.dense.sat_ctas_per_sm": 1.0, "attn.dense.resident_ctas_per_sm": 1,
+    "attn.decode.launch_s": 3e-6, "attn.decode.program_s": 8e-7, "attn.decode.mem_eff": 0.9,
+    "attn.decode.sat_ctas_per_sm": 2.0, "attn.decode.resident_ctas_per_sm": 2,
+    "attn.prefill.launch_s": 5e-6, "attn.prefill.program_s": 1e-6, "attn.prefill.flop_eff": 0.4,
+    "attn.prefill.mem_eff": 0.7, "attn.prefill.sat_ctas_per_sm": 2.5, "attn.prefill.resident_ctas_per_sm": 2,
+    "attn.prefill.page1_eff": 0.5, "attn.prefill.page16_eff": 0.8,
+    "storage.page1_eff": 0.6, "storage.page16_eff": 0.8, "overhead.step_s": 1e-4,
+    **{f"linear.{f}.launch_s": 4e-6 for f in ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "lm_head")},
+    **{f"linear.{f}.flop_eff": e for f, e in (("qkv_proj", 0.6), ("o_proj", 0.65), ("mlp_up", 0.75),
+                                               ("mlp_down", 0.7), ("lm_head", 0.72))},
+    **{f"linear.{f}.mem_eff": 0.8 for f in ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "lm_head")},
+    **{f"linear.{f}.launch_s": 2e-6 for f in ("norm", "mlp_act", "rope", "add", "embedding")},
+    **{f"linear.{f}.mem_eff": e for f, e in (("norm", 0.4), ("mlp_act", 0.5), ("rope", 0.45), ("add", 0.9),
+                                              ("embedding", 0.2))},
+})
+TRUTH["attn.decode.flop_eff"] = TRUTH["attn.cascade.flop_eff"]
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    d = synthetic_raw(TRUTH, tmp_path_factory.mktemp("raw"))
+    raw = load_raw(d)
+    return d, raw, fit(raw, BASE, folds=1)
+
+
+def test_synthetic_times_recovered(synthetic):
+    """The fitted cost model reproduces held-out synthetic points (and every point) to well under 1%."""
+    _, _, res = synthetic
+    for fam in ("decode", "cascade", "dense", "extend", "merge", "kv_write", "kv_copy"):
+        assert res.errors[fam]["formula_heldout"]["median"] < 0.005, fam
+        assert res.errors[fam]["formula_heldout"]["p90"] < 0.02, fam
+    for fam in ("qkv_proj", "mlp_up", "lm_head", "norm", "add"):
+        assert res.errors[f"linear.{fam}"]["heldout"]["median"] < 0.01, fam
+
+
+@pytest.mark.parametrize("name, rel", [
+    ("hbm_bandwidth", 1e-9), ("bf16_flops", 1e-9),
+    ("attn.merge.mem_eff", 0.05), ("kv.write_eff", 0.05), ("kv.copy_eff", 0.02), ("kv.copy_launch_s", 0.02),
+    ("attn.cascade.flop_eff", 0.05), ("attn.cascade.launch_s", 0.1),
+    ("attn.dense.flop_eff", 0.05), ("attn.dense.launch_s", 0.1),
+    ("attn.decode.mem_eff", 0.05),
+    ("storage.page1_eff", 0.05), ("storage.page16_eff", 0.05),
+    ("attn.prefill.page1_eff", 0.05), ("attn.prefill.page16_eff", 0.05),
+    ("linear.mlp_up.flop_eff", 0.02), ("linear.mlp_up.mem_eff", 0.02), ("linear.norm.mem_eff", 0.02),
+])
+def test_synthetic_coefficients_recovered(synthetic, name, rel):
+    _, _, res = synthetic
+    assert res.values[name] == pytest.approx(TRUTH[name], rel=rel)
+
+
+def test_synthetic_whole_numbers_recovered(synthetic):
+    _, _, res = synthetic
+    for fam in ("cascade", "dense"):
+        assert res.values[f"attn.{fam}.resident_ctas_per_sm"] == TRUTH[f"attn.{fam}.resident_ctas_per_sm"]
+
+
+def test_fit_split_rule_matches_recorded_splits():
+    raw = load_raw("calibration/raw/h200")
+    res_check = __import__("granisim.calibration.fit", fromlist=["split_check"]).split_check(
+        raw, {**BASE, **{k: c.value for k, c in get_profile("h200").coefficients.items()}}, LLAMA)
+    assert res_check["rows"] > 200 and res_check["agree"] == res_check["rows"]
+
+
+# ---- measured correction ----------------------------------------------------------------------------
+def test_correction_exact_at_points_and_clamped():
+    x = np.log2([1, 4, 16, 1, 4, 16])
+    y = np.log2([256, 256, 256, 4096, 4096, 4096])
+    r = np.log([1.1, 0.9, 1.2, 1.0, 1.05, 0.8])
+    c = Correction(x, r, y, n=65)
+    assert np.allclose(c(x, y), np.exp(r), rtol=1e-9)
+    assert c(np.log2(64), np.log2(4096)) == pytest.approx(0.8)      # beyond the last column: clamped
+    assert c(np.log2(2), np.log2(256)) == pytest.approx(np.exp(np.log(1.1) / 2 + np.log(0.9) / 2))
+    one = Correction(np.log2([1, 8]), np.log([2.0, 1.0]))
+    assert one(0.0) == pytest.approx(2.0) and one(10.0) == pytest.approx(1.0)
+
+
+def test_measured_profile_reproduces_its_kernel_table():
+    """With its kernel table the shipped h200 profile predicts every measured kernel time it holds."""
+    raw = load_raw("calibration/raw/h200")
+    prof = get_profile("h200")
+    v = {k: c.value for k, c in prof.coefficients.items()}
+    a = raw.attention[raw.attention["family"].isin(["decode", "cascade", "dense", "merge", "kv_write"])]
+    pred = predict_attention(v, a, LLAMA, table=prof.kernel_table)
+    err = np.abs(pred / (a["median_us"].to_numpy() * 1e-6) - 1)
+    assert np.median(err) < 0.01 and np.quantile(err, 0.9) < 0.05
+
+
+# ---- host-bound samples ---------------------------------------------------------------------------------
+def test_host_bound_rows_censored():
+    df = pd.DataFrame({"k": [1, 1, 32, 1, 2], "median_us": [13.5, 14.0, 1.2, 60.0, 10.0]})
+    assert host_bound(df, 13.5).tolist() == [True, True, False, False, True]
+    assert not host_bound(df, 0.0).any()
+
+
+# ---- M_sat -------------------------------------------------------------------------------------------
+def test_m_sat_threshold_and_crossovers():
+    rows = []
+    for L in (1024, 16384):
+        for m, c, d in ((4, 10, 12), (64, 11, 12), (128, 20, 15), (256, 30, 20), (512, 60, 70), (1024, 100, 60)):
+            rows.append(dict(L=L, M_eff=m, cascade_us=c, dense_us=d, ratio=d / c))
+    p = pd.DataFrame(rows)
+    per = measured_crossovers(p)
+    assert per[1024] == {"strict": 1024, "first": 128, "best": 128}
+    T, excess = best_threshold(p)
+    assert T == 128 and excess[128] < excess[4] and excess[128] < excess[1024]
+
+
+# ---- derived profiles ---------------------------------------------------------------------------------------
+def test_derive_scales_rates_by_datasheet_ratios(tmp_path):
+    doc = json.loads(open("calibration/profiles/h200.json").read())
+    h100 = derive(doc, "h100-sxm", source_name="h200")
+    c0, c1 = doc["coefficients"], h100["coefficients"]
+    assert c1["hbm_bandwidth"]["value"] == pytest.approx(c0["hbm_bandwidth"]["value"] * 3.35 / 4.8, rel=1e-5)
+    assert c1["bf16_flops"]["value"] == pytest.approx(c0["bf16_flops"]["value"], rel=1e-5)
+    assert c1["attn.dense.flop_eff"]["value"] == c0["attn.dense.flop_eff"]["value"]
+    assert all(c["source"]["kind"] == "extrapolated" for c in c1.values())
+    assert "kernel_table" not in h100 and "linear_table" not in h100
+    p = tmp_path / "h100.json"
+    p.write_text(json.dumps(h100))
+    assert load_profile(p).name == "h100-sxm"
+
+
+# ---- profile files and the CLI ---------------------------------------------------------------------------------
+def _doc():
+    return json.loads(open("granisim/profiles/h200.json").read())
+
+
+def test_form2_profile_needs_its_coefficients(tmp_path):
+    d = _doc()
+    del d["coefficients"]["attn.decode.program_s"]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="attn.decode.program_s.*required when attn.form = 2"):
+        load_profile(p)
+    d = _doc()
+    d["coefficients"]["attn.form"]["value"] = 3
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="attn.form.*must be 1 or 2"):
+        load_profile(p)
+    d = _doc()
+    d["kernel_table"]["file"] = "nope.csv"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="kernel_table.file.*nope.csv"):
+        load_profile(p)
+
+
+def test_profile_check_cli_one_line(tmp_path, capsys):
+    d = _doc()
+    d["coefficients"]["attn.dense.mem_eff"]["value"] = 1.5
+    p = tmp_path / "mine.json"
+    p.write_text(json.dumps(d))
+    assert main(["profile", "check", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "attn.dense.mem_eff" in err and "1.5" in err
+    assert main(["profile", "check", "granisim/profiles/h200.json"]) == 0
+    assert "valid profile 'h200'" in capsys.readouterr().out
+    assert main(["profile", "show", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "measured" in out and "kernel_table" in out
+
+
+def test_calibrate_fit_cli_writes_a_usable_profile(synthetic, tmp_path, capsys):
+    d, _, _ = synthetic
+    out = tmp_path / "mine.json"
+    assert main(["calibrate", "fit", str(d), "--out", str(out), "--folds", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "M_sat" in text and "decode" in text and str(out) in text
+    prof = load_profile(out)
+    assert prof["attn.form"] == 2 and prof.kernel_table is not None and prof.linear_table is not None
+    assert {c.source.kind for c in prof.coefficients.values()} == {"measured"}
+    plan = BatchPlan(step=0, policy="granikv", page_size=1, requests=(PlannedRequest(0, 300, 1, False),))
+    r = step_cost(plan, prof, LLAMA)
+    assert r.duration_s > 0 and math.isclose(sum(r.breakdown.values()), r.duration_s)
+    assert main(["calibrate", "fit", str(tmp_path / "absent"), "--out", str(out)]) == 2
+
+
+def test_calibrate_fit_cli_bad_raw_dir(tmp_path, capsys):
+    (tmp_path / "meta.json").write_text("{}")
+    (tmp_path / "linear.csv").write_text("a,b\n1,2\n")
+    assert main(["calibrate", "fit", str(tmp_path), "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "linear.csv" in err
+
+
+def test_measure_smoke(tmp_path):
+    """calibration.measure runs end to end on the CPU (Triton interpreter, tiny sizes)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure import main as measure
+
+    assert measure(["--smoke", "--only", "small", "--out", str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["smoke"] and "torch" in meta and not meta["errors"]
+    att = pd.read_csv(tmp_path / "attention.csv")
+    assert {"merge", "kv_write", "kv_copy"} <= set(att["family"]) and (att["median_us"] > 0).all()

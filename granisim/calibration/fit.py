@@ -190,6 +190,7 @@ def initial_values(base: dict, meta: dict) -> dict:
         v[f"attn.{p}.mem_eff"] = 0.8
     v["attn.dense.flop_eff"] = v["attn.cascade.flop_eff"] = v["attn.prefill.flop_eff"] = 0.5
     v["storage.page1_eff"] = v["storage.page16_eff"] = 0.8
+    v["attn.merge.mem_eff"] = v["kv.write_eff"] = v["kv.copy_eff"] = 0.8  # start values never come from `base`
     v["attn.prefill.page1_eff"] = v["attn.prefill.page16_eff"] = 0.8
     return v
 
@@ -458,8 +459,9 @@ def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5) -> FitResult
     values, lin, lerr = fit_linear(raw, values, model, seed, folds)
     errors.update(lerr)
     values["overhead.step_s"], how = step_overhead(raw)
-    ncen = int(lin["censored"].sum())
-    lerr["censored"] = {"rows": ncen, "families": sorted(set(lin.loc[lin["censored"], "family"]))}
+    errors["linear_censored"] = {"rows": int(lin["censored"].sum()), "of": int(len(lin)),
+                                 "families": sorted(set(lin.loc[lin["censored"], "family"])),
+                                 "host_floor_us": host_floor(raw)}
     small = att[att["family"].isin(["merge", "kv_write"])]
     values["overhead.kernel_launch_s"] = float(np.median([values["attn.merge.launch_s"], values["kv.write_launch_s"]]))
     res = pd.concat([att.assign(kind="attention")[["family", "storage", "G", "B", "L", "M_eff", "q_len", "T",

@@ -94,6 +94,8 @@ def residual_plot(res: FitResult, out) -> Path:
     import matplotlib.pyplot as plt
 
     r = res.residuals
+    if "censored" in r.columns:
+        r = r[r["censored"].fillna(False).astype(bool) == False]  # noqa: E712 (host-bound samples)
     fams = [f for f in ["decode", "cascade", "dense", "extend", "merge", "kv_write", "qkv_proj", "o_proj", "mlp_up",
                         "mlp_down", "lm_head", "norm"] if f in set(r["family"])]
     n = len(fams)

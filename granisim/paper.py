@@ -43,7 +43,7 @@ HOT_VALUES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, "adaptive")
 DISPATCH_LP = (256, 1024, 4096)
 TERMS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write", "kv_copy",
          "overhead")
-BEYOND = ("adaptive_hot", "dispatch", "msat", "tenancy")
+BEYOND = ("adaptive_hot", "dispatch", "dispatch_tenancy", "msat", "tenancy")
 
 
 def _points(num_requests: int) -> list[dict]:
@@ -66,7 +66,7 @@ def _points(num_requests: int) -> list[dict]:
     for lp in DISPATCH_LP:  # small L_p / large B
         pts.append({**LARGE_B, "workload.prefix_len": lp, "policy.name": "token"})
         pts += [{**LARGE_B, "workload.prefix_len": lp, "policy.dispatch": d}
-                for d in ("threshold", "cost", "cascade", "dense")]
+                for d in ("threshold", "cost", "auto", "cascade", "dense")]
     for k in (4, 16):  # hot_fraction sensitivity
         pts.append({"workload.roles": k, "policy.name": "token"})
         pts += [{"workload.roles": k, "policy.hot_fraction": h} for h in HOT_VALUES]
@@ -150,18 +150,25 @@ def claims(r: Results) -> list[dict]:
                              reading=(f"static HOT (20% = {int(0.2 * g1.kv_budget_tokens)} tokens) cannot hold the "
                                       f"prefix, so it is dead memory and the prefix sits in COLD: batch "
                                       f"{g1.mean_batch:.1f} vs {t1.mean_batch:.1f}, linear {g1.t_linear_s:.0f} vs "
-                                      f"{t1.t_linear_s:.0f} s; adaptive HOT gives HOT exactly the prefix")))
+                                      f"{t1.t_linear_s:.0f} s; adaptive HOT gives HOT exactly the prefix"
+                                      if 0.2 * g1.kv_budget_tokens < 16384 else
+                                      f"the prefix fits the static HOT share; the share beyond it "
+                                      f"({int(0.2 * g1.kv_budget_tokens) - 16384} tokens) is missing from COLD: batch "
+                                      f"{g1.mean_batch:.1f} vs {t1.mean_batch:.1f}; adaptive HOT "
+                                      f"{a1.mean_batch:.1f}")))
     g, t = r.get({"policy.dispatch": "cascade"}), r.get({"policy.name": "token"})
+    th = r.get({})
+    dense_share = th.dense_groups / max(1, th.dense_groups + th.cascade_groups)
     rows.append(dict(claim="multi-prefix (k = 4 roles, one 16K prompt each), llama-3.1-8b: storage alone "
                            "(granikv layout, dispatch forced to cascade) / token",
                      paper=f"{STORAGE_ALONE:.2f}x", paper_value=STORAGE_ALONE, ours=_ratio(g, t),
                      extra=f"with threshold dispatch {_ratio(r.get({}), t):.2f}x; dense forced "
                            f"{_ratio(r.get({'policy.dispatch': 'dense'}), t):.2f}x",
                      terms=_terms(g, t),
-                     reading=f"groups average {g.mean_group_size:.0f} requests (M_eff = {g.mean_group_size * r.G:.0f} "
-                             f"< M_sat = {int(g.m_sat)}), so threshold dispatch already takes cascade: storage alone "
-                             f"is all of granikv's gain here; token's attn_decode is {_share(t, 'attn_decode'):.0%} "
-                             f"of its time"))
+                     reading=f"groups average {g.mean_group_size:.0f} requests (M_eff ≈ {g.mean_group_size * r.G:.0f}; "
+                             f"M_sat = {int(th.m_sat)}): threshold dispatch takes dense in {dense_share:.0%} of group "
+                             f"steps, and storage alone keeps {(_ratio(g, t) - 1) / max(1e-9, _ratio(th, t) - 1):.0%} "
+                             f"of granikv's gain; token's attn_decode is {_share(t, 'attn_decode'):.0%} of its time"))
     for m in MODELS:
         c = {"model.name": m, "workload.kind": "control", "workload.prefix_len": 64}
         g, t = r.get({**c, "policy.name": "granikv"}), r.get({**c, "policy.name": "token"})
@@ -203,14 +210,14 @@ def claims(r: Results) -> list[dict]:
     for lp in DISPATCH_LP:
         c = {**LARGE_B, "workload.prefix_len": lp}
         t = r.get({**c, "policy.name": "token"})
-        res = {d: r.get({**c, "policy.dispatch": d}) for d in ("threshold", "cost", "cascade", "dense")}
+        res = {d: r.get({**c, "policy.dispatch": d}) for d in ("threshold", "cost", "auto", "cascade", "dense")}
         worst = min(("cascade", "dense"), key=lambda d: _ratio(res[d], t))
         rows.append(dict(claim=f"small L_p / large B (L_p = {lp}, one role, batch ~{res['threshold'].mean_batch:.0f}): "
                                f"granikv without dispatch (worst forced path: {worst}) / token",
                          paper=f"up to {DISPATCH_REGRESSION:.0%} regression", paper_value=1 - DISPATCH_REGRESSION,
                          ours=_ratio(res[worst], t),
                          extra="with dispatch: " + ", ".join(f"{d} {_ratio(res[d], t):.3f}x"
-                                                             for d in ("threshold", "cost"))
+                                                             for d in ("threshold", "cost", "auto"))
                                + f"; forced cascade {_ratio(res['cascade'], t):.3f}x, dense "
                                  f"{_ratio(res['dense'], t):.3f}x",
                          terms=_terms(res[worst], res["threshold"]),
@@ -304,27 +311,31 @@ def _beyond(name: str, df: pd.DataFrame, spec) -> dict:
                         "best_static_speedup": float(best.speedup), "adaptive_speedup": float(ad.speedup),
                         "adaptive_over_best": float(rel), "adaptive_hot_end": int(ad.hot_capacity_end)})
         wins = sum(x["adaptive_over_best"] >= 1 - 1e-9 for x in out)
-        return {"points": out, "matches_or_beats": wins, "of": len(out), "worst_shortfall": -worst}
-    if name == "dispatch":
+        return {"points": out, "matches_or_beats": wins, "of": len(out), "worst_shortfall": max(0.0, -worst)}
+    if name in ("dispatch", "dispatch_tenancy"):
         sp = add_speedup(df, spec.speedup, spec.varied)
+        axes = ["workload.prefix_len", "scheduler.max_running" if name == "dispatch" else "workload.roles"]
+        modes = [d for d in ("threshold", "cost", "auto", "cascade", "dense") if d in set(sp["policy.dispatch"])]
         out = []
-        for (lp, b), g in sp.groupby(["workload.prefix_len", "scheduler.max_running"]):
-            v = {d: float(g[g["policy.dispatch"] == d].speedup.iloc[0]) for d in g["policy.dispatch"]}
+        for (lp, b), g in sp.groupby(axes):
+            v = {d: float(g[g["policy.dispatch"] == d].speedup.iloc[0]) for d in modes}
             best = max(v.values())
-            out.append({"L_p": int(lp), "max_running": int(b), "mean_batch": float(g.mean_batch.mean()), **v,
-                        "threshold_vs_best": v["threshold"] / best, "cost_vs_best": v["cost"] / best})
-        return {"points": out,
-                "threshold_worst_vs_best": min(x["threshold_vs_best"] for x in out),
-                "cost_worst_vs_best": min(x["cost_vs_best"] for x in out),
-                "min_speedup": {d: min(x[d] for x in out) for d in ("threshold", "cost", "cascade", "dense")}}
+            out.append({"L_p": int(lp), "axis": int(b), "mean_batch": float(g.mean_batch.mean()), **v,
+                        **{f"{d}_vs_best": v[d] / best for d in ("threshold", "cost", "auto")}})
+        return {"axis": axes[1], "modes": modes, "points": out,
+                "worst_vs_best": {d: min(x[f"{d}_vs_best"] for x in out) for d in ("threshold", "cost", "auto")},
+                "min_speedup": {d: min(x[d] for x in out) for d in modes},
+                "points_below_token": {d: sum(x[d] < 0.995 for x in out) for d in modes}}
     if name == "msat":
         out = []
+        prof_msat = int(get_profile(spec.base.hardware.profile).m_sat)
         for lp, g in df.groupby("workload.prefix_len"):
             best = g.loc[g.throughput_rps.idxmax()]
-            at = g[g["policy.m_sat"] == 1024].iloc[0]
+            at = g.iloc[(g["policy.m_sat"] - prof_msat).abs().argsort().iloc[0]]
             out.append({"L_p": int(lp), "best_m_sat": int(best["policy.m_sat"]),
-                        "best_rps": float(best.throughput_rps), "m_sat_1024_rps": float(at.throughput_rps),
-                        "loss_at_1024": float(1 - at.throughput_rps / best.throughput_rps)})
+                        "best_rps": float(best.throughput_rps), "profile_m_sat": prof_msat,
+                        "nearest_grid_m_sat": int(at["policy.m_sat"]), "profile_m_sat_rps": float(at.throughput_rps),
+                        "loss_at_profile_m_sat": float(1 - at.throughput_rps / best.throughput_rps)})
         return {"points": out}
     if name == "tenancy":
         out = []
@@ -348,20 +359,28 @@ def _beyond_md(name: str, s: dict, folder: str) -> str:
                 f"**{s['matches_or_beats']} of {s['of']}** (k, L_p) points; worst shortfall "
                 f"{s['worst_shortfall']:.2%}.\n\n| k | L_p | best static | its speedup | adaptive | adaptive / best "
                 f"| HOT tokens at end |\n| --- | --- | --- | --- | --- | --- | --- |\n{rows}\n")
-    if name == "dispatch":
-        rows = "\n".join(f"| {x['L_p']} | {x['max_running']} ({x['mean_batch']:.0f}) | {x['threshold']:.3f} | "
-                         f"{x['cost']:.3f} | {x['cascade']:.3f} | {x['dense']:.3f} |" for x in s["points"])
-        return (f"**Dispatch: cost model vs the M_sat threshold** (`sweeps/dispatch.toml`; `{folder}/`): speedup "
-                f"over token; worst threshold / best-path {s['threshold_worst_vs_best']:.4f}, worst cost / "
-                f"best-path {s['cost_worst_vs_best']:.4f}; lowest speedup over token: "
-                + ", ".join(f"{d} {v:.3f}x" for d, v in s["min_speedup"].items())
-                + f".\n\n| L_p | max_running (mean batch) | threshold | cost | cascade forced | dense forced |\n"
-                  f"| --- | --- | --- | --- | --- | --- |\n{rows}\n")
+    if name in ("dispatch", "dispatch_tenancy"):
+        modes = s["modes"]
+        label = "max_running (mean batch)" if name == "dispatch" else "k (mean batch)"
+        rows = "\n".join(f"| {x['L_p']} | {x['axis']} ({x['mean_batch']:.0f}) | "
+                         + " | ".join(f"{x[d]:.3f}" for d in modes) + " |" for x in s["points"])
+        what = ("one role, group size set by max_running" if name == "dispatch" else
+                "k roles, default batch limits: many small groups")
+        return (f"**Dispatch: cost model vs the M_sat threshold, {what}** (`sweeps/{name}.toml`; `{folder}/`): "
+                f"speedup over token. Worst / best mode per point: "
+                + ", ".join(f"{d} {v:.4f}" for d, v in s["worst_vs_best"].items())
+                + "; lowest speedup over token: " + ", ".join(f"{d} {v:.3f}x" for d, v in s["min_speedup"].items())
+                + "; points below token (< 0.995x): " + ", ".join(f"{d} {v}" for d, v in
+                                                                  s["points_below_token"].items())
+                + f".\n\n| L_p | {label} | " + " | ".join(modes) + " |\n| --- | --- | "
+                + " | ".join("---" for _ in modes) + f" |\n{rows}\n")
     if name == "msat":
-        rows = "\n".join(f"| {x['L_p']} | {x['best_m_sat']} | {x['best_rps']:.3f} | {x['m_sat_1024_rps']:.3f} | "
-                         f"{x['loss_at_1024']:.2%} |" for x in s["points"])
-        return (f"**Throughput over M_sat** (`sweeps/msat.toml`; `{folder}/`):\n\n| L_p | best M_sat | its req/s | "
-                f"req/s at 1024 | loss at 1024 |\n| --- | --- | --- | --- | --- |\n{rows}\n")
+        rows = "\n".join(f"| {x['L_p']} | {x['best_m_sat']} | {x['best_rps']:.3f} | {x['nearest_grid_m_sat']} | "
+                         f"{x['profile_m_sat_rps']:.3f} | {x['loss_at_profile_m_sat']:.2%} |" for x in s["points"])
+        pm = s["points"][0]["profile_m_sat"] if s["points"] else "?"
+        return (f"**Throughput over M_sat** (`sweeps/msat.toml`, threshold dispatch, one role, batch ~600; "
+                f"`{folder}/`; the profile's M_sat is {pm}):\n\n| L_p | best M_sat | its req/s | grid M_sat nearest "
+                f"the profile's | its req/s | loss |\n| --- | --- | --- | --- | --- | --- |\n{rows}\n")
     if name == "tenancy":
         rows = "\n".join(f"| {x['k']} | {x['policy']} | {x['fcfs_rps']:.3f} | {x['prefix_rps']:.3f} | "
                          f"{x['prefix_rps'] / x['fcfs_rps']:.2f}x | {x['fcfs_hit']:.2f} → {x['prefix_hit']:.2f} |"
@@ -409,24 +428,21 @@ def run_paper(out: Path, profiles: list[str], num_requests: int = 400, rate: flo
         report["profiles"][prof] = {"rows": rows, "measured_coefficients": measured, "points": len(spec.points)}
         md.append(f"## {prof}\n\nProfile `{prof}`: {status}. Key coefficients: {_coeffs(prof)}.\n\n"
                   + _md_table(rows) + f"\n\n![{prof}]({prof}.png)\n")
-    if beyond:
-        first = profiles[0]
-        md.append(f"## Beyond the paper ({first})\n")
-        report["beyond"] = {}
-        root = Path(__file__).resolve().parent.parent / "sweeps"
+    report["beyond"] = {}
+    root = Path(__file__).resolve().parent.parent / "sweeps"
+    for prof in (profiles if beyond else []):
+        md.append(f"## Beyond the paper ({prof})\n")
+        report["beyond"][prof] = {}
         for name in BEYOND:
-            spec = load_sweep(root / f"{name}.toml")
-            if spec.base.hardware.profile != first:
-                spec = sweep_from_dict({**_raw(root / f"{name}.toml"),
-                                        "set": {**_raw(root / f"{name}.toml").get("set", {}),
-                                                "hardware.profile": first}},
-                                       str(root / f"{name}.toml"), root / f"{name}.toml")
-            folder = out / "beyond" / name
+            path = root / f"{name}.toml"
+            raw = _raw(path)
+            spec = sweep_from_dict({**raw, "set": {**raw.get("set", {}), "hardware.profile": prof}}, str(path), path)
+            folder = out / "beyond" / prof / name
             df = run_sweep(spec, folder, workers=workers, ray_address=ray)
             df.drop(columns=["scenario"]).to_csv(folder / "results.csv", index=False)
             write_plots(spec, df, folder)
             s = _beyond(name, df, spec)
-            report["beyond"][name] = s
+            report["beyond"][prof][name] = s
             rel = folder.relative_to(out) if folder.is_relative_to(out) else folder
             md.append(_beyond_md(name, s, str(rel)))
             md.append("".join(f"![{p.name}]({rel}/{p.name})\n" for p in sorted(folder.glob("*.png"))) + "\n")

@@ -40,8 +40,9 @@ class PolicyCfg(_Strict):
     hot_fraction: float | Literal["adaptive"] = 0.2  # in [0, 1], or "adaptive" (boundary follows demand)
     page_size: int = Field(16, ge=1)  # for `paged` without a number
     m_sat: int | None = Field(None, ge=1)  # dense when M_eff >= m_sat; default: the profile's
-    # threshold (the m_sat rule) | cost (cost model picks) | cascade / dense: forced (dense needs a slab)
-    dispatch: Literal["threshold", "cost", "cascade", "dense"] = "threshold"
+    # threshold (the m_sat rule) | cost (cost model picks dense or cascade) | auto (cost model picks dense,
+    # cascade or no prefix pass) | cascade / dense: forced (dense needs a slab)
+    dispatch: Literal["threshold", "cost", "auto", "cascade", "dense"] = "threshold"
 
     @field_validator("hot_fraction", mode="before")
     @classmethod

@@ -41,8 +41,8 @@ class Scheduler:
     def __init__(self, cfg, allocator: KVAllocator, *, group_size: int, m_sat: int,
                  dispatch: str = "threshold", path_chooser: PathChooser | None = None,
                  needs_layouts: bool = False):
-        if dispatch == "cost" and path_chooser is None:
-            raise ValueError("dispatch = 'cost' needs a path_chooser (the cost model)")
+        if dispatch in ("cost", "auto") and path_chooser is None:
+            raise ValueError(f"dispatch = {dispatch!r} needs a path_chooser (the cost model)")
         self.cfg = cfg
         self.alloc = allocator
         self.G = group_size
@@ -232,7 +232,10 @@ class Scheduler:
             if len(idx) < 2:
                 continue  # a lone request gains nothing from a prefix pass
             prefix_len, storage = info[key]
-            path = self._path(prefix_len, len(idx), storage)
+            private = 0
+            if self.dispatch == "auto":  # members' own tokens, on average (the chooser weighs re-reading)
+                private = sum(work[i][0].computed for i in idx) // len(idx) - prefix_len
+            path = self._path(prefix_len, len(idx), storage, private)
             for i in idx:
                 group_of[i] = len(groups)
             groups.append(PrefixGroup(key, prefix_len, storage, path, tuple(idx), len(idx) * self.G))
@@ -249,9 +252,12 @@ class Scheduler:
         return BatchPlan(self.step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
                          tuple(alloc.take_copies()))
 
-    def _path(self, prefix_len: int, b: int, storage: str) -> str:
+    def _path(self, prefix_len: int, b: int, storage: str, private: int = 0) -> str:
         if self.alloc.policy != "granikv":
             return "paged"
+        if self.dispatch == "auto":  # cost model: dense, cascade, or no prefix pass ('paged')
+            path = self.path_chooser(prefix_len, b, storage, private)
+            return path if storage == "slab" or path != "dense" else "cascade"
         if self.dispatch == "cost":
             path = self.path_chooser(prefix_len, b, storage)
             return path if storage == "slab" or path != "dense" else "cascade"

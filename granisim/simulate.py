@@ -63,6 +63,11 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
 
         def chooser(prefix_len: int, b: int, storage: str) -> str:
             return cheaper_path(profile, model, prefix_len, b, storage)
+    elif scenario.policy.dispatch == "auto":
+        from granisim.dispatch import cheapest_group_path
+
+        def chooser(prefix_len: int, b: int, storage: str, private_len: int = 0) -> str:
+            return cheapest_group_path(profile, model, prefix_len, b, storage, private_len)
     return Setup(scenario, model, profile, budget, m_sat, trace, chooser)
 
 

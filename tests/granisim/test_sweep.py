@@ -30,7 +30,7 @@ max_output_len = 32
 SMALL = "name = 'small'\n" + BASE.format(n=16) + """
 [[grid]]
 "policy.name" = ["granikv"]
-"policy.hot_fraction" = [0.1, 0.4]
+"policy.hot_fraction" = [0.1, 0.4, "adaptive"]
 "workload.roles" = [1, 3]
 [[grid]]
 "policy.name" = ["token"]
@@ -54,7 +54,7 @@ def _stable(df):
 
 def test_grid_union_listed_points_and_ids(tmp_path):
     spec = load_sweep(_sweep(tmp_path, SMALL))
-    assert len(spec.points) == 6 and spec.varied == ["policy.name", "policy.hot_fraction", "workload.roles"]
+    assert len(spec.points) == 8 and spec.varied == ["policy.name", "policy.hot_fraction", "workload.roles"]
     again = load_sweep(_sweep(tmp_path, SMALL, "other_name.toml"))
     assert [p.pid for p in again.points] == [p.pid for p in spec.points]  # ids depend on the scenario only
     text = "name='x'\n" + BASE.format(n=8) + """
@@ -82,7 +82,7 @@ def test_local_processes_and_ray_give_identical_results(tmp_path):
         on_ray = run_sweep(spec, tmp_path / "ray", ray_address="local", progress=False)
     finally:
         ray.shutdown()
-    assert len(local) == len(on_ray) == 6
+    assert len(local) == len(on_ray) == 8  # (adaptive HOT included: same results in other processes)
     pd.testing.assert_frame_equal(_stable(local), _stable(on_ray))
     assert (local.completed == 16).all()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from granisim.costmodel import ELEMENTWISE_FAMILIES, GEMM_FAMILIES, fit_roofline, roofline_time, op_work, Dims
+from granisim.costmodel import GEMM_FAMILIES, fit_roofline, roofline_time, op_work, Dims
 from granisim.hardware import OPTIONAL_COEFFICIENTS
 from granisim.models import ModelShape, get_model
 

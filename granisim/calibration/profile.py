@@ -7,10 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from granisim.hardware import COEFFICIENTS, FORM2_COEFFICIENTS, OPTIONAL_COEFFICIENTS, SCHEMA
+from granisim.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, SCHEMA
+from granisim.models import get_model
 
 from .fit import DISCRETE, FAMILY_PARAMS, KERNEL_RULES, FitResult
 from .raw import Raw, unit_of
@@ -93,10 +91,6 @@ def profile_doc(raw: Raw, res: FitResult, *, name: str, command: str, table_pref
         if note:
             s["note"] = note
         return s
-
-    dims = {"hidden": 4096, "n_q_heads": 32, "n_kv_heads": 8, "head_dim": 128, "intermediate": 14336,
-            "vocab": 128256, "dtype_bytes": 2}
-    from granisim.models import get_model
 
     mod = get_model(m.get("model", "llama-3.1-8b"))
     dims = {k: int(getattr(mod, k)) for k in DIMS_KEYS}

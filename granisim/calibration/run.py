@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from granisim.hardware import get_profile, load_profile
 from granisim.models import get_model

@@ -86,8 +86,12 @@ def validate_all(args) -> None:
 
     t0 = time.time()
     for name, extra in VALIDATION.items():
+        if args.only and name not in args.only:
+            continue
         if _done(f"validation_{name}", args.out, args.done) or time.time() - t0 > args.budget_s:
             continue
+        extra = {**extra, "workload": {**extra["workload"], "num_requests": min(extra["workload"]["num_requests"],
+                                                                                args.requests)}}
         setup = prepare(_scenario(extra, args.profile))
         rep = validate(setup, _gpu_executor(setup, "cuda"), args.out / name, progress=False)
         (args.out / f"validation_{name}.json").write_text(json.dumps(rep, indent=2))
@@ -101,7 +105,7 @@ def main() -> None:
     ap.add_argument("--done", type=Path)
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--profile", default="h200")
-    ap.add_argument("--only", nargs="*", help="speedup points as LP,K (default: the whole grid)")
+    ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
     ap.add_argument("--requests", type=int, default=64)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

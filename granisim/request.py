@@ -14,7 +14,7 @@ class Request:
     have K/V in the cache (the last sampled token is fed in the next decode step)."""
 
     __slots__ = ("spec", "rid", "tokens", "n_tokens", "prompt_len", "computed", "generated", "admitted_s",
-                 "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding", "prefix_cached")
+                 "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding", "prefix_cached", "group")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
@@ -33,6 +33,7 @@ class Request:
         self.admit_order = 0
         self.decoding = False  # all held tokens but the last sampled one have K/V
         self.prefix_cached = False  # its declared shared prefix is in the radix index
+        self.group: tuple[int, int, str] | None = None  # the allocator's prefix group, while running
 
     @property
     def remaining_output(self) -> int:

@@ -186,6 +186,7 @@ class Scheduler:
             elif self.running:
                 return False
         r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len)
+        r.group = self.alloc.prefix_group(r.rid)  # changes only when its prefix is cached (postprocess)
         if r.admitted_s is None:
             r.admitted_s = now
             r.cached_at_admit = r.computed
@@ -223,7 +224,7 @@ class Scheduler:
         info: dict[int, tuple[int, str]] = {}
         for i, (r, n, _) in enumerate(work):
             if r.decoding:
-                g = alloc.prefix_group(r.rid)
+                g = r.group
                 if g is not None:
                     members.setdefault(g[0], []).append(i)
                     info[g[0]] = (g[1], g[2])
@@ -292,13 +293,18 @@ class Scheduler:
     def postprocess(self, plan: BatchPlan, result: StepResult, now: float, steps: int = 1) -> list[Request]:
         """Apply a step's results; returns the requests that finished."""
         done = []
-        for p in plan.requests:
+        if steps > 1:  # the stand-in tokens of every request for all steps, in one array op
+            rs = [self.running[p.rid] for p in plan.requests]
+            base = np.array([r.rid * 7919 + r.generated * 104729 + 17 for r in rs], dtype=np.int64)
+            block = (base[:, None] + np.arange(steps, dtype=np.int64) * 104729) % VOCAB
+        for i, p in enumerate(plan.requests):
             r = self.running[p.rid]
             r.computed += p.num_new
             sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
             r.computed += steps - 1  # fast-forward: decode only, one token per step
             if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:
                 self.alloc.cache_prefix(r.rid, r.tokens[: r.spec.shared_len])
+                r.group = self.alloc.prefix_group(r.rid)
                 r.prefix_cached = True
                 key = (r.spec.role, r.spec.shared_len)
                 if self._prefix_owner.get(key) == r.rid:
@@ -308,7 +314,7 @@ class Scheduler:
             if steps == 1:
                 r.append_one(self._sampled_one(r, result))
             else:
-                r.append(self._sampled(r, steps))
+                r.append(block[i])
             r.decoding = True
             if r.first_token_s is None:
                 r.first_token_s = now
@@ -317,17 +323,13 @@ class Scheduler:
                 done.append(r)
         return done
 
-    # The simulator's stand-in for sampling: deterministic per request and position.
+    # The simulator's stand-in for sampling: deterministic per request and position (the
+    # fast-forward block in postprocess computes the same formula for many steps at once).
     @staticmethod
     def _sampled_one(r: Request, result: StepResult) -> int:
         if result.next_tokens is not None:
             return int(result.next_tokens[r.rid])
         return (r.rid * 7919 + r.generated * 104729 + 17) % VOCAB
-
-    @staticmethod
-    def _sampled(r: Request, steps: int) -> np.ndarray:
-        pos = r.generated + np.arange(steps, dtype=np.int64)
-        return (r.rid * 7919 + pos * 104729 + 17) % VOCAB
 
     def _finish(self, r: Request, now: float) -> None:
         self.alloc.release(r.rid, r.tokens[: r.computed])

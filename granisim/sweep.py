@@ -171,7 +171,10 @@ def _check_reachable(address: str) -> None:
 
 
 def _run_ray(todo, done, workers: int, address: str) -> None:
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'granikv[cluster]' (or ray>=2.9)") from None
 
     started = False
     if not ray.is_initialized():

@@ -296,7 +296,12 @@ class KVAllocator:
                                     f"{self.store.free} free")
         block = self.store.pool.allocate(total).reshape(len(seqs), n)
         for q, row in zip(seqs, block):
-            q.push(row)
+            hi = q._hi
+            if hi + n <= q._buf.size:  # push() inlined: this loop runs for every decode step
+                q._buf[hi : hi + n] = row
+                q._hi = hi + n
+            else:
+                q.push(row)
             q.n_new += n
         return list(block)
 

@@ -109,16 +109,17 @@ class Engine:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            steps = 1
-            if ex.max_steps_per_plan > 1:
-                steps = min(sched.fast_forward_limit(plan), ex.max_steps_per_plan)
+            steps = min(sched.fast_forward_limit(plan), ex.max_steps_per_plan) if ex.max_steps_per_plan > 1 else 1
+            result = None
             if steps > 1:
-                durations = ex.execute(dataclasses.replace(plan, num_steps=steps)).step_durations
-                steps = self._steps_until_event(durations, steps)
+                block = ex.execute(dataclasses.replace(plan, num_steps=steps))
+                cut = self._steps_until_event(block.step_durations, steps)
+                result = block if cut == steps else None  # a block cut short by an event is priced again
+                steps = cut
             if steps > 1:
                 sched.extend_plan(plan, steps)
                 plan = dataclasses.replace(plan, num_steps=steps)
-            result = ex.execute(plan)
+            result = result or ex.execute(plan)
             start = env.now
             yield env.timeout(result.duration_s)
             done = sched.postprocess(plan, result, env.now, steps)

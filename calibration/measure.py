@@ -377,12 +377,14 @@ def _launch_params(kind, run, G, B, Lkv, n_q):
 def _attn_grid(run):
     if run.args.smoke:
         return dict(dec_L=[40, 300], dec_B=[1, 3], pre_L=[100, 600], pre_B=[1, 2, 40], pre_B_small=[1, 40],
-                    pre_L_store=[300], G5_L=[300], G5_B=[1, 8])
-    return dict(dec_L=[16, 64, 256, 1024, 4096, 16384], dec_B=[1, 4, 16, 64, 256],
+                    pre_L_store=[300], G5_L=[300], G5_B=[1, 8], G5_dec_B=[1])
+    # decode: 2x-spaced L and B (the first H200 run's 4x grid could not interpolate the latency-bound
+    # and many-program regimes: decode held out 7.0%/25.6%)
+    return dict(dec_L=[16 * 2**i for i in range(11)], dec_B=[2**i for i in range(9)],
                 pre_L=[1024, 4096, 16384, 32768],
                 pre_B=[1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024],
                 pre_B_small=[1, 4, 16, 64, 256, 1024], pre_L_store=[1024, 4096, 16384, 32768],
-                G5_L=[4096, 16384], G5_B=[1, 4, 16, 64, 256, 1024])
+                G5_L=[4096, 16384], G5_B=[1, 4, 16, 64, 256, 1024], G5_dec_B=[1, 4, 16, 64, 256])
 
 
 def _nq_for(run, G):
@@ -395,7 +397,7 @@ def s_decode(run):
     n_kv, d = m.n_kv_heads, m.head_dim
     gr = _attn_grid(run)
     pts = [(st, m.group_size, Lk, B) for st in ("slots", "pages16", "slab") for Lk in gr["dec_L"] for B in gr["dec_B"]]
-    pts += [("slots", 5, Lk, B) for Lk in gr["G5_L"] for B in gr["dec_B"][::2]]
+    pts += [("slots", 5, Lk, B) for Lk in gr["G5_L"] for B in gr["G5_dec_B"]]
     for st, G, Lk, B in pts:
         if run.out_of_time("decode"):
             return
@@ -507,7 +509,9 @@ def s_small(run):
     pool, m = run.pool, run.model
     n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
     dt = run.dtype
-    Ts = [1, 4, 16, 64, 256, 1024, 4096, 16384] if not run.args.smoke else [1, 5, 33]
+    # 2x-spaced token counts (the first H200 run's 4x grid left merge / KV write held-out points as
+    # extrapolations over a 4x gap)
+    Ts = [2**i for i in range(15)] if not run.args.smoke else [1, 5, 33]
     for n_q in sorted({n_kv * G, n_kv * 5}):
         for T in Ts:
             if run.out_of_time("small"):
@@ -545,7 +549,7 @@ def s_small(run):
         run.row("attention.csv", ATTN_FIELDS, r)
         _print_attn(r)
     # KV copy (compaction): T tokens from random slots to a contiguous run, K and V (torch index ops)
-    for T in (Ts if run.args.smoke else [16, 256, 4096, 65536]):
+    for T in (Ts if run.args.smoke else [16 * 2**i for i in range(13)]):  # 16 .. 64K, 2x apart
         if run.out_of_time("small"):
             return
         by = 2 * 2 * T * n_kv * d * 2

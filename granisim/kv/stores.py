@@ -14,12 +14,14 @@ from granisim.kv.cold_pool import ColdPool
 from granisim.kv.paged_pool import PagedPool
 
 
-class TokenStore:
-    page_size = 1
+class _Store:
+    """What both stores share: the pool they draw from, its capacity and free tokens."""
 
-    def __init__(self, pool: ColdPool):
+    name: str
+    page_size: int
+
+    def __init__(self, pool):
         self.pool = pool
-        self.name = pool.name
 
     @property
     def capacity(self) -> int:
@@ -28,6 +30,14 @@ class TokenStore:
     @property
     def free(self) -> int:
         return self.pool.free
+
+
+class TokenStore(_Store):
+    page_size = 1
+
+    def __init__(self, pool: ColdPool):
+        super().__init__(pool)
+        self.name = pool.name
 
     def need(self, spare: int, n: int) -> int:
         """Pool tokens consumed to add ``n`` tokens when ``spare`` reserved slots are unused."""
@@ -40,19 +50,11 @@ class TokenStore:
         self.pool.free_slots(slots)
 
 
-class PageStore:
+class PageStore(_Store):
     def __init__(self, pool: PagedPool):
-        self.pool = pool
+        super().__init__(pool)
         self.name = "paged"
         self.page_size = pool.page_size
-
-    @property
-    def capacity(self) -> int:
-        return self.pool.capacity
-
-    @property
-    def free(self) -> int:
-        return self.pool.free
 
     def need(self, spare: int, n: int) -> int:
         extra = max(0, n - spare)

@@ -19,12 +19,13 @@ def _demo_scenario() -> tuple[Scenario, str]:
         return load_scenario(p), str(p)
 
 
-def _run_one(scenario: Scenario, source: str, out: Path, progress: bool = True) -> dict:
+def _run_one(scenario: Scenario, source: str, out: Path, progress: bool = True, device: str | None = None) -> dict:
+    """Simulate (or, with ``device``, run on the real engine) one scenario and write its outputs."""
     from granisim.simulate import prepare, simulate, write_outputs
 
     setup = prepare(scenario, source)
-    result = simulate(setup, progress=progress)
-    return write_outputs(setup, result, out)
+    executor = _gpu_executor(setup, device) if device else None
+    return write_outputs(setup, simulate(setup, executor, progress=progress), out)
 
 
 def _table(rows: dict[str, dict]) -> str:
@@ -59,13 +60,9 @@ def _gpu_executor(setup, device: str):
 
 
 def cmd_run(args) -> int:
-    from granisim.simulate import prepare, simulate, write_outputs
-
     scenario = load_scenario(args.scenario)
     out = Path(args.out or f"out/{scenario.name}")
-    setup = prepare(scenario, args.scenario)
-    executor = _gpu_executor(setup, args.device) if args.executor == "gpu" else None
-    summary = write_outputs(setup, simulate(setup, executor), out)
+    summary = _run_one(scenario, args.scenario, out, device=args.device if args.executor == "gpu" else None)
     print(_table({scenario.policy.name: summary}))
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
     return 0
@@ -320,10 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except ScenarioError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # profile files and other user input
+    except ValueError as err:  # ScenarioError, ProfileError and other user input: one line, exit 2
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -420,30 +420,31 @@ def load_profile(path: str | Path) -> HardwareProfile:
     table = None
     if m.linear_table is not None:
         t = m.linear_table
-        for k in _TABLE_MODEL_KEYS:
-            if k not in t.model:
-                raise _fail(path, f"linear_table.model.{k}", "(missing)", "required")
-            if t.model[k] < 1:
-                raise _fail(path, f"linear_table.model.{k}", t.model[k], "must be >= 1")
-        tpath = next((p for p in (path.parent / t.file, DATA_DIR / t.file) if p.is_file()), None)
-        if tpath is None:
-            raise _fail(path, "linear_table.file", t.file, f"not found next to the profile or in {DATA_DIR}")
+        tpath = _table_file(path, "linear_table", t)
         ns, ops = _read_table(path, tpath)
         table = LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
                             MappingProxyType(ops))
     ktable = None
     if m.kernel_table is not None:
         t = m.kernel_table
-        for k in _TABLE_MODEL_KEYS:
-            if k not in t.model:
-                raise _fail(path, f"kernel_table.model.{k}", "(missing)", "required")
         if coefs.get("attn.form") is None or coefs["attn.form"].value != 2:
             raise _fail(path, "kernel_table", t.file, "needs coefficients.attn.form = 2")
-        tpath = next((p for p in (path.parent / t.file, DATA_DIR / t.file) if p.is_file()), None)
-        if tpath is None:
-            raise _fail(path, "kernel_table.file", t.file, f"not found next to the profile or in {DATA_DIR}")
+        tpath = _table_file(path, "kernel_table", t)
         ktable = KernelTable(tpath, MappingProxyType(dict(t.model)), _source(t.source), _read_kernel_table(path, tpath))
     return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable)
+
+
+def _table_file(path: Path, field: str, t) -> Path:
+    """Check a table's model shape and find its CSV (next to the profile, then in granisim/data)."""
+    for k in _TABLE_MODEL_KEYS:
+        if k not in t.model:
+            raise _fail(path, f"{field}.model.{k}", "(missing)", "required")
+        if t.model[k] < 1:
+            raise _fail(path, f"{field}.model.{k}", t.model[k], "must be >= 1")
+    tpath = next((p for p in (path.parent / t.file, DATA_DIR / t.file) if p.is_file()), None)
+    if tpath is None:
+        raise _fail(path, f"{field}.file", t.file, f"not found next to the profile or in {DATA_DIR}")
+    return tpath
 
 
 def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:

@@ -37,13 +37,10 @@ class StepLog:
         c["groups_cascade"].append(paths.count("cascade"))
         c["groups_paged"].append(paths.count("paged"))
         c["copies"].append(sum(x.length for x in plan.copies))
-        n = allocator._n
-        c["hit_rate"].append(n["hit_tokens"] / n["lookup_tokens"] if n["lookup_tokens"] else 0.0)
-        c["evictions"].append(n["evictions"])
-        radix = allocator.radix
-        for name, pool in allocator.pools().items():
-            cached = radix.evictable.get(name, 0)
-            self.pool_cols.setdefault(f"{name}_used", []).append(pool.capacity - pool.free - cached)
+        c["hit_rate"].append(allocator.hit_rate)
+        c["evictions"].append(allocator.evictions)
+        for name, (used, cached) in allocator.occupancy().items():
+            self.pool_cols.setdefault(f"{name}_used", []).append(used)
             self.pool_cols.setdefault(f"{name}_cached", []).append(cached)
         for k in BREAKDOWN_KEYS:
             self.breakdown[k].append(result.breakdown.get(k, 0.0))

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
-def _cdf(ax, values, label):
+def plot_cdf(ax, values, label):
     v = np.sort(np.asarray(values, float)[~np.isnan(values)])
     if v.size:
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
@@ -23,7 +23,7 @@ def plot_run(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = ""
     done = reqs[reqs.status == "completed"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, col, name in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "E2E")):
-        _cdf(ax, done[col].to_numpy(), name)
+        plot_cdf(ax, done[col].to_numpy(), name)
         ax.set_xscale("log")
         ax.set_xlabel(f"{name} (s)")
         ax.set_ylabel("CDF")
@@ -76,8 +76,8 @@ def plot_compare(summaries: dict[str, dict], reqs: dict[str, pd.DataFrame], out:
     axes[0].set_ylabel("throughput (req/s)")
     for n in names:
         done = reqs[n][reqs[n].status == "completed"]
-        _cdf(axes[1], done.ttft_s.to_numpy(), n)
-        _cdf(axes[2], done.tpot_s.to_numpy(), n)
+        plot_cdf(axes[1], done.ttft_s.to_numpy(), n)
+        plot_cdf(axes[2], done.tpot_s.to_numpy(), n)
     for ax, lab in ((axes[1], "TTFT (s)"), (axes[2], "TPOT (s)")):
         ax.set_xscale("log")
         ax.set_xlabel(lab)

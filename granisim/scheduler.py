@@ -126,7 +126,7 @@ class Scheduler:
                     work.append((r, n, alloc.extend(r.rid, n)))
                     budget -= n
         # (3) admissions
-        if getattr(cfg, "admission", "fcfs") == "prefix" and len(self.waiting) > 1:
+        if cfg.admission == "prefix" and len(self.waiting) > 1:
             self._group_by_prefix(now)
         skipped: list[Request] = []
         reserve = self._outstanding() if self.waiting else 0

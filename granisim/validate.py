@@ -118,12 +118,7 @@ def _markdown(r: dict) -> str:
 
 
 def _plots(steps: pd.DataFrame, measured, simulated, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from granisim.report import _cdf
+    from granisim.report import plot_cdf, plt  # report sets the Agg backend
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     a1.scatter(steps.measured_s * 1e3, steps.predicted_s * 1e3, s=6, alpha=0.6)
@@ -135,8 +130,8 @@ def _plots(steps: pd.DataFrame, measured, simulated, out: Path) -> None:
     mreq, sreq = requests_frame(measured.records), requests_frame(simulated.records)
     for df, name in ((mreq, "measured"), (sreq, "predicted")):
         done = df[df.status == "completed"]
-        _cdf(a2, done.tpot_s.to_numpy(), f"TPOT {name}")
-        _cdf(a2, done.ttft_s.to_numpy(), f"TTFT {name}")
+        plot_cdf(a2, done.tpot_s.to_numpy(), f"TPOT {name}")
+        plot_cdf(a2, done.ttft_s.to_numpy(), f"TTFT {name}")
     a2.set_xscale("log")
     a2.set_xlabel("seconds")
     a2.set_ylabel("CDF")

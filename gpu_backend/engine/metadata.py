@@ -21,19 +21,21 @@ def _i32(a, device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)
 
 
-def _csr(seqs: list[np.ndarray], device) -> L.SlotLists:
-    ptr = np.zeros(len(seqs) + 1, np.int64)
-    ptr[1:] = np.cumsum([s.size for s in seqs])
+def _packed(seqs: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR (indptr, indices) of a list of id arrays."""
+    ptr = np.concatenate([[0], np.cumsum([s.size for s in seqs])])
     idx = np.concatenate(seqs) if seqs else np.empty(0, np.int64)
-    return L.SlotLists(_i32(ptr, device), _i32(idx, device))
+    return _i32(ptr, device), _i32(idx, device)
+
+
+def _csr(seqs: list[np.ndarray], device) -> L.SlotLists:
+    return L.SlotLists(*_packed(seqs, device))
 
 
 def _pages(seqs: list[np.ndarray], page: int, device) -> L.PageTable:
-    pages = [s[::page] // page for s in seqs]
-    ptr = np.zeros(len(seqs) + 1, np.int64)
-    ptr[1:] = np.cumsum([p.size for p in pages])
-    idx = np.concatenate(pages) if pages else np.empty(0, np.int64)
-    return L.PageTable(_i32(ptr, device), _i32(idx, device), _i32([s.size for s in seqs], device), page)
+    # page-aligned runs: the first slot of every page names the page
+    ptr, idx = _packed([s[::page] // page for s in seqs], device)
+    return L.PageTable(ptr, idx, _i32([s.size for s in seqs], device), page)
 
 
 @dataclass

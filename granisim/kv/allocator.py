@@ -570,12 +570,28 @@ class KVAllocator:
             out["hot"] = self.hot
         return out
 
-    def stats(self) -> AllocatorStats:
-        pools = {}
+    def occupancy(self) -> dict[str, tuple[int, int]]:
+        """(used, cached) tokens per pool — the cheap part of :meth:`stats`, for per-step logs."""
+        out = {}
         for name, pool in self.pools().items():
             cached = self.radix.evictable.get(name, 0)
+            out[name] = (pool.capacity - pool.free - cached, cached)
+        return out
+
+    @property
+    def hit_rate(self) -> float:
+        n = self._n
+        return n["hit_tokens"] / n["lookup_tokens"] if n["lookup_tokens"] else 0.0
+
+    @property
+    def evictions(self) -> int:
+        return self._n["evictions"]
+
+    def stats(self) -> AllocatorStats:
+        pools, objs = {}, self.pools()
+        for name, (used, cached) in self.occupancy().items():
+            pool = objs[name]
             free = pool.free
-            used = pool.capacity - free - cached
             if name == "hot":
                 frag = pool.external_fragmentation()
             elif self.page_size > 1:

@@ -45,7 +45,7 @@ def _table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def _gpu_executor(setup, device: str):
+def _gpu_executor(setup, device: str, **options):
     """The real engine's executor (gpu_backend); a clear error where torch or a GPU is missing."""
     try:
         import torch
@@ -56,7 +56,7 @@ def _gpu_executor(setup, device: str):
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
                             "for a tiny model)")
-    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed)
+    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed, **options)
 
 
 def cmd_run(args) -> int:

@@ -65,7 +65,7 @@ def speedup(args) -> None:
     grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
     for lp, k in grid:
         for pol in POLICIES:
-            name = f"speedup_lp{lp}_k{k}_{pol}"
+            name = f"speedup_lp{lp}_k{k}_{pol}" + ("_eager" if args.eager else "")
             if _done(name, args.out, args.done):
                 continue
             if time.time() - t0 > args.budget_s:
@@ -77,11 +77,12 @@ def speedup(args) -> None:
             setup = prepare(sc)
             _free_gpu()
             t = time.time()
-            res = simulate(setup, _gpu_executor(setup, "cuda"), progress=False)
+            ex = _gpu_executor(setup, "cuda", graphs=not args.eager)
+            res = simulate(setup, ex, progress=False)
             steps = res.steps.frame()
             s = summarize(requests_frame(res.records), steps, res.end_s)
             dec = steps[steps.prefill_tokens == 0]
-            s.update(lp=lp, k=k, policy=pol, wall_s=time.time() - t,
+            s.update(lp=lp, k=k, policy=pol, wall_s=time.time() - t, graphs=not args.eager, executor=ex.stats(),
                      breakdown_s={c[2:]: float(steps[c].sum()) for c in steps.columns if c.startswith("t_")},
                      decode_only_steps=int(len(dec)), decode_step_ms_p50=float(dec.duration_s.median() * 1e3),
                      decode_breakdown_ms_p50={c[2:]: float(dec[c].median() * 1e3) for c in dec.columns
@@ -105,7 +106,9 @@ def validate_all(args) -> None:
                                                                                 args.requests)}}
         setup = prepare(_scenario(extra, args.profile))
         _free_gpu()
-        rep = validate(setup, _gpu_executor(setup, "cuda"), args.out / name, progress=False)
+        ex = _gpu_executor(setup, "cuda")
+        rep = validate(setup, ex, args.out / name, progress=False)
+        rep["executor"] = ex.stats()
         (args.out / f"validation_{name}.json").write_text(json.dumps(rep, indent=2))
         print(name, json.dumps(rep["step_errors"]["total"]), flush=True)
 
@@ -119,6 +122,7 @@ def main() -> None:
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
     ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     (speedup if args.what == "speedup" else validate_all)(args)

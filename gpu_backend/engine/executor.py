@@ -5,14 +5,21 @@ Implements the same protocol as the simulator's CostExecutor (granisim.plan.Exec
 cost model's keys, and the greedy next token of every request in the plan.
 
 Per layer: RMSNorm, QKV projection (+ bias for Qwen), RoPE, KV write into the plan's
-slots, attention by the plan's path for each row — extend (prefill chunks over their
-cached prefix), per-request decode (`paged` path, and requests outside any group), or a
-group prefix pass (`cascade`/`dense`) + suffix pass + LSE merge — then the output
-projection and the SwiGLU MLP. Finally norm, LM head on each request's last row, argmax.
+slots, attention by region (rows.py) — extend for prefill chunks over their cached prefix,
+per-request decode (`paged` path and requests outside any group), and per prefix pass the
+group prefix attention (`cascade`/`dense`) + one suffix decode + LSE merge — then the
+output projection and the SwiGLU MLP. Finally norm, LM head on each request's last row, argmax.
+
+Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
+shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
+eagerly. A step's duration is CUDA-event time from before its metadata is built to after
+its last kernel: host metadata work and the GPU work, not the scheduler and not graph
+capture (a one-off per shape, reported in `stats()`).
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from granisim.models import ModelShape
 from granisim.plan import BatchPlan, StepResult
@@ -24,8 +31,10 @@ from ..kernels.extend import extend_attention
 from ..kernels.kv_write import write_kv
 from ..kernels.merge import merge_states
 from . import metadata
-from .model import RandomWeights, logits, mlp, qkv_proj, rope_tables
-from .timing import PartTimer
+from .arena import MetaArena
+from .graphs import GraphCache
+from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
+from .timing import PartTimer, elapsed
 
 
 class GpuExecutor:
@@ -33,85 +42,121 @@ class GpuExecutor:
     max_steps_per_plan = 1
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, keep_logits: bool = False):
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512,
+                 timed_graphs: bool = True):
         self.shape = shape
         self.device = torch.device(device)
         self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
         self.num_slots = int(num_slots)
-        kv_shape = (self.num_slots, shape.n_kv_heads, shape.head_dim)
+        # one scratch slot past the budget: padded rows write their K/V there; nothing reads it
+        kv_shape = (self.num_slots + 1, shape.n_kv_heads, shape.head_dim)
         self.k_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.v_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.keep_logits = keep_logits
         self.last_logits: dict[int, torch.Tensor] = {}
+        self.arena = MetaArena(self.device)
+        use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        if use_graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.graphs = GraphCache(self.device, timed=timed_graphs) if use_graphs else None
+        self.graph_max_rows = graph_max_rows
+        self.eager_steps = 0
+
+    def stats(self) -> dict:
+        g = self.graphs
+        return dict(eager_steps=self.eager_steps, graph_replays=g.replays if g else 0,
+                    graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0)
 
     # ---- the step ---------------------------------------------------------------------------
     def execute(self, plan: BatchPlan) -> StepResult:
         if plan.num_steps != 1:
             raise ValueError(f"the GPU executor runs one step per plan, got num_steps={plan.num_steps}")
-        timer = PartTimer(self.device)
-        timer.start()
         self._check_copies(plan)
-        meta = metadata.build(plan, self.device, self.num_slots)
+        clock = PartTimer(self.device)
+        t0 = clock.mark()
+        host, meta = metadata.build(plan, self.arena, self.num_slots)
+        parts = {}
         if plan.copies:
-            with timer.part("kv_copy"):
-                self._apply_copies(plan)
-        w = self.w
-        with timer.part("lm_head"):
-            x = w.embed[meta.tokens]
-            rot = rope_tables(meta.positions, w.inv_freq)
-        for li, layer in enumerate(w.layers):
-            with timer.part("linear"):
-                q, k, v = qkv_proj(w, layer, x, rot)
-            with timer.part("kv_write"):
-                write_kv(k_cache=self.k_cache[li], v_cache=self.v_cache[li], k=k, v=v, slots=meta.new_slots,
-                         check=False)
-            attn = self._attention(meta, q, k, v, li, timer)
-            with timer.part("linear"):
-                x = x + attn.reshape(meta.num_tokens, -1) @ layer.wo
-                x = x + mlp(layer, x)
-        with timer.part("lm_head"):
-            lg = logits(w, x[meta.last_rows])
-            nxt = lg.argmax(dim=-1).cpu()
-        total, parts = timer.stop()
+            a = clock.mark()
+            self._apply_copies(plan)
+            copy_span = (a, clock.mark())
+        pause = None
+        if self.graphs is not None and host.shape.num_rows <= self.graph_max_rows:
+            cached = self.graphs.captures
+            a = clock.mark()
+            entry = self.graphs.get(host.shape, self.arena.generation, lambda timer: self._forward(meta, timer))
+            if self.graphs.captures != cached:  # capture (and its warm-up run) is not part of the step
+                pause = (a, clock.mark())
+            nxt, lg = self.graphs.replay(entry)
+            timer = entry.timer
+        else:
+            timer = PartTimer(self.device)
+            nxt, lg = self._forward(meta, timer)
+            self.eager_steps += 1
+        t1 = clock.mark()
+        nxt = nxt.cpu()  # waits for the step
+        total = elapsed(t0, t1) - (elapsed(*pause) if pause else 0.0)
+        parts.update(timer.parts())
+        if plan.copies:
+            parts["kv_copy"] = elapsed(*copy_span)
         parts["overhead"] = max(0.0, total - sum(parts.values()))
-        rids = [r.rid for r in plan.requests]
         if self.keep_logits:
-            self.last_logits = {rid: lg[i].cpu() for i, rid in enumerate(rids)}
-        return StepResult(total, parts, {rid: int(t) for rid, t in zip(rids, nxt.tolist())})
+            self.last_logits = {rid: lg[i].cpu() for rid, i in host.sample_of.items()}
+        return StepResult(total, parts, {rid: int(nxt[i]) for rid, i in host.sample_of.items()})
 
-    def _attention(self, meta: metadata.StepMeta, q, k, v, li: int, timer: PartTimer) -> torch.Tensor:
+    def _forward(self, m: metadata.StepMeta, timer: PartTimer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable)."""
+        w = self.w
+        timer.switch("linear")
+        x = F.embedding(m.tokens, w.embed)
+        rot = rope_tables(m.positions, w.inv_freq, w.dtype)
+        for li, layer in enumerate(w.layers):
+            timer.switch("linear")
+            q, k, v = qkv_proj(w, layer, x, rot)
+            timer.switch("kv_write")
+            write_kv(k_cache=self.k_cache[li], v_cache=self.v_cache[li], k=k, v=v, slots=m.new_slots, check=False)
+            attn = self._attention(m, q, k, v, li, timer)
+            timer.switch("linear")
+            x = attn_out_and_mlp(layer, x, attn)
+        x = rms_norm(torch.index_select(x, 0, m.sample_rows), w.final_norm)
+        timer.switch("lm_head")
+        lg = logits(w, x)
+        nxt = lg.argmax(dim=-1)
+        timer.switch(None)
+        return nxt, (lg if self.keep_logits else None)  # a graph's outputs stay allocated: keep them small
+
+    def _attention(self, m: metadata.StepMeta, q, k, v, li: int, timer: PartTimer) -> torch.Tensor:
+        s = m.shape
         kc, vc = self.k_cache[li], self.v_cache[li]
-        out = torch.empty_like(q)
-        check = False  # metadata.build validated every slot id on the host: no device reads here
-        if meta.extend_rows is not None:
-            with timer.part("attn_prefill"):
-                r = meta.extend_rows
-                o, _ = extend_attention(q=q[r], k_new=k[r], v_new=v[r], qo_indptr=meta.extend_indptr, k_cache=kc,
-                                        v_cache=vc, prefix=meta.extend_prefix, max_qo_len=meta.extend_max_qo,
-                                        check=check)
-                out[r] = o
-        if meta.decode_rows is not None:
-            with timer.part("attn_decode"):
-                r = meta.decode_rows
-                o, _ = decode_attention(q=q[r], k_cache=kc, v_cache=vc, kv=meta.decode_kv,
-                                        max_kv_len=meta.decode_max_kv, check=check)
-                out[r] = o
-        if meta.grouped_rows is not None:
-            pre_o, pre_lse = [], []
-            with timer.part("attn_prefix"):
-                for p in meta.prefix_passes:
-                    fn = dense_prefix_attention if p.path == "dense" else cascade_prefix_attention
-                    o, lse = fn(q=q[p.rows], k_cache=kc, v_cache=vc, group_indptr=p.group_indptr, prefix=p.prefix,
-                                max_group_size=p.max_group, max_kv_len=p.max_prefix, check=check)
-                    pre_o.append(o)
-                    pre_lse.append(lse)
-            r = meta.grouped_rows
-            with timer.part("attn_decode"):
-                so, slse = decode_attention(q=q[r], k_cache=kc, v_cache=vc, kv=meta.suffix_kv,
-                                            max_kv_len=meta.suffix_max_kv, check=check)
-            with timer.part("merge"):
-                o, _ = merge_states(o1=torch.cat(pre_o), lse1=torch.cat(pre_lse), o2=so, lse2=slse)
-                out[r] = o
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        # check=False: rows.build checked every slot id on the host; grids come from the shape's maxima
+        a, b = 0, s.ext_rows
+        if s.ext_rows:
+            timer.switch("attn_prefill")
+            extend_attention(q=q[a:b], k_new=k[a:b], v_new=v[a:b], qo_indptr=m.extend_indptr, k_cache=kc,
+                             v_cache=vc, prefix=m.extend_prefix, max_qo_len=s.ext_max_qo, out=out[a:b], check=False)
+        a, b = b, b + s.dec_rows
+        if s.dec_rows:
+            timer.switch("attn_decode")
+            decode_attention(q=q[a:b], k_cache=kc, v_cache=vc, kv=m.decode_kv, max_kv_len=s.dec_max_kv,
+                             out=out[a:b], check=False)
+        if not s.passes:
+            return out
+        a, b = b, b + s.grouped_rows
+        pre_o = torch.empty((b - a, *q.shape[1:]), dtype=q.dtype, device=q.device)
+        pre_lse = torch.empty((b - a, q.shape[1]), dtype=torch.float32, device=q.device)
+        timer.switch("attn_prefix")
+        for p in m.passes:
+            fn = dense_prefix_attention if p.shape.path == "dense" else cascade_prefix_attention
+            lo, hi = p.row0 - a, p.row0 - a + p.shape.rows
+            fn(q=q[p.row0: p.row0 + p.shape.rows], k_cache=kc, v_cache=vc, group_indptr=p.group_indptr,
+               prefix=p.prefix, max_group_size=p.shape.max_group, max_kv_len=p.shape.max_prefix,
+               out=pre_o[lo:hi], lse=pre_lse[lo:hi], check=False)
+        timer.switch("attn_decode")
+        so, slse = decode_attention(q=q[a:b], k_cache=kc, v_cache=vc, kv=m.suffix_kv, max_kv_len=s.suffix_max_kv,
+                                    check=False)
+        timer.switch("merge")
+        merge_states(o1=pre_o, lse1=pre_lse, o2=so, lse2=slse, out=out[a:b])
         return out
 
     # ---- compaction copies ---------------------------------------------------------------------
@@ -123,4 +168,4 @@ class GpuExecutor:
     def _apply_copies(self, plan: BatchPlan) -> None:
         for c in plan.copies:  # in order: each destination lies at or before its source
             for cache in (*self.k_cache, *self.v_cache):
-                cache[c.dst : c.dst + c.length] = cache[c.src : c.src + c.length].clone()
+                cache[c.dst: c.dst + c.length] = cache[c.src: c.src + c.length].clone()

@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..reference import attention
-from .model import RandomWeights, logits, mlp, qkv_proj, rope_tables
+from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
 
 
 @torch.no_grad()
@@ -18,12 +19,11 @@ def next_token_logits(w: RandomWeights, tokens: torch.Tensor) -> torch.Tensor:
     """Logits [vocab] (fp32) for the token after ``tokens`` (1-D int64)."""
     tokens = tokens.to(w.device)
     pos = torch.arange(tokens.numel(), device=w.device)
-    x = w.embed[tokens]
+    x = F.embedding(tokens, w.embed)
     scale = 1.0 / math.sqrt(w.shape.head_dim)
-    rot = rope_tables(pos, w.inv_freq)
+    rot = rope_tables(pos, w.inv_freq, w.dtype)
     for layer in w.layers:
         q, k, v = qkv_proj(w, layer, x, rot)
         o, _ = attention(q, k, v, scale, causal_from=0)
-        x = x + o.to(x.dtype).to(x.device).reshape(tokens.numel(), -1) @ layer.wo
-        x = x + mlp(layer, x)
-    return logits(w, x[-1:])[0]
+        x = attn_out_and_mlp(layer, x, o.to(x.dtype).to(x.device))
+    return logits(w, rms_norm(x[-1:], w.final_norm))[0]

@@ -1,42 +1,43 @@
-"""Per-part step timing: CUDA events on a GPU (read once, after the step), wall clock on the CPU."""
+"""Per-part step timing by boundary marks: `switch(key)` closes the running part and opens `key`.
+
+On a GPU the marks are CUDA events, read once after the step; created with ``external=True``
+they are captured into a CUDA graph as event-record nodes and re-recorded by every replay,
+so one timer per captured graph times every replay of it. On the CPU: wall clock.
+"""
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import torch
 
 
 class PartTimer:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, *, in_graph: bool = False, enabled: bool = True):
         self.cuda = device.type == "cuda"
-        self._spans: list[tuple[str, object, object]] = []
+        self.in_graph = in_graph
+        self.enabled = enabled
+        self._marks: list[tuple[str | None, object]] = []  # (part opened here, mark)
 
-    def _mark(self):
+    def mark(self):
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True, external=self.in_graph)
             ev.record()
             return ev
         return time.perf_counter()
 
-    @contextmanager
-    def part(self, key: str):
-        a = self._mark()
-        yield
-        self._spans.append((key, a, self._mark()))
+    def switch(self, key: str | None) -> None:
+        """Close the running part and open `key` (None: stop timing)."""
+        if self.enabled and (not self._marks or self._marks[-1][0] != key):
+            self._marks.append((key, self.mark()))
 
-    def start(self):
-        self._t0 = self._mark()
+    def parts(self) -> dict[str, float]:
+        """Seconds per key; the device must have finished the marked work."""
+        out: dict[str, float] = {}
+        for (key, a), (_, b) in zip(self._marks, self._marks[1:]):
+            if key is not None:
+                out[key] = out.get(key, 0.0) + elapsed(a, b)
+        return out
 
-    def stop(self) -> tuple[float, dict[str, float]]:
-        """(total seconds since start, seconds per key); synchronises the device."""
-        t1 = self._mark()
-        if self.cuda:
-            t1.synchronize()
-            secs = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731
-        else:
-            secs = lambda a, b: b - a  # noqa: E731
-        parts: dict[str, float] = {}
-        for key, a, b in self._spans:
-            parts[key] = parts.get(key, 0.0) + secs(a, b)
-        return secs(self._t0, t1), parts
+
+def elapsed(a, b) -> float:
+    return a.elapsed_time(b) / 1e3 if isinstance(a, torch.cuda.Event) else b - a

@@ -16,7 +16,7 @@ TINY = {
     "model": {"name": "tiny"},
     "hardware": {"kv_budget_tokens": 1536},
     "scheduler": {"max_batch_tokens": 96, "fast_forward": False},
-    "workload": {"kind": "multi_agent", "roles": 2, "prefix_len": 40, "num_requests": 7, "rate": 1000.0,
+    "workload": {"kind": "multi_agent", "roles": 3, "prefix_len": 40, "num_requests": 9, "rate": 1000.0,
                  "suffix_scale": 0.02, "max_output_len": 5, "turns": 2},
 }
 
@@ -34,7 +34,7 @@ def _run(policy: str, m_sat: int, device="cpu"):
 @pytest.fixture(scope="module")
 def runs():
     out = {}
-    for name, policy, m_sat in [("dense", "granikv", 8), ("cascade", "granikv", 10**6), ("token", "token", 8),
+    for name, policy, m_sat in [("dense", "granikv", 12), ("cascade", "granikv", 10**6), ("token", "token", 8),
                                 ("paged16", "paged16", 8)]:
         out[name] = _run(policy, m_sat)
     return out
@@ -49,7 +49,7 @@ def test_paths_were_exercised(runs):
 
 def test_greedy_tokens_identical_across_policies_and_paths(runs):
     ref = runs["token"][0].outputs
-    assert len(ref) == 14  # 7 sessions x 2 turns, nothing lost
+    assert len(ref) == 18  # 9 sessions x 2 turns, nothing lost
     for name, (eng, _, _) in runs.items():
         assert eng.outputs.keys() == ref.keys(), name
         for rid in ref:

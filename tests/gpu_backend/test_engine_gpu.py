@@ -13,7 +13,7 @@ BF16_LOGIT_RTOL = 3e-2
 MIN_AGREEMENT = 0.9
 
 
-def _run(policy, m_sat):
+def _run(policy, m_sat, graphs=True):
     from gpu_backend.engine import GpuExecutor
     from granisim.engine import Engine
     from granisim.scenario import parse_scenario
@@ -28,7 +28,7 @@ def _run(policy, m_sat):
                      "max_output_len": 8},
     })
     setup = prepare(sc)
-    ex = GpuExecutor(setup.model, setup.kv_budget, device="cuda", seed=3, keep_logits=True)
+    ex = GpuExecutor(setup.model, setup.kv_budget, device="cuda", seed=3, keep_logits=True, graphs=graphs)
     eng = Engine(setup, ex, progress=False, keep_outputs=True)
     eng.run()
     return eng, ex
@@ -44,6 +44,8 @@ def test_llama_shape_paths_agree_in_bf16():
         tok = sum(int((eng.outputs[r] == ref[r]).sum()) for r in ref) / sum(len(ref[r]) for r in ref)
         print(f"{name}: {same}/{len(ref)} requests identical, token agreement {tok:.3f}")
         assert tok >= MIN_AGREEMENT, name
+    for name in ("dense", "cascade"):
+        assert runs[name][1].stats()["graph_replays"] > 0, name
 
     from gpu_backend.engine.reference import next_token_logits
 
@@ -60,3 +62,15 @@ def test_llama_shape_paths_agree_in_bf16():
         print(f"request {spec.rid}: engine first token {first}, reference argmax {top}")
         worst = max(worst, float((ref_lg[first] - ref_lg[top]).abs() / ref_lg.abs().max()))
     assert worst < BF16_LOGIT_RTOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_replays_equal_eager_steps_bit_for_bit():
+    """Graph and eager run the same kernels at the same bucketed shapes: tokens must be identical."""
+    g_eng, g_ex = _run("granikv", 4, graphs=True)
+    e_eng, e_ex = _run("granikv", 4, graphs=False)
+    print("graphs:", g_ex.stats(), "eager:", e_ex.stats())
+    assert g_ex.stats()["graph_replays"] > 0 and e_ex.stats()["graph_replays"] == 0
+    assert g_eng.outputs.keys() == e_eng.outputs.keys()
+    for rid in g_eng.outputs:
+        assert np.array_equal(g_eng.outputs[rid], e_eng.outputs[rid]), rid

@@ -1,0 +1,80 @@
+"""CUDA graphs of whole steps, one per `StepShape` (and metadata-arena generation).
+
+A step's launches depend only on its shape (rows.py), and its metadata lives at fixed arena
+addresses (arena.py), so a graph captured for one step replays any later step of the same
+shape after its metadata is copied in. Capture follows the torch recipe: one eager warm-up
+on a side stream (compiles every Triton kernel, fills launcher caches), then capture into a
+memory pool shared by all graphs (steps run one at a time and their outputs are read before
+the next replay). The step's part timer is captured with it (event-record nodes).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .rows import StepShape
+from .timing import PartTimer
+
+
+@dataclass
+class StepGraph:
+    graph: torch.cuda.CUDAGraph
+    outputs: tuple[torch.Tensor, ...]
+    timer: PartTimer
+
+
+class GraphCache:
+    def __init__(self, device: torch.device, timed: bool = True):
+        self.device = device
+        self.timed = timed
+        self.pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[StepShape, StepGraph] = {}
+        self._generation = None
+        self.captures = 0
+        self.replays = 0
+        self.capture_s = 0.0
+
+    def get(self, shape: StepShape, generation: int,
+            forward: Callable[[PartTimer], tuple[torch.Tensor, ...]]) -> StepGraph:
+        if generation != self._generation:  # the metadata buffers moved: every graph reads stale addresses
+            self._graphs.clear()
+            self._generation = generation
+        entry = self._graphs.get(shape)
+        if entry is None:
+            entry = self._graphs[shape] = self._capture(forward)
+        return entry
+
+    def _capture(self, forward) -> StepGraph:
+        t = time.perf_counter()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward(PartTimer(self.device, enabled=False))
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        timer = PartTimer(self.device, in_graph=True, enabled=self.timed)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = forward(timer)
+        except RuntimeError as err:
+            if not self.timed:
+                raise
+            # timing events inside graphs need driver support: fall back to untimed graphs (total only)
+            warnings.warn(f"CUDA graph capture with timing events failed ({err}); capturing without a breakdown")
+            self.timed = False
+            return self._capture(forward)
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t
+        return StepGraph(graph, outputs, timer)
+
+    def replay(self, entry: StepGraph) -> tuple[torch.Tensor, ...]:
+        entry.graph.replay()
+        self.replays += 1
+        return entry.outputs
+
+    def clear(self) -> None:
+        self._graphs.clear()

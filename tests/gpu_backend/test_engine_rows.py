@@ -1,0 +1,107 @@
+"""Row regions and padded metadata of a step (host side, no torch kernels): the contract that lets
+one CUDA graph replay every step of the same shape."""
+
+import numpy as np
+import pytest
+
+from gpu_backend.engine import rows as R
+from granisim.engine import Engine
+from granisim.plan import StepResult
+from granisim.scenario import parse_scenario
+from granisim.simulate import prepare
+
+
+def test_buckets_cover_and_pad_less_than_half():
+    for n in range(1, 5000):
+        b = R.bucket(n)
+        assert n <= b < max(1.5 * n, 8.5), n
+        assert R.bucket(b) == b  # a bucket is its own bucket: shapes are stable
+        assert n <= R.bucket_len(n) < n + max(256, n / 4), n
+    assert R.bucket(0) == R.bucket_len(0) == 0
+
+
+class _Recorder:
+    """Stands in for the GPU executor: records each plan's host step, returns dummy tokens."""
+
+    needs_layouts = True
+    max_steps_per_plan = 1
+
+    def __init__(self, num_slots):
+        self.num_slots = num_slots
+        self.steps = []
+
+    def execute(self, plan):
+        host = R.build(plan, self.num_slots)
+        self.steps.append((plan, host))
+        return StepResult(1e-3, {}, {r.rid: 1 for r in plan.requests})
+
+
+@pytest.fixture(scope="module", params=["granikv", "token", "paged16"])
+def recorded(request):
+    sc = parse_scenario({
+        "name": "rows", "seed": 3, "model": {"name": "tiny"}, "hardware": {"kv_budget_tokens": 8192},
+        "policy": {"name": request.param, "m_sat": 24, "hot_fraction": 0.4},  # both passes in some steps
+        "scheduler": {"max_batch_tokens": 512, "fast_forward": False},
+        "workload": {"roles": 3, "prefix_len": 48, "num_requests": 80, "rate": 2000.0, "suffix_scale": 0.02,
+                     "max_output_len": 12},
+    })
+    setup = prepare(sc)
+    rec = _Recorder(setup.kv_budget)
+    Engine(setup, rec, progress=False).run()
+    return rec
+
+
+def _sizes_from_shape(s: R.StepShape) -> list[int]:
+    """The fixed-size fields' sizes as a function of the shape alone (the graph-replay contract)."""
+    out = [s.num_rows] * 3 + [s.sample_rows, s.ext_reqs + 1, s.ext_reqs + 1, s.dec_rows + 1]
+    out += [s.dec_rows] if s.page_size else []
+    for p in s.passes:
+        out += [p.groups + 1] + ([p.groups, p.groups] if p.slab else [p.groups + 1])
+    return out + [s.grouped_rows + 1]
+
+
+def test_field_sizes_depend_on_the_shape_alone(recorded):
+    for _, host in recorded.steps:
+        assert [a.size for a in host.small] == _sizes_from_shape(host.shape), host.shape
+        want = {"ext", "dec", "suffix"} | {f"pass{n}" for n, p in enumerate(host.shape.passes) if not p.slab}
+        assert set(host.big) == want
+
+
+def test_every_request_gets_its_rows_and_one_sampled_row(recorded):
+    for plan, host in recorded.steps:
+        tokens, positions, new_slots, sample = host.small[:4]
+        s = host.shape
+        assert tokens.size == positions.size == new_slots.size == s.num_rows
+        assert sample.size == s.sample_rows
+        assert set(host.sample_of) == {r.rid for r in plan.requests}
+        real = new_slots != recorded.num_slots
+        assert real.sum() == plan.num_tokens  # pads write to the scratch slot only
+        want = np.sort(np.concatenate([r.new_slots for r in plan.requests]))
+        assert np.array_equal(np.sort(new_slots[real]), want)
+        for r in plan.requests:  # the sampled row feeds the request's last new token
+            row = sample[host.sample_of[r.rid]]
+            assert new_slots[row] == r.new_slots[-1] and tokens[row] == r.input_tokens[-1]
+            assert positions[row] == r.context_len + r.num_new - 1
+
+
+def test_grouped_rows_read_their_own_suffix(recorded):
+    for plan, host in recorded.steps:
+        s = host.shape
+        new_slots, suffix_ptr = host.small[2], host.small[-1]
+        by_slot = {int(r.new_slots[-1]): r for r in plan.requests}
+        g0 = s.ext_rows + s.dec_rows
+        for j in range(s.grouped_rows):
+            n = suffix_ptr[j + 1] - suffix_ptr[j]
+            slot = int(new_slots[g0 + j])
+            if slot == recorded.num_slots:
+                assert n == 0  # a pad row reads nothing
+            else:
+                r = by_slot[slot]
+                assert n == r.kv_len - plan.groups[r.group].prefix_len, (plan.step, r.rid)
+
+
+def test_paths_seen(recorded):
+    kinds = {(p.path, p.slab) for _, h in recorded.steps for p in h.shape.passes}
+    if recorded.steps[0][0].policy == "granikv":
+        assert ("dense", True) in kinds and any(h.shape.ext_rows for _, h in recorded.steps)
+        assert any(len(h.shape.passes) > 1 for _, h in recorded.steps)  # pads between passes

@@ -31,7 +31,7 @@ class GraphCache:
     def __init__(self, device: torch.device, timed: bool = True):
         self.device = device
         self.timed = timed
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # the first graph's pool, shared by the later ones (graph.pool())
         self._graphs: dict[StepShape, StepGraph] = {}
         self._generation = None
         self.captures = 0
@@ -41,7 +41,7 @@ class GraphCache:
     def get(self, shape: StepShape, generation: int,
             forward: Callable[[PartTimer], tuple[torch.Tensor, ...]]) -> StepGraph:
         if generation != self._generation:  # the metadata buffers moved: every graph reads stale addresses
-            self._graphs.clear()
+            self.clear()
             self._generation = generation
         entry = self._graphs.get(shape)
         if entry is None:
@@ -67,6 +67,8 @@ class GraphCache:
             warnings.warn(f"CUDA graph capture with timing events failed ({err}); capturing without a breakdown")
             self.timed = False
             return self._capture(forward)
+        if self.pool is None:
+            self.pool = graph.pool()
         self.captures += 1
         self.capture_s += time.perf_counter() - t
         return StepGraph(graph, outputs, timer)
@@ -78,3 +80,4 @@ class GraphCache:
 
     def clear(self) -> None:
         self._graphs.clear()
+        self.pool = None  # a pool no graph holds any more cannot be captured into again

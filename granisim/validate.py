@@ -15,6 +15,8 @@ Writes ``validation.json``, ``validation.md``, ``steps.parquet`` and plots into 
 from __future__ import annotations
 
 import json
+import pickle
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,9 +40,12 @@ class PairedExecutor:
         self.needs_layouts = real.needs_layouts
         self.max_steps_per_plan = real.max_steps_per_plan
         self.rows: list[dict] = []
+        self.plans: list[BatchPlan] = []  # without slot data: enough to re-price the run with another profile
 
     def execute(self, plan: BatchPlan) -> StepResult:
         measured = self.real.execute(plan)
+        self.plans.append(replace(plan, requests=tuple(replace(r, layout=None, new_slots=None, input_tokens=None)
+                                                       for r in plan.requests)))
         predicted = step_cost(plan, self.profile, self.model)
         row = {"step": plan.step, "batch": len(plan.requests), "tokens": plan.num_tokens,
                "prefill": any(r.is_prefill for r in plan.requests),
@@ -83,6 +88,8 @@ def validate(setup, gpu_executor, out: Path, progress: bool = True) -> dict:
     simulated = Engine(setup, CostExecutor(setup.profile, setup.model), progress=progress).run()
     steps = pd.DataFrame(paired.rows)
     steps.to_parquet(out / "steps.parquet", index=False)
+    (out / "plans.pkl").write_bytes(pickle.dumps(paired.plans))
+    requests_frame(measured.records).to_parquet(out / "measured_requests.parquet", index=False)
     m_sum = summarize(requests_frame(measured.records), measured.steps.frame(), measured.end_s)
     s_sum = summarize(requests_frame(simulated.records), simulated.steps.frame(), simulated.end_s)
     e2e = {k: {"measured": m_sum[k], "predicted": s_sum[k],

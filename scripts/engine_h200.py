@@ -62,6 +62,7 @@ def speedup(args) -> None:
     from granisim.simulate import prepare, simulate
 
     t0 = time.time()
+    ex = res = None
     grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
     for lp, k in grid:
         for pol in POLICIES:
@@ -75,6 +76,7 @@ def speedup(args) -> None:
             sc = _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": args.requests,
                                                                    "rate": 1000.0}}, args.profile)
             setup = prepare(sc)
+            ex = res = None  # the last unit's KV buffers and graphs go before the next unit's are made
             _free_gpu()
             t = time.time()
             ex = _gpu_executor(setup, "cuda", graphs=not args.eager)
@@ -105,6 +107,7 @@ def validate_all(args) -> None:
         extra = {**extra, "workload": {**extra["workload"], "num_requests": min(extra["workload"]["num_requests"],
                                                                                 args.requests)}}
         setup = prepare(_scenario(extra, args.profile))
+        ex = None
         _free_gpu()
         ex = _gpu_executor(setup, "cuda")
         rep = validate(setup, ex, args.out / name, progress=False)

@@ -74,14 +74,15 @@ class GpuExecutor:
         self._check_copies(plan)
         clock = PartTimer(self.device)
         t0 = clock.mark()
-        host, meta = metadata.build(plan, self.arena, self.num_slots)
+        graph = self.graphs is not None and plan.num_tokens <= self.graph_max_rows
+        host, meta = metadata.build(plan, self.arena, self.num_slots, pad=graph)
         parts = {}
         if plan.copies:
             a = clock.mark()
             self._apply_copies(plan)
             copy_span = (a, clock.mark())
         pause = None
-        if self.graphs is not None and host.shape.num_rows <= self.graph_max_rows:
+        if graph:
             cached = self.graphs.captures
             a = clock.mark()
             entry = self.graphs.get(host.shape, self.arena.generation, lambda timer: self._forward(meta, timer))

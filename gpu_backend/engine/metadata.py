@@ -41,8 +41,8 @@ class StepMeta:
     suffix_kv: L.SlotLists
 
 
-def build(plan: BatchPlan, arena: MetaArena, num_slots: int) -> tuple[R.HostStep, StepMeta]:
-    host = R.build(plan, num_slots)
+def build(plan: BatchPlan, arena: MetaArena, num_slots: int, pad: bool) -> tuple[R.HostStep, StepMeta]:
+    host = R.build(plan, num_slots, pad)
     s = host.shape
     small, big = arena.upload(host)
     it = iter(small)

@@ -25,11 +25,11 @@ PASS_ORDER = (("cascade", False), ("cascade", True), ("dense", True))  # (path, 
 
 
 def bucket(n: int) -> int:
-    """Row/sequence counts: steps of a quarter of the enclosing power of two (exact to 4; < 50% pad)."""
+    """Row/sequence counts: up to 128 (memory-bound GEMMs, where pad rows cost ~nothing) steps of a
+    quarter of the enclosing power of two (exact to 4); beyond, multiples of 32 (< 25% pad)."""
     if n <= 0:
         return 0
-    p = 1 << (n - 1).bit_length()
-    step = max(1, p // 4)
+    step = max(1, (1 << (n - 1).bit_length()) // 4) if n <= 128 else 32
     return -(-n // step) * step
 
 
@@ -103,8 +103,14 @@ def _pad(a, n: int, fill: int) -> np.ndarray:
     return out
 
 
-def build(plan: BatchPlan, num_slots: int) -> HostStep:
-    """Row regions, padded metadata and shape of one plan; ValueError before any launch on a bad id."""
+def _exact(n: int) -> int:
+    return max(n, 0)
+
+
+def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
+    """Row regions, metadata and shape of one plan, padded to buckets (`pad`, for graph replays) or
+    exact (eager steps); ValueError before any launch on a bad id."""
+    bucket_n, bucket_l = (bucket, bucket_len) if pad else (_exact, _exact)
     reqs = plan.requests
     for r in reqs:
         if r.layout is None or r.layout.num_tokens != r.kv_len:
@@ -112,37 +118,53 @@ def build(plan: BatchPlan, num_slots: int) -> HostStep:
     grouped = {i: g for g in plan.groups if g.path in ("cascade", "dense") for i in g.members}
     ext = [i for i, r in enumerate(reqs) if r.is_prefill]
     dec = [i for i, r in enumerate(reqs) if not r.is_prefill and i not in grouped]
-    for i in ext + dec + list(grouped):
-        s = reqs[i].new_slots
-        if len(s) and (min(s) < 0 or max(s) >= num_slots):
-            bad = next(x for x in s if x < 0 or x >= num_slots)
-            raise ValueError(f"plan step {plan.step}: KV write to slot {int(bad)} outside the buffer of {num_slots}")
-    slots = {}
-    for i in ext + dec + list(grouped):
-        s = reqs[i].layout.slots()
+    writes = np.concatenate([r.new_slots for r in reqs]) if reqs else np.empty(0, np.int64)
+    if writes.size and (writes.min() < 0 or writes.max() >= num_slots):
+        bad = writes[(writes < 0) | (writes >= num_slots)][0]
+        raise ValueError(f"plan step {plan.step}: KV write to slot {int(bad)} outside the buffer of {num_slots}")
+
+    def checked(i: int, s: np.ndarray) -> np.ndarray:
         if s.size and (s.min() < 0 or s.max() >= num_slots):
             bad = s[(s < 0) | (s >= num_slots)][0]
             raise ValueError(f"plan step {plan.step}: request {reqs[i].rid} reads slot {int(bad)} outside the "
                              f"buffer of {num_slots}")
-        slots[i] = s
+        return s
 
-    row_reqs: list[int] = []  # plan index of each real row's request, region after region (pads: -1)
+    # whole contexts for extend/decode rows; a grouped member reads its group's prefix (checked once,
+    # from the first member) and its own suffix
+    slots = {i: checked(i, reqs[i].layout.slots()) for i in ext + dec}
+    suffix_of = {i: checked(i, reqs[i].layout.slots_from(g.prefix_len)) for i, g in grouped.items()}
+    # per-row inputs, region after region (pads: token 0 at position 0, K/V to the scratch slot `num_slots`)
+    tokens, positions, new_slots = [], [], []
+    sample_of: dict[int, int] = {}
     small: list[np.ndarray] = []
     big: dict[str, np.ndarray] = {}
 
+    next_row = [0]
+
     def region(idx: list[int], n_rows: int) -> None:
-        rows = [i for i in idx for _ in range(reqs[i].num_new)]
-        row_reqs.extend(rows + [-1] * (n_rows - len(rows)))
+        first = next_row[0]
+        next_row[0] += n_rows
+        for n, i in enumerate(idx):
+            r = reqs[i]
+            tokens.append(np.asarray(r.input_tokens, np.int64))
+            positions.append(r.context_len + np.arange(r.num_new))
+            new_slots.append(np.asarray(r.new_slots, np.int64))
+            sample_of[r.rid] = first + n  # one row per request outside the extend region
+        pad = n_rows - sum(reqs[i].num_new for i in idx)
+        tokens.append(np.zeros(pad, np.int64))
+        positions.append(np.zeros(pad, np.int64))
+        new_slots.append(np.full(pad, num_slots, np.int64))
 
     # extend: prefill chunks over their cached prefix (slot lists)
     ext_sizes = [reqs[i].num_new for i in ext]
-    ext_rows, ext_reqs = bucket(sum(ext_sizes)), bucket(len(ext))
+    ext_rows, ext_reqs = bucket_n(sum(ext_sizes)), bucket_n(len(ext))
     region(ext, ext_rows)
     ext_prefix = [slots[i][: reqs[i].context_len] for i in ext]
     small += [_csr_ptr(ext_sizes, ext_reqs), _csr_ptr([p.size for p in ext_prefix], ext_reqs)]
     big["ext"] = _cat(ext_prefix)
     # decode: every request outside a prefix pass reads its whole context
-    dec_rows = bucket(len(dec))
+    dec_rows = bucket_n(len(dec))
     region(dec, dec_rows)
     dec_kv = [slots[i] for i in dec]
     if plan.policy == "paged":
@@ -158,7 +180,8 @@ def build(plan: BatchPlan, num_slots: int) -> HostStep:
     for g in plan.groups:
         if g.path not in ("cascade", "dense"):
             continue
-        first = slots[g.members[0]][: g.prefix_len]
+        i0 = g.members[0]
+        first = checked(i0, reqs[i0].layout.slots()[: g.prefix_len])
         slab = bool(first.size) and bool((np.diff(first) == 1).all())
         if g.path == "dense" and not slab:
             raise ValueError(f"plan step {plan.step}: dense group {g.key} is not one contiguous slab")
@@ -167,9 +190,9 @@ def build(plan: BatchPlan, num_slots: int) -> HostStep:
     for n, key in enumerate(k for k in PASS_ORDER if k in by_pass):
         groups = by_pass[key]
         members = [i for g, _ in groups for i in g.members]
-        shape = PassShape(path=key[0], slab=key[1], rows=bucket(len(members)), groups=bucket(len(groups)),
-                          max_group=bucket(max(len(g.members) for g, _ in groups)),
-                          max_prefix=bucket_len(max(f.size for _, f in groups)))
+        shape = PassShape(path=key[0], slab=key[1], rows=bucket_n(len(members)), groups=bucket_n(len(groups)),
+                          max_group=bucket_n(max(len(g.members) for g, _ in groups)),
+                          max_prefix=bucket_l(max(f.size for _, f in groups)))
         passes.append(shape)
         region(members, shape.rows)
         small.append(_csr_ptr([len(g.members) for g, _ in groups], shape.groups))
@@ -179,35 +202,24 @@ def build(plan: BatchPlan, num_slots: int) -> HostStep:
         else:
             small.append(_csr_ptr([f.size for f in firsts], shape.groups))
             big[f"pass{n}"] = _cat(firsts)
-        suffix += [slots[i][g.prefix_len:] for g, _ in groups for i in g.members]
+        suffix += [suffix_of[i] for g, _ in groups for i in g.members]
         suffix += [np.empty(0, np.int64)] * (shape.rows - len(members))
     grouped_rows = sum(p.rows for p in passes)
     small.append(_csr_ptr([s.size for s in suffix], grouped_rows))
     big["suffix"] = _cat(suffix)
 
     shape = StepShape(
-        page_size=ps, ext_rows=ext_rows, ext_reqs=ext_reqs, ext_max_qo=bucket(max(ext_sizes, default=0)),
-        dec_rows=dec_rows, dec_max_kv=bucket_len(max((s.size for s in dec_kv), default=0)),
-        passes=tuple(passes), suffix_max_kv=bucket_len(max((s.size for s in suffix), default=0)))
-    # per-row inputs (pads: token 0 at position 0, K/V written to the scratch slot `num_slots`)
-    tokens, positions, new_slots = (np.zeros(shape.num_rows, np.int64) for _ in range(3))
-    new_slots[:] = num_slots
-    cursor: dict[int, int] = {}
-    for row, i in enumerate(row_reqs):
-        if i < 0:
-            continue
-        j = cursor.get(i, 0)
-        cursor[i] = j + 1
-        r = reqs[i]
-        tokens[row], positions[row], new_slots[row] = r.input_tokens[j], r.context_len + j, r.new_slots[j]
-    # sampled rows: each extend request's last row, then all other rows
-    ext_ptr = small[0]
-    last = _pad(ext_ptr[1: len(ext) + 1] - 1, ext_reqs, 0)
+        page_size=ps, ext_rows=ext_rows, ext_reqs=ext_reqs, ext_max_qo=bucket_n(max(ext_sizes, default=0)),
+        dec_rows=dec_rows, dec_max_kv=bucket_l(max((s.size for s in dec_kv), default=0)),
+        passes=tuple(passes), suffix_max_kv=bucket_l(max((s.size for s in suffix), default=0)))
+    # sampled rows: each extend request's last row, then every other row
+    last = _pad(small[0][1: len(ext) + 1] - 1, ext_reqs, 0)
     sample = np.concatenate([last, np.arange(ext_rows, shape.num_rows)])
-    sample_of = {reqs[i].rid: n for n, i in enumerate(ext)}
-    for row in range(ext_rows, shape.num_rows):
-        if row_reqs[row] >= 0:
-            sample_of[reqs[row_reqs[row]].rid] = ext_reqs + row - ext_rows
+    for n, i in enumerate(ext):
+        sample_of[reqs[i].rid] = n
+    for i in dec + [i for g in plan.groups if g.path in ("cascade", "dense") for i in g.members]:
+        sample_of[reqs[i].rid] += ext_reqs - ext_rows
+    tokens, positions, new_slots = (np.concatenate(a) for a in (tokens, positions, new_slots))
     small = [tokens, positions, new_slots, sample] + small
     return HostStep(shape, [a.astype(np.int32) for a in small], {k: v.astype(np.int32) for k, v in big.items()},
                     sample_of)

@@ -48,11 +48,20 @@ class RequestLayout:
             return np.empty(0, np.int64)
         return np.concatenate([s.slots for s in self.segments])
 
+    def slots_from(self, start: int) -> np.ndarray:
+        """Slots of tokens ``start..`` without materialising the ones before (a long shared prefix)."""
+        out, at = [], 0
+        for s in self.segments:
+            if at + len(s.slots) > start:
+                out.append(s.slots[max(0, start - at):])
+            at += len(s.slots)
+        return np.concatenate(out) if out else np.empty(0, np.int64)
+
     def shared_slots(self) -> np.ndarray:
         return self.slots()[: self.shared_len]
 
     def private_slots(self) -> np.ndarray:
-        return self.slots()[self.shared_len :]
+        return self.slots_from(self.shared_len)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,13 @@ def test_grouped_rows_read_their_own_suffix(recorded):
                 assert n == r.kv_len - plan.groups[r.group].prefix_len, (plan.step, r.rid)
 
 
+def test_eager_steps_are_not_padded(recorded):
+    for plan, _ in recorded.steps[:40]:
+        host = R.build(plan, recorded.num_slots, pad=False)
+        assert host.shape.num_rows == plan.num_tokens
+        assert (host.small[2] != recorded.num_slots).all()  # no pad row, no scratch write
+
+
 def test_paths_seen(recorded):
     kinds = {(p.path, p.slab) for _, h in recorded.steps for p in h.shape.passes}
     if recorded.steps[0][0].policy == "granikv":

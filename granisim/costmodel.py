@@ -70,6 +70,7 @@ from granisim.plan import BatchPlan, StepResult
 BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge",
                   "kv_write", "kv_copy", "overhead")
 GEMM_FAMILIES = ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "lm_head")
+ENGINE_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
 ELEMENTWISE_FAMILIES = ("mlp_act", "norm", "rope", "add", "embedding")
 
 # (family, table column, count) per layer, and per step (embedding, final norm).
@@ -250,6 +251,9 @@ class CostTables:
         self.dims = Dims.of(model)
         self.launch = p["overhead.kernel_launch_s"]
         self.step_overhead = p["overhead.step_s"]
+        self.overhead_req = p["overhead.per_request_s"]
+        self.overhead_tok = p["overhead.per_kv_token_s"]
+        self.engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}
         self.fam = {f: (p[f"linear.{f}.launch_s"],
                         p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
                         p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}
@@ -682,6 +686,13 @@ class CostTables:
         return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
 
     # -- the step ---------------------------------------------------------------------------------
+    def _in_engine(self, key: str, t):
+        """Model time -> the real engine's time for one breakdown key (identity unless the profile says)."""
+        a, b = self.engine[key]
+        if a == 1.0 and b == 0.0:
+            return t
+        return np.where(t > 0, a * t + b, 0.0) if isinstance(t, np.ndarray) else (a * t + b if t > 0 else 0.0)
+
     def step(self, plan: BatchPlan) -> StepResult:
         page_size = plan.page_size
         if self.corr:
@@ -749,7 +760,10 @@ class CostTables:
             kv_copy = ctok * self.copy_tok + self.copy_launch
         else:
             kv_copy = 0.0
-        overhead = self.step_overhead
+        overhead = self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
+        linear, lm_head, attn_prefill, prefix, merge, kv_write = (
+            self._in_engine(k, v) for k, v in (("linear", linear), ("lm_head", lm_head), ("attn_prefill", attn_prefill),
+                                               ("attn_prefix", prefix), ("merge", merge), ("kv_write", kv_write)))
         if self.form == 2 and n_dec:
             steps_ = np.arange(max(n, 1), dtype=float)
             toks2 = tok + steps_ * n_dec
@@ -764,6 +778,7 @@ class CostTables:
                                   (tok * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
             else:
                 attn_decode = 0.0
+            attn_decode = self._in_engine("attn_decode", attn_decode)
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
             return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
@@ -776,6 +791,7 @@ class CostTables:
                              (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
         else:
             dec = np.zeros(n)
+        dec = self._in_engine("attn_decode", dec)
         copy = np.zeros(n)
         copy[0] = kv_copy
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + overhead

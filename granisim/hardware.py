@@ -122,8 +122,17 @@ OPTIONAL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "attn.cascade.gather_ctas_per_sm": ("CTAs", "int", 1),
     "attn.cascade.max_splits": ("splits", "int", 64),
     "attn.dense.max_splits": ("splits", "int", 1),
+    # the real engine's in-situ time per breakdown key vs the microbenchmark-fitted model:
+    # key time = scale * model time + offset (CUDA-graph gaps, in-graph timing marks), fitted on
+    # real-engine runs (granisim.calibration.engine); per request host work of a step's metadata
+    **{f"engine.{k}.{c}": (u, r, d)
+       for k in ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
+       for c, u, r, d in (("scale", "", "pos", 1.0), ("offset_s", "s", "nonneg", 0.0))},
+    "overhead.per_request_s": ("s", "nonneg", 0.0),
+    "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
 }
-FORM2_COEFFICIENTS = tuple(k for k in OPTIONAL_COEFFICIENTS if k != "attn.form")
+FORM2_COEFFICIENTS = tuple(k for k in OPTIONAL_COEFFICIENTS
+                           if k != "attn.form" and not k.startswith("engine.") and not k.startswith("overhead."))
 
 
 class ProfileError(ValueError):

@@ -90,6 +90,7 @@ def speedup(args) -> None:
                      decode_breakdown_ms_p50={c[2:]: float(dec[c].median() * 1e3) for c in dec.columns
                                               if c.startswith("t_")})
             (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
+            steps.to_parquet(args.out / f"{name}_steps.parquet", index=False)
             print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
 
 

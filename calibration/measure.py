@@ -45,6 +45,7 @@ import torch.nn.functional as F
 import triton
 
 from gpu_backend import layout as L
+from gpu_backend.bench.timing import graph_of
 from gpu_backend.checks import num_sms
 from gpu_backend.kernels import split_kv
 from gpu_backend.kernels.cascade import block_m_for, cascade_prefix_attention
@@ -98,15 +99,7 @@ def time_calls(fns, *, target_ms: float = 25.0, min_reps: int = 5, max_reps: int
         for f in fns:
             f()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up (compiles, caches) off the capture stream
-        all_()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        all_()
+    _, g = graph_of(all_)  # warm-up (compiles, caches) off the capture stream, then capture
     g.replay()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -640,14 +633,7 @@ def s_overhead(run):
         dev_eager.append(a.elapsed_time(b) * 1e3)
     run.row("overhead.csv", OVH_FIELDS, dict(what="eager_step_events", B=B, layers=layers, note="events around eager step",
                                             **stats(dev_eager)))
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        step()
+    _, g = graph_of(step)
     g.replay()
     torch.cuda.synchronize()
     gdev, gwall = [], []

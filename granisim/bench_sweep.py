@@ -107,7 +107,7 @@ def run(out_json: str = "reports/sweep_speed.json", points: int = 1000, requests
     }
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(out_json).write_text(json.dumps(result, indent=2))
-    print(f"single core, demo (600 requests): " + ", ".join(
+    print("single core, demo (600 requests): " + ", ".join(
         f"{p} {v['wall_s']:.2f} s wall ({v['sim_speedup_x_realtime']:.0f}x real time)" for p, v in core.items()))
     s = result["sweep"]
     print(f"sweep: {s['points']} points x {requests} requests in {s['wall_s']:.0f} s on {s['runner']}: "

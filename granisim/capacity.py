@@ -148,10 +148,7 @@ def capacity_table(results: list[CapacityResult], slo: dict[str, float]) -> str:
 
 
 def plot_capacity(results: list[CapacityResult], slo: dict[str, float], path: Path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from granisim.report import plt, save_figure  # report sets the Agg backend
 
     fig, axes = plt.subplots(1, len(slo), figsize=(6 * len(slo), 4.5), squeeze=False)
     for ax, (k, limit) in zip(axes[0], slo.items()):
@@ -168,9 +165,7 @@ def plot_capacity(results: list[CapacityResult], slo: dict[str, float], path: Pa
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title or "capacity within SLO (dotted: highest passing rate)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out: Path, *, lo: float | None = None,

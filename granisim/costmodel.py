@@ -253,7 +253,9 @@ class CostTables:
         self.step_overhead = p["overhead.step_s"]
         self.overhead_req = p["overhead.per_request_s"]
         self.overhead_tok = p["overhead.per_kv_token_s"]
-        self.engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}
+        # (scale, offset) per key; empty when the profile carries no engine calibration (the usual case)
+        engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}
+        self.engine = engine if any(v != (1.0, 0.0) for v in engine.values()) else {}
         self.fam = {f: (p[f"linear.{f}.launch_s"],
                         p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
                         p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}
@@ -687,10 +689,8 @@ class CostTables:
 
     # -- the step ---------------------------------------------------------------------------------
     def _in_engine(self, key: str, t):
-        """Model time -> the real engine's time for one breakdown key (identity unless the profile says)."""
+        """Model time -> the real engine's time for one breakdown key."""
         a, b = self.engine[key]
-        if a == 1.0 and b == 0.0:
-            return t
         return np.where(t > 0, a * t + b, 0.0) if isinstance(t, np.ndarray) else (a * t + b if t > 0 else 0.0)
 
     def step(self, plan: BatchPlan) -> StepResult:
@@ -761,9 +761,11 @@ class CostTables:
         else:
             kv_copy = 0.0
         overhead = self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
-        linear, lm_head, attn_prefill, prefix, merge, kv_write = (
-            self._in_engine(k, v) for k, v in (("linear", linear), ("lm_head", lm_head), ("attn_prefill", attn_prefill),
-                                               ("attn_prefix", prefix), ("merge", merge), ("kv_write", kv_write)))
+        if self.engine:
+            linear, lm_head, attn_prefill, prefix, merge, kv_write = (
+                self._in_engine(k, v) for k, v in (("linear", linear), ("lm_head", lm_head),
+                                                   ("attn_prefill", attn_prefill), ("attn_prefix", prefix),
+                                                   ("merge", merge), ("kv_write", kv_write)))
         if self.form == 2 and n_dec:
             steps_ = np.arange(max(n, 1), dtype=float)
             toks2 = tok + steps_ * n_dec
@@ -778,7 +780,8 @@ class CostTables:
                                   (tok * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
             else:
                 attn_decode = 0.0
-            attn_decode = self._in_engine("attn_decode", attn_decode)
+            if self.engine:
+                attn_decode = self._in_engine("attn_decode", attn_decode)
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
             return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
@@ -791,7 +794,8 @@ class CostTables:
                              (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
         else:
             dec = np.zeros(n)
-        dec = self._in_engine("attn_decode", dec)
+        if self.engine:
+            dec = self._in_engine("attn_decode", dec)
         copy = np.zeros(n)
         copy[0] = kv_copy
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + overhead

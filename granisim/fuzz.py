@@ -180,7 +180,7 @@ def allocator_machine(factory: Callable[[], KVAllocator]) -> type[RuleBasedState
                 ps = stats.pools[name]
                 assert ps.free + ps.used + ps.cached == ps.capacity, f"{name}: free+used+cached != capacity"
                 assert min(ps.free, ps.used, ps.cached) >= 0, f"{name}: negative count {ps}"
-                lo, hi = pool.slot_start if name == "hot" else _store_start(pool), None
+                lo = pool.slot_start if name == "hot" else _store_start(pool)
                 mine = [o[3] for o in owned if o[2] == name]
                 n_owned = int(sum(m.size for m in mine))
                 assert n_owned == ps.used + ps.cached, f"{name}: {n_owned} owned slots but used+cached={ps.used + ps.cached}"

@@ -98,8 +98,7 @@ COEFFICIENTS: dict[str, tuple[str, str]] = {
 # Optional coefficients: absent means the default (which keeps the first cost-model forms). ``attn.form = 2``
 # selects the attention/KV forms fitted to the Triton kernels (granisim/costmodel.py) and then needs all of
 # FORM2_COEFFICIENTS; name -> (unit, rule, default).
-OPTIONAL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
-    "attn.form": ("", "int", 1),
+FORM2_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # Form 2 kernel model, per kernel family (attn.prefill/decode/cascade/dense/merge, kv.write_):
     #   launch_s              fixed time per launch (launch, in-graph gap, prologue, epilogue)
     #   program_s             fixed time per program (its first loads' latency, its stores)
@@ -122,6 +121,8 @@ OPTIONAL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "attn.cascade.gather_ctas_per_sm": ("CTAs", "int", 1),
     "attn.cascade.max_splits": ("splits", "int", 64),
     "attn.dense.max_splits": ("splits", "int", 1),
+}
+ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # the real engine's in-situ time per breakdown key vs the microbenchmark-fitted model:
     # key time = scale * model time + offset (CUDA-graph gaps, in-graph timing marks), fitted on
     # real-engine runs (granisim.calibration.engine); per request host work of a step's metadata
@@ -131,8 +132,10 @@ OPTIONAL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "overhead.per_request_s": ("s", "nonneg", 0.0),
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
 }
-FORM2_COEFFICIENTS = tuple(k for k in OPTIONAL_COEFFICIENTS
-                           if k != "attn.form" and not k.startswith("engine.") and not k.startswith("overhead."))
+# what the microbenchmark calibration fits (calibration/fit.py); the engine ones come from engine runs
+KERNEL_MODEL_COEFFICIENTS = {"attn.form": ("", "int", 1), **FORM2_DEFAULTS}
+OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS}
+FORM2_COEFFICIENTS = tuple(FORM2_DEFAULTS)
 
 
 class ProfileError(ValueError):

@@ -13,6 +13,16 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
+def save_figure(fig, path, dpi: int = 110) -> Path:
+    """Lay out, write (making the folder) and close a figure; returns its path."""
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def plot_cdf(ax, values, label):
     v = np.sort(np.asarray(values, float)[~np.isnan(values)])
     if v.size:
@@ -29,9 +39,7 @@ def plot_run(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = ""
         ax.set_ylabel("CDF")
         ax.grid(alpha=0.3)
     fig.suptitle(f"Latency CDFs — {title}")
-    fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "latency_cdf.png")
 
     t = steps.start_s.to_numpy()
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
@@ -45,9 +53,7 @@ def plot_run(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = ""
     a2.set_ylabel("batch size")
     a2.set_xlabel("time (s)")
     a2.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "occupancy_batch.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "occupancy_batch.png")
 
 
 def perfetto_trace(steps: pd.DataFrame, path: Path) -> None:
@@ -85,6 +91,4 @@ def plot_compare(summaries: dict[str, dict], reqs: dict[str, pd.DataFrame], out:
         ax.legend()
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out / "compare.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "compare.png")

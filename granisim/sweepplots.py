@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from granisim.sweepfile import PlotSpec, Speedup, SweepSpec  # noqa: E402
+from granisim.report import plt, save_figure
+from granisim.sweepfile import PlotSpec, Speedup, SweepSpec
 
 
 def add_speedup(df: pd.DataFrame, sp: Speedup, varied: list[str]) -> pd.DataFrame:
@@ -97,9 +94,7 @@ def plot(df: pd.DataFrame, p: PlotSpec, path: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
     ax.set_xlabel(p.x)
     ax.set_title(p.title or title or f"{p.value} over {p.x}" + (f" x {p.y}" if p.y else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

@@ -46,15 +46,27 @@ class PairedExecutor:
         measured = self.real.execute(plan)
         self.plans.append(replace(plan, requests=tuple(replace(r, layout=None, new_slots=None, input_tokens=None)
                                                        for r in plan.requests)))
-        predicted = step_cost(plan, self.profile, self.model)
         row = {"step": plan.step, "batch": len(plan.requests), "tokens": plan.num_tokens,
-               "prefill": any(r.is_prefill for r in plan.requests),
-               "measured_s": measured.duration_s, "predicted_s": predicted.duration_s}
-        for k in BREAKDOWN_KEYS:
-            row[f"measured_{k}"] = measured.breakdown.get(k, 0.0)
-            row[f"predicted_{k}"] = predicted.breakdown.get(k, 0.0)
-        self.rows.append(row)
+               "prefill": any(r.is_prefill for r in plan.requests), **_columns("measured", measured)}
+        self.rows.append({**row, **_columns("predicted", step_cost(plan, self.profile, self.model))})
         return measured
+
+
+def _columns(side: str, r: StepResult) -> dict:
+    return {f"{side}_s": r.duration_s, **{f"{side}_{k}": r.breakdown.get(k, 0.0) for k in BREAKDOWN_KEYS}}
+
+
+def reprice(steps: pd.DataFrame, plans: list[BatchPlan], profile, model) -> pd.DataFrame:
+    """A measured run's steps with the predictions of another profile (the run's stored plans)."""
+    priced = pd.DataFrame([_columns("predicted", step_cost(p, profile, model)) for p in plans], index=steps.index)
+    return steps.assign(**priced)
+
+
+def end_to_end(measured: dict, predicted: dict) -> dict:
+    """Relative error of the simulator's summary against the real engine's, per end-to-end metric."""
+    return {k: {"measured": measured[k], "predicted": predicted[k],
+                "error": abs(predicted[k] - measured[k]) / measured[k] if measured[k] else float("nan")}
+            for k in E2E_KEYS}
 
 
 def _rel(pred, meas):
@@ -92,8 +104,7 @@ def validate(setup, gpu_executor, out: Path, progress: bool = True) -> dict:
     requests_frame(measured.records).to_parquet(out / "measured_requests.parquet", index=False)
     m_sum = summarize(requests_frame(measured.records), measured.steps.frame(), measured.end_s)
     s_sum = summarize(requests_frame(simulated.records), simulated.steps.frame(), simulated.end_s)
-    e2e = {k: {"measured": m_sum[k], "predicted": s_sum[k],
-               "error": abs(s_sum[k] - m_sum[k]) / m_sum[k] if m_sum[k] else float("nan")} for k in E2E_KEYS}
+    e2e = end_to_end(m_sum, s_sum)
     errs = step_errors(steps)
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -125,7 +136,7 @@ def _markdown(r: dict) -> str:
 
 
 def _plots(steps: pd.DataFrame, measured, simulated, out: Path) -> None:
-    from granisim.report import plot_cdf, plt  # report sets the Agg backend
+    from granisim.report import plot_cdf, plt, save_figure  # report sets the Agg backend
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     a1.scatter(steps.measured_s * 1e3, steps.predicted_s * 1e3, s=6, alpha=0.6)
@@ -143,6 +154,4 @@ def _plots(steps: pd.DataFrame, measured, simulated, out: Path) -> None:
     a2.set_xlabel("seconds")
     a2.set_ylabel("CDF")
     a2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "validation.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "validation.png")

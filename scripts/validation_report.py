@@ -24,13 +24,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from engine_h200 import VALIDATION, _scenario  # noqa: E402
 from granisim.calibration.engine import fit, kv_tokens_read, with_engine  # noqa: E402
-from granisim.costmodel import step_cost  # noqa: E402
 from granisim.engine import Engine  # noqa: E402
 from granisim.executor import CostExecutor  # noqa: E402
 from granisim.hardware import Source  # noqa: E402
-from granisim.metrics import BREAKDOWN_KEYS, requests_frame, summarize  # noqa: E402
+from granisim.metrics import requests_frame, summarize  # noqa: E402
 from granisim.simulate import prepare  # noqa: E402
-from granisim.validate import E2E_KEYS, TARGETS, step_errors  # noqa: E402
+from granisim.validate import TARGETS, end_to_end, reprice, step_errors  # noqa: E402
 
 
 def _setup(name: str, requests: int, profile: str):
@@ -39,21 +38,10 @@ def _setup(name: str, requests: int, profile: str):
     return prepare(_scenario(extra, profile))
 
 
-def _reprice(run: Path, steps: pd.DataFrame, profile, model) -> pd.DataFrame:
-    plans = pickle.loads((run / "plans.pkl").read_bytes())
-    out = steps.copy()
-    priced = [step_cost(p, profile, model) for p in plans]
-    out["predicted_s"] = [r.duration_s for r in priced]
-    for k in BREAKDOWN_KEYS:
-        out[f"predicted_{k}"] = [r.breakdown.get(k, 0.0) for r in priced]
-    return out
-
-
 def _e2e(setup, measured: dict) -> dict:
     res = Engine(setup, CostExecutor(setup.profile, setup.model), progress=False).run()
-    s = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
-    return {k: {"measured": measured[k]["measured"], "predicted": s[k],
-                "error": abs(s[k] - measured[k]["measured"]) / measured[k]["measured"]} for k in E2E_KEYS}
+    return end_to_end({k: v["measured"] for k, v in measured.items()},
+                      summarize(requests_frame(res.records), res.steps.frame(), res.end_s))
 
 
 def main() -> None:
@@ -66,8 +54,9 @@ def main() -> None:
     args = ap.parse_args()
     names = [n for n in VALIDATION if (args.run / n / "steps.parquet").exists()]
     steps = {n: pd.read_parquet(args.run / n / "steps.parquet") for n in names}
+    plans = {n: pickle.loads((args.run / n / "plans.pkl").read_bytes()) for n in names}
     for n in names:
-        steps[n]["kv_tokens"] = [kv_tokens_read(p) for p in pickle.loads((args.run / n / "plans.pkl").read_bytes())]
+        steps[n]["kv_tokens"] = [kv_tokens_read(p) for p in plans[n]]
     raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
     meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
             if (args.run.parent / f"{k}.txt").exists()}
@@ -83,7 +72,7 @@ def main() -> None:
         setup = _setup(n, args.requests, args.profile)
         vals = fit([steps[o] for o in names if o != n])
         prof = with_engine(setup.profile, vals, source)
-        cal = _reprice(args.run / n, steps[n], prof, setup.model)
+        cal = reprice(steps[n], plans[n], prof, setup.model)
         cal["workload"] = n
         frames.append(cal)
         report["workloads"][n] = {
@@ -108,7 +97,7 @@ def main() -> None:
 
 
 def _plot(df: pd.DataFrame, path: Path) -> None:
-    from granisim.report import plt
+    from granisim.report import plt, save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for n, g in df.groupby("workload"):
@@ -123,9 +112,7 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
     axes[1].set_xlabel("relative step error (clipped to +-50%)")
     for a in axes:
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

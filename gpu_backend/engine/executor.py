@@ -42,8 +42,7 @@ class GpuExecutor:
     max_steps_per_plan = 1
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512,
-                 timed_graphs: bool = True):
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512):
         self.shape = shape
         self.device = torch.device(device)
         self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
@@ -58,7 +57,7 @@ class GpuExecutor:
         use_graphs = self.device.type == "cuda" if graphs is None else graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.graphs = GraphCache(self.device, timed=timed_graphs) if use_graphs else None
+        self.graphs = GraphCache(self.device) if use_graphs else None
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
 
@@ -83,10 +82,10 @@ class GpuExecutor:
             copy_span = (a, clock.mark())
         pause = None
         if graph:
-            cached = self.graphs.captures
-            a = clock.mark()
-            entry = self.graphs.get(host.shape, self.arena.generation, lambda timer: self._forward(meta, timer))
-            if self.graphs.captures != cached:  # capture (and its warm-up run) is not part of the step
+            entry = self.graphs.lookup(host.shape, self.arena.generation)
+            if entry is None:  # capture (and its warm-up run) is not part of the step
+                a = clock.mark()
+                entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer))
                 pause = (a, clock.mark())
             nxt, lg = self.graphs.replay(entry)
             timer = entry.timer

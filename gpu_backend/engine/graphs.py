@@ -10,7 +10,6 @@ the next replay). The step's part timer is captured with it (event-record nodes)
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,9 +27,8 @@ class StepGraph:
 
 
 class GraphCache:
-    def __init__(self, device: torch.device, timed: bool = True):
+    def __init__(self, device: torch.device):
         self.device = device
-        self.timed = timed
         self.pool = None  # the first graph's pool, shared by the later ones (graph.pool())
         self._graphs: dict[StepShape, StepGraph] = {}
         self._generation = None
@@ -38,17 +36,13 @@ class GraphCache:
         self.replays = 0
         self.capture_s = 0.0
 
-    def get(self, shape: StepShape, generation: int,
-            forward: Callable[[PartTimer], tuple[torch.Tensor, ...]]) -> StepGraph:
+    def lookup(self, shape: StepShape, generation: int) -> StepGraph | None:
         if generation != self._generation:  # the metadata buffers moved: every graph reads stale addresses
             self.clear()
             self._generation = generation
-        entry = self._graphs.get(shape)
-        if entry is None:
-            entry = self._graphs[shape] = self._capture(forward)
-        return entry
+        return self._graphs.get(shape)
 
-    def _capture(self, forward) -> StepGraph:
+    def capture(self, shape: StepShape, forward: Callable[[PartTimer], tuple[torch.Tensor, ...]]) -> StepGraph:
         t = time.perf_counter()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream())
@@ -56,22 +50,15 @@ class GraphCache:
             forward(PartTimer(self.device, enabled=False))
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        timer = PartTimer(self.device, in_graph=True, enabled=self.timed)
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                outputs = forward(timer)
-        except RuntimeError as err:
-            if not self.timed:
-                raise
-            # timing events inside graphs need driver support: fall back to untimed graphs (total only)
-            warnings.warn(f"CUDA graph capture with timing events failed ({err}); capturing without a breakdown")
-            self.timed = False
-            return self._capture(forward)
+        timer = PartTimer(self.device, in_graph=True)
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = forward(timer)
         if self.pool is None:
             self.pool = graph.pool()
         self.captures += 1
         self.capture_s += time.perf_counter() - t
-        return StepGraph(graph, outputs, timer)
+        entry = self._graphs[shape] = StepGraph(graph, outputs, timer)
+        return entry
 
     def replay(self, entry: StepGraph) -> tuple[torch.Tensor, ...]:
         entry.graph.replay()

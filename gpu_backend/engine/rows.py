@@ -140,17 +140,14 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     small: list[np.ndarray] = []
     big: dict[str, np.ndarray] = {}
 
-    next_row = [0]
-
-    def region(idx: list[int], n_rows: int) -> None:
-        first = next_row[0]
-        next_row[0] += n_rows
+    def region(idx: list[int], n_rows: int, first_sample: int) -> None:
+        """Append the rows of requests `idx` (+ pads); request n's logits are sampled row first_sample + n."""
         for n, i in enumerate(idx):
             r = reqs[i]
             tokens.append(np.asarray(r.input_tokens, np.int64))
             positions.append(r.context_len + np.arange(r.num_new))
             new_slots.append(np.asarray(r.new_slots, np.int64))
-            sample_of[r.rid] = first + n  # one row per request outside the extend region
+            sample_of[r.rid] = first_sample + n
         pad = n_rows - sum(reqs[i].num_new for i in idx)
         tokens.append(np.zeros(pad, np.int64))
         positions.append(np.zeros(pad, np.int64))
@@ -159,13 +156,13 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     # extend: prefill chunks over their cached prefix (slot lists)
     ext_sizes = [reqs[i].num_new for i in ext]
     ext_rows, ext_reqs = bucket_n(sum(ext_sizes)), bucket_n(len(ext))
-    region(ext, ext_rows)
+    region(ext, ext_rows, 0)
     ext_prefix = [slots[i][: reqs[i].context_len] for i in ext]
     small += [_csr_ptr(ext_sizes, ext_reqs), _csr_ptr([p.size for p in ext_prefix], ext_reqs)]
     big["ext"] = _cat(ext_prefix)
     # decode: every request outside a prefix pass reads its whole context
     dec_rows = bucket_n(len(dec))
-    region(dec, dec_rows)
+    region(dec, dec_rows, ext_reqs)
     dec_kv = [slots[i] for i in dec]
     if plan.policy == "paged":
         ps = plan.page_size
@@ -187,6 +184,7 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
             raise ValueError(f"plan step {plan.step}: dense group {g.key} is not one contiguous slab")
         by_pass.setdefault((g.path, slab), []).append((g, first))
     passes, suffix = [], []
+    next_sample = ext_reqs + dec_rows
     for n, key in enumerate(k for k in PASS_ORDER if k in by_pass):
         groups = by_pass[key]
         members = [i for g, _ in groups for i in g.members]
@@ -194,7 +192,8 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
                           max_group=bucket_n(max(len(g.members) for g, _ in groups)),
                           max_prefix=bucket_l(max(f.size for _, f in groups)))
         passes.append(shape)
-        region(members, shape.rows)
+        region(members, shape.rows, next_sample)
+        next_sample += shape.rows
         small.append(_csr_ptr([len(g.members) for g, _ in groups], shape.groups))
         firsts = [f for _, f in groups]
         if key[1]:
@@ -215,10 +214,6 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     # sampled rows: each extend request's last row, then every other row
     last = _pad(small[0][1: len(ext) + 1] - 1, ext_reqs, 0)
     sample = np.concatenate([last, np.arange(ext_rows, shape.num_rows)])
-    for n, i in enumerate(ext):
-        sample_of[reqs[i].rid] = n
-    for i in dec + [i for g in plan.groups if g.path in ("cascade", "dense") for i in g.members]:
-        sample_of[reqs[i].rid] += ext_reqs - ext_rows
     tokens, positions, new_slots = (np.concatenate(a) for a in (tokens, positions, new_slots))
     small = [tokens, positions, new_slots, sample] + small
     return HostStep(shape, [a.astype(np.int32) for a in small], {k: v.astype(np.int32) for k, v in big.items()},

@@ -37,16 +37,27 @@ def slot_ids(MODE: tl.constexpr, B, base, pos, mask, PAGE: tl.constexpr):
 
 
 @triton.jit
-def attend(q, k, v, mask, m_i, l_i, acc, qk_scale):
-    """One online-softmax step. q [M, D], k/v [N, D], mask [M, N] or [1, N] (True = attend)."""
-    qk = tl.dot(q, tl.trans(k)) * qk_scale
-    qk = tl.where(mask, qk, float("-inf"))
+def _online_softmax(qk, v, m_i, l_i, acc):
+    """Fold one block of log2-domain scores qk [M, N] and values v [N, D] into the running state."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def attend(q, k, v, mask, m_i, l_i, acc, qk_scale):
+    """One online-softmax step. q [M, D], k/v [N, D], mask [M, N] or [1, N] (True = attend)."""
+    qk = tl.where(mask, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+    return _online_softmax(qk, v, m_i, l_i, acc)
+
+
+@triton.jit
+def attend_full(q, k, v, m_i, l_i, acc, qk_scale):
+    """`attend` for a block every row may see whole (no mask work)."""
+    return _online_softmax(tl.dot(q, tl.trans(k)) * qk_scale, v, m_i, l_i, acc)
 
 
 @triton.jit
@@ -60,21 +71,30 @@ def finish(m_i, l_i, acc):
 
 
 @triton.jit
-def stacked_rows(r, n_rows, q_start, h, G):
-    """Stacked row r of a group -> (query token, query head, valid). Row r = b * G + g."""
+def stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh,
+                    BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """Tile pid_m of a group's stacked rows (row r = b * G + g: query token q_start + b, head h * G + g):
+    (q [BLOCK_M, D], query token int64, query head, valid)."""
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     valid = r < n_rows
-    tok = q_start + r // G
+    tok = (q_start + r // G).to(tl.int64)
     qh = h * G + r % G
-    return tok, qh, valid
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
+                mask=valid[:, None], other=0.0)
+    return q, tok, qh, valid
 
 
 @triton.jit
-def attend_full(q, k, v, m_i, l_i, acc, qk_scale):
-    """`attend` for a block every row may see whole (no mask work)."""
-    qk = tl.dot(q, tl.trans(k)) * qk_scale
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+def store_state(O, LSE, OP, LSEP, o, lse, tok, qh, row_ok, s, n_q, n_rows_total, stride_ot, stride_oh,
+                D: tl.constexpr, SPLIT: tl.constexpr):
+    """Write a tile's (o, lse): to O/LSE, or as split s's fp32 partial to OP/LSEP (see split_kv.combine)."""
+    offs_d = tl.arange(0, D)
+    row = tok * n_q + qh                                                           # flat (token, head)
+    if SPLIT:
+        tl.store(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LSEP + s * n_rows_total + row, lse, mask=row_ok)
+    else:
+        tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + row, lse, mask=row_ok)

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .. import layout as L
 from .cascade import prepare
-from .common import LOG2E, attend, attend_full, finish, stacked_rows
+from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
 from ..checks import num_sms
 from .split_kv import combine, plan_splits
 
@@ -38,12 +38,7 @@ def _dense_kernel(
     n_rows = (tl.load(GROUP_PTR + g + 1) - q_start) * G
     if pid_m * BLOCK_M >= n_rows:
         return
-    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok, qh, row_ok = stacked_rows(r, n_rows, q_start, h, G)
-    tok = tok.to(tl.int64)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)                                   # [BLOCK_M, D]
+    q, tok, qh, row_ok = stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh, BLOCK_M, D)
 
     start = tl.load(START + g)
     length = tl.load(LEN + g)
@@ -85,15 +80,7 @@ def _dense_kernel(
             v = tl.load(v_blk, boundary_check=(0,), padding_option="zero")
             m_i, l_i, acc = attend(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, qk_scale)
     o, lse = finish(m_i, l_i, acc)
-
-    row = tok * n_q + qh
-    if SPLIT:
-        tl.store(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(LSEP + s * n_rows_total + row, lse, mask=row_ok)
-    else:
-        tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
-                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(LSE + row, lse, mask=row_ok)
+    store_state(O, LSE, OP, LSEP, o, lse, tok, qh, row_ok, s, n_q, n_rows_total, stride_ot, stride_oh, D, SPLIT)
 
 
 def _dense_splits(base: int, max_kv_len: int, block_n: int, device, kv_chunk):

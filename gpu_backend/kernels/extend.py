@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .. import checks
 from .. import layout as L
-from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
+from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
 from .split_kv import default_scale
 
 
@@ -38,13 +38,9 @@ def _extend_kernel(
     n_rows = n_new * G
     if pid_m * BLOCK_M >= n_rows:
         return
-    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok, qh, row_ok = stacked_rows(r, n_rows, q_start, h, G)
-    i_new = r // G                                                                 # token index in chunk
-    tok = tok.to(tl.int64)
+    q, tok, qh, row_ok = stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh, BLOCK_M, D)
+    i_new = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) // G                         # token index in chunk
     offs_d = tl.arange(0, D)
-    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)                                   # [BLOCK_M, D]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -70,9 +66,7 @@ def _extend_kernel(
         causal = ok[None, :] & (j[None, :] <= i_new[:, None])
         m_i, l_i, acc = attend(q, k, v, causal, m_i, l_i, acc, qk_scale)
     o, lse = finish(m_i, l_i, acc)
-    tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
-             o.to(O.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(LSE + tok * n_q + qh, lse, mask=row_ok)
+    store_state(O, LSE, O, LSE, o, lse, tok, qh, row_ok, 0, n_q, 0, stride_ot, stride_oh, D, False)
 
 
 def extend_attention(

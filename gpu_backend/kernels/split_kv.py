@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .. import layout as L
 from ..checks import num_sms
-from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_rows
+from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
 
 # How far to split along KV (H200 runs, reports/kernels/h200.md "Defaults"):
 # - gathered storages (slot lists, pages) with row tiles <= 64: about 2 programs per SM, rounded up
@@ -48,12 +48,7 @@ def _split_kv_kernel(
     n_rows = (tl.load(GROUP_PTR + g + 1) - q_start) * G
     if pid_m * BLOCK_M >= n_rows:
         return
-    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok, qh, row_ok = stacked_rows(r, n_rows, q_start, h, G)
-    tok = tok.to(tl.int64)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + tok[:, None] * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)                                   # [BLOCK_M, D]
+    q, tok, qh, row_ok = stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh, BLOCK_M, D)
 
     base, length = kv_span(MODE, g, A, C)
     lo = s * kv_chunk
@@ -61,6 +56,7 @@ def _split_kv_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    offs_d = tl.arange(0, D)
     k_base = K + h * stride_kh + offs_d[None, :]
     v_base = V + h * stride_vh + offs_d[None, :]
     for start in range(lo, hi, BLOCK_N):
@@ -71,15 +67,7 @@ def _split_kv_kernel(
         v = tl.load(v_base + slots[:, None] * stride_vt, mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
         m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale)
     o, lse = finish(m_i, l_i, acc)
-
-    row = tok * n_q + qh                                                           # flat (token, head)
-    if SPLIT:
-        tl.store(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(LSEP + s * n_rows_total + row, lse, mask=row_ok)
-    else:
-        tl.store(O + tok[:, None] * stride_ot + qh[:, None] * stride_oh + offs_d[None, :],
-                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(LSE + row, lse, mask=row_ok)
+    store_state(O, LSE, OP, LSEP, o, lse, tok, qh, row_ok, s, n_q, n_rows_total, stride_ot, stride_oh, D, SPLIT)
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import GEMM_FAMILIES, fit_roofline, roofline_time, op_work, Dims
-from granisim.hardware import OPTIONAL_COEFFICIENTS
+from granisim.hardware import KERNEL_MODEL_COEFFICIENTS
 from granisim.models import ModelShape, get_model
 
 from .raw import Raw, holdout, kernel_table_of, predict_attention, prepare_rows
@@ -167,7 +167,7 @@ class FitResult:
 def initial_values(base: dict, meta: dict) -> dict:
     """Start values: ``base`` coefficients, the kernel rules, ceilings and SM count from ``meta``."""
     v = dict(base)
-    for k, (_, _, default) in OPTIONAL_COEFFICIENTS.items():
+    for k, (_, _, default) in KERNEL_MODEL_COEFFICIENTS.items():
         v.setdefault(k, default)
     v.update(KERNEL_RULES)
     c = meta.get("ceilings") or {}

@@ -62,10 +62,7 @@ def model_crossovers(profile: HardwareProfile, model: ModelShape, Ls) -> dict:
 
 def plot(p: pd.DataFrame, profile: HardwareProfile, model: ModelShape, m_sat: int, per_L: dict, out: str | Path,
          title: str = "") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from granisim.report import plt, save_figure  # report sets the Agg backend
 
     Ls = sorted(p["L"].unique())
     fig, axes = plt.subplots(1, len(Ls), figsize=(4.2 * len(Ls), 3.8), sharey=False)
@@ -94,9 +91,4 @@ def plot(p: pd.DataFrame, profile: HardwareProfile, model: ModelShape, m_sat: in
     axes[-1].legend(fontsize=7, loc="upper left")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

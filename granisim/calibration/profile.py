@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from granisim.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, SCHEMA
+from granisim.hardware import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS, SCHEMA
 from granisim.models import get_model
 
 from .fit import DISCRETE, FAMILY_PARAMS, KERNEL_RULES, FitResult
@@ -95,10 +95,10 @@ def profile_doc(raw: Raw, res: FitResult, *, name: str, command: str, table_pref
     mod = get_model(m.get("model", "llama-3.1-8b"))
     dims = {k: int(getattr(mod, k)) for k in DIMS_KEYS}
     coefs = {}
-    for k in list(COEFFICIENTS) + list(OPTIONAL_COEFFICIENTS):
+    for k in list(COEFFICIENTS) + list(KERNEL_MODEL_COEFFICIENTS):
         v = res.values[k]
         unit = unit_of(k)
-        rule = COEFFICIENTS.get(k, OPTIONAL_COEFFICIENTS.get(k, ("", "")))[1]
+        rule = COEFFICIENTS.get(k, KERNEL_MODEL_COEFFICIENTS.get(k, ("", "")))[1]
         if rule == "int":
             v = int(round(v))
         elif isinstance(v, float):

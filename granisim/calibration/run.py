@@ -87,10 +87,7 @@ def format_errors(res: FitResult) -> str:
 
 
 def residual_plot(res: FitResult, out) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from granisim.report import plt, save_figure  # report sets the Agg backend
 
     r = res.residuals
     if "censored" in r.columns:
@@ -123,12 +120,7 @@ def residual_plot(res: FitResult, out) -> Path:
     for ax in axes[n:]:
         ax.axis("off")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=100)
 
 
 def write_figures(cal: Calibration, report_dir, name: str) -> dict:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from granisim.fuzz import FUZZ_CAPACITY
 from granisim.kv.allocator import KVAllocator
 from granisim.kv.hot_pool import HotPool
-from granisim.kv.radix import RadixIndex, RadixNode
+from granisim.kv.radix import RadixIndex
 
 
 class DoubleFree(KVAllocator):

@@ -13,7 +13,7 @@ from granisim.calibration.msat import best_threshold, measured_crossovers
 from granisim.calibration.profile import derive
 from granisim.calibration.raw import load_raw, predict_attention, synthetic_raw
 from granisim.cli import main
-from granisim.costmodel import Correction, cost_tables, step_cost
+from granisim.costmodel import Correction, step_cost
 from granisim.hardware import ProfileError, get_profile, load_profile
 from granisim.models import get_model
 from granisim.plan import BatchPlan, PlannedRequest

@@ -1,7 +1,5 @@
 """End-to-end properties of the simulator: conservation, determinism, closed forms."""
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest

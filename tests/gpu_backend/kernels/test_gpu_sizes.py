@@ -81,7 +81,7 @@ def test_merge_and_write_real():
 
 def test_cascade_graph_replay_matches_launch():
     """check=False + host max sizes: capturable; replays give the launch's result."""
-    rows, lens = [16, 4], [16384, 999]
+    lens = [16384, 999]  # groups of 16 and 4 rows
     kc, vc, pre = stored("slab", lens, N_KV, D, BF, seed=4)
     q = queries(20, 32, D, BF, seed=4)
     gp = i32([0, 16, 20])

@@ -53,7 +53,7 @@ def test_merge_in_place_and_errors():
 def test_paths_agree(prefix_kind, G, d):
     """Two prefix groups (3 and 2 requests), suffixes of 5, 0, 17, 1, 0 tokens."""
     dtype, n_kv = torch.float16, 1
-    groups, pre_len, suf_len = [3, 2], [70, 1], [5, 0, 17, 1, 0]
+    pre_len, suf_len = [70, 1], [5, 0, 17, 1, 0]
     pk, pv = tokens(pre_len, n_kv, d, dtype, seed=1)
     sk, sv = tokens(suf_len, n_kv, d, dtype, seed=2)
     # one cache: prefixes at [0, 96) in the chosen storage (pages of 16), suffixes above, scattered

@@ -28,6 +28,12 @@ from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, s
 CTAS_PER_SM = 1
 MIN_CHUNK = 256   # tokens per split, at least
 MAX_SPLITS = 64   # the combine holds all of a row's splits at once
+# Tokens per split, at most (0 = no cap). The split count comes from the LONGEST sequence, so in a
+# batch of mixed lengths without a cap one program walks the longest sequence alone while the
+# others idle; with it, long sequences are cut into chunks that run in parallel and short ones
+# leave their extra splits empty (a program that exits at once). Chosen by
+# gpu_backend/bench/split_balance.py (reports/kernels/split_balance/).
+MAX_CHUNK = 1024
 
 
 @triton.jit
@@ -123,6 +129,8 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
     target = (ctas_per_sm or CTAS_PER_SM) * num_sms(device)
     base = max(base_programs, 1)
     want = triton.cdiv(target, base) if round_up else max(1, int(target // base))
+    if MAX_CHUNK:
+        want = max(want, triton.cdiv(max_kv_len, MAX_CHUNK))
     n_splits = max(1, min(want, triton.cdiv(max_kv_len, MIN_CHUNK), MAX_SPLITS))
     chunk = triton.cdiv(triton.cdiv(max_kv_len, n_splits), block_n) * block_n
     return triton.cdiv(max_kv_len, chunk), chunk

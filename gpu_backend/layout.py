@@ -142,10 +142,20 @@ def validate(kv: KVLayout, *, n: int, num_slots: int, device, name: str = "kv") 
         raise TypeError(f"{name} must be SlotLists, PageTable or Slabs, got {type(kv).__name__}")
 
 
-def max_len(kv: KVLayout) -> int:
-    """Longest sequence (tokens), read on the host: one synchronisation."""
+def _lens(kv: KVLayout) -> torch.Tensor:
     if isinstance(kv, SlotLists):
         p = kv.indptr.cpu().long()
-        return int((p[1:] - p[:-1]).max()) if p.shape[0] > 1 else 0
-    ln = kv.lens if isinstance(kv, PageTable) else kv.length
+        return p[1:] - p[:-1]
+    return (kv.lens if isinstance(kv, PageTable) else kv.length).cpu().long()
+
+
+def max_len(kv: KVLayout) -> int:
+    """Longest sequence (tokens), read on the host: one synchronisation."""
+    ln = _lens(kv)
     return int(ln.max()) if ln.shape[0] else 0
+
+
+def mean_len(kv: KVLayout) -> int:
+    """Mean sequence length (tokens, rounded up), read on the host: one synchronisation."""
+    ln = _lens(kv)
+    return -(-int(ln.sum()) // ln.shape[0]) if ln.shape[0] else 0

@@ -306,6 +306,7 @@ class CostTables:
         self.gather_ctas_per_sm = p["attn.cascade.gather_ctas_per_sm"]
         self.min_split = p["attn.cascade.min_split_tokens"]
         self.max_splits = p["attn.cascade.max_splits"]
+        self.balance_chunk = p["attn.cascade.balance_chunk"]
         self.dense_max_splits = int(p["attn.dense.max_splits"])
         self.merge_eff_bw = self.BW * p["attn.merge.mem_eff"]
         self.copy_launch = L * p["kv.copy_launch_s"]
@@ -332,16 +333,19 @@ class CostTables:
         """KV tile of the launchers: 64 tokens for row tiles up to 64, else 128."""
         return np.where(np.asarray(m_tile) <= 64, 64.0, 128.0)
 
-    def split_rule(self, base, kv_len, block_n, gather=False):
+    def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None):
         """(n_splits, chunk) of gpu_backend.kernels.split_kv.launch / plan_splits: split along KV until
         about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
-        ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True); at
-        least ``min_split_tokens`` per split, at most ``max_splits``; the chunk is a whole number of KV
-        tiles. Arrays broadcast."""
+        ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True), and
+        (given the batch's ``mean_len``) until no split is longer than ``max(balance_chunk, mean_len)``;
+        at least ``min_split_tokens`` per split, at most ``max_splits``; the chunk is a whole number of
+        KV tiles. Arrays broadcast."""
         base = np.maximum(np.asarray(base, float), 1.0)
         kv_len = np.asarray(kv_len, float)
         want = np.where(gather, np.ceil(self.gather_ctas_per_sm * self.sms / base),
                         np.maximum(1.0, np.floor(self.ctas_per_sm * self.sms / base)))
+        if self.balance_chunk and mean_len is not None:
+            want = np.maximum(want, np.ceil(kv_len / np.maximum(self.balance_chunk, np.ceil(mean_len))))
         n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / self.min_split)), self.max_splits))
         chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
         chunk = np.where(kv_len > 0, chunk, block_n)
@@ -396,7 +400,8 @@ class CostTables:
         (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
         in page tables / slot lists (the simulator's private storage), not slabs; arrays broadcast."""
         base = self.n_kv * np.asarray(n_dec, float)  # one row tile (G query heads) per request and KV head
-        n, _ = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64))
+        n, _ = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
+                               mean_len=np.asarray(tok, float) / np.maximum(n_dec, 1))
         N = base * n
         tok = np.asarray(tok, float)
         per = tok * self.n_kv / N                      # mean KV tokens of one program

@@ -133,7 +133,11 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
 }
 # what the microbenchmark calibration fits (calibration/fit.py); the engine ones come from engine runs
-KERNEL_MODEL_COEFFICIENTS = {"attn.form": ("", "int", 1), **FORM2_DEFAULTS}
+KERNEL_MODEL_COEFFICIENTS = {
+    "attn.form": ("", "int", 1), **FORM2_DEFAULTS,
+    # split-KV load balance: no split longer than max(balance_chunk, the batch's mean length); 0 = none
+    # (kernels before it; optional so that profiles fitted to them stay valid)
+    "attn.cascade.balance_chunk": ("tokens", "int", 0)}
 OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS}
 FORM2_COEFFICIENTS = tuple(FORM2_DEFAULTS)
 

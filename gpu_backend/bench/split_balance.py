@@ -1,8 +1,9 @@
-"""How many KV tokens one split-KV program should walk at most (split_kv.MAX_CHUNK).
+"""How many KV tokens one split-KV program should walk at most (split_kv.balance_cap).
 
 The engine's decode passes see sequences of very mixed lengths (Azure-trace suffixes: median
 1K tokens, longest 14K), but the split count is planned from the longest one. This times the
-decode and cascade launches the engine makes, as CUDA-graph replays, for several caps:
+decode and cascade launches the engine makes, as CUDA-graph replays, with no cap, with fixed
+caps of 256..4096 tokens, and with the shipped rule `mean` (max(BALANCE_CHUNK, mean length)):
 
 - `suffix`  : B requests' own suffixes (slot lists), trace lengths — granikv's suffix pass;
 - `token`   : the same requests with a shared L_p-token prefix in front (same slots for all,
@@ -30,7 +31,9 @@ from .problems import N_KV, D, Pool, i32, queries
 from .timing import bench, graph_of
 
 N_Q = 32  # Llama-3.1-8B
-CAPS = (0, 256, 512, 1024, 2048, 4096)
+SHIPPED = split_kv.balance_cap
+CAPS = {"none": lambda mean: 0, **{str(c): (lambda mean, c=c: c) for c in (256, 512, 1024, 2048, 4096)},
+        "mean": SHIPPED}
 
 
 def trace_lengths(n: int, seed: int) -> np.ndarray:
@@ -61,13 +64,14 @@ def cases(pool: Pool, seed: int):
             kv, mx = slot_lists(pool, lens, shared)
             q = queries(B, N_Q, pool.dtype)
             name = f"{'suffix' if not shared else 'token'} B={B} L_p={shared} max={mx}"
-            out.append((name, lambda q=q, kv=kv, mx=mx: decode_attention(
-                q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, max_kv_len=mx, check=False)))
+            mean = shared + int(np.ceil(lens.mean()))
+            out.append((name, lambda q=q, kv=kv, mx=mx, mean=mean: decode_attention(
+                q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, max_kv_len=mx, mean_kv_len=mean, check=False)))
     for B, Ln in ((16, 4096), (64, 4096), (64, 16384)):
         kv, mx = slot_lists(pool, [Ln] * B, 0)
         q = queries(B, N_Q, pool.dtype)
         out.append((f"uniform B={B} L={Ln}", lambda q=q, kv=kv, mx=mx: decode_attention(
-            q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, max_kv_len=mx, check=False)))
+            q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, max_kv_len=mx, mean_kv_len=mx, check=False)))
     for k, Lp in ((4, 16384), (16, 16384), (4, 4096), (16, 1024)):
         members = 64 // k
         slabs = L.Slabs(i32([g * Lp for g in range(k)]), i32([Lp] * k))
@@ -75,7 +79,7 @@ def cases(pool: Pool, seed: int):
         q = queries(64, N_Q, pool.dtype)
         out.append((f"cascade k={k} L_p={Lp} B=64", lambda q=q, s=slabs, g=gptr, m=members, Lp=Lp:
                     cascade_prefix_attention(q=q, k_cache=pool.k, v_cache=pool.v, group_indptr=g, prefix=s,
-                                             max_group_size=m, max_kv_len=Lp, check=False)))
+                                             max_group_size=m, max_kv_len=Lp, mean_kv_len=Lp, check=False)))
     return out
 
 
@@ -88,20 +92,22 @@ def main() -> None:
     rows = []
     for name, fn in cases(pool, args.seed):
         line = {"case": name}
-        for cap in CAPS:
-            split_kv.MAX_CHUNK = cap
+        for cap, rule in CAPS.items():
+            split_kv.balance_cap = rule
             fn()  # compile / warm up
             replay, _g = graph_of(fn)
             r = bench(replay, target_ms=40)
-            line[f"cap{cap}_us"] = round(r["median_us"], 1)
-            line[f"cap{cap}_p10_p90"] = (round(r["p10_us"], 1), round(r["p90_us"], 1))
+            line[f"cap_{cap}_us"] = round(r["median_us"], 1)
+            line[f"cap_{cap}_p10_p90"] = (round(r["p10_us"], 1), round(r["p90_us"], 1))
+            line[f"cap_{cap}_reps"] = r["reps"]
+        split_kv.balance_cap = SHIPPED
         rows.append(line)
-        best = min(CAPS, key=lambda c: line[f"cap{c}_us"])
-        print(f"{name:40s} " + " ".join(f"{c}:{line[f'cap{c}_us']:8.1f}" for c in CAPS) + f"  best {best}",
+        best = min(CAPS, key=lambda c: line[f"cap_{c}_us"])
+        print(f"{name:40s} " + " ".join(f"{c}:{line[f'cap_{c}_us']:7.1f}" for c in CAPS) + f"  best {best}",
               flush=True)
-    ratios = {c: statistics.median(r[f"cap{c}_us"] / r["cap0_us"] for r in rows) for c in CAPS}
+    ratios = {c: statistics.median(r[f"cap_{c}_us"] / r["cap_none_us"] for r in rows) for c in CAPS}
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "caps": CAPS, "rows": rows, "median_ratio_vs_no_cap": ratios}
+           "torch": torch.__version__, "caps": list(CAPS), "rows": rows, "median_ratio_vs_no_cap": ratios}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "split_balance.json"), "w") as f:
         json.dump(res, f, indent=1)

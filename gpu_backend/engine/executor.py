@@ -13,8 +13,9 @@ output projection and the SwiGLU MLP. Finally norm, LM head on each request's la
 Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
 shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
 eagerly. A step's duration is CUDA-event time from before its metadata is built to after
-its last kernel: host metadata work and the GPU work, not the scheduler and not graph
-capture (a one-off per shape, reported in `stats()`).
+its last kernel: host metadata work and the GPU work, not the scheduler, not graph
+capture (a one-off per shape, reported in `stats()`) and not Triton building or loading a
+kernel variant in an eager step (the step is re-run and the re-run timed; `stats()["reruns"]`).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from . import metadata
 from .arena import MetaArena
 from .graphs import GraphCache
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
-from .timing import PartTimer, elapsed
+from .timing import CompileWatch, PartTimer, elapsed
 
 
 class GpuExecutor:
@@ -60,10 +61,12 @@ class GpuExecutor:
         self.graphs = GraphCache(self.device) if use_graphs else None
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
+        self.reruns = 0
+        CompileWatch.install()
 
     def stats(self) -> dict:
         g = self.graphs
-        return dict(eager_steps=self.eager_steps, graph_replays=g.replays if g else 0,
+        return dict(eager_steps=self.eager_steps, reruns=self.reruns, graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0)
 
     # ---- the step ---------------------------------------------------------------------------
@@ -90,9 +93,17 @@ class GpuExecutor:
             nxt, lg = self.graphs.replay(entry)
             timer = entry.timer
         else:
+            a, built = clock.mark(), CompileWatch.count
             timer = PartTimer(self.device)
             nxt, lg = self._forward(meta, timer)
             self.eager_steps += 1
+            if CompileWatch.count != built:
+                # a kernel variant was built or loaded inside the step: time a re-run instead (same
+                # inputs, same K/V written to the same slots, same outputs)
+                pause = (a, clock.mark())
+                timer = PartTimer(self.device)
+                nxt, lg = self._forward(meta, timer)
+                self.reruns += 1
         t1 = clock.mark()
         nxt = nxt.cpu()  # waits for the step
         total = elapsed(t0, t1) - (elapsed(*pause) if pause else 0.0)
@@ -139,7 +150,7 @@ class GpuExecutor:
         if s.dec_rows:
             timer.switch("attn_decode")
             decode_attention(q=q[a:b], k_cache=kc, v_cache=vc, kv=m.decode_kv, max_kv_len=s.dec_max_kv,
-                             out=out[a:b], check=False)
+                             mean_kv_len=s.dec_mean_kv, out=out[a:b], check=False)
         if not s.passes:
             return out
         a, b = b, b + s.grouped_rows
@@ -147,14 +158,16 @@ class GpuExecutor:
         pre_lse = torch.empty((b - a, q.shape[1]), dtype=torch.float32, device=q.device)
         timer.switch("attn_prefix")
         for p in m.passes:
-            fn = dense_prefix_attention if p.shape.path == "dense" else cascade_prefix_attention
+            dense = p.shape.path == "dense"
+            fn = dense_prefix_attention if dense else cascade_prefix_attention
+            mean = {} if dense else {"mean_kv_len": p.shape.mean_prefix}
             lo, hi = p.row0 - a, p.row0 - a + p.shape.rows
             fn(q=q[p.row0: p.row0 + p.shape.rows], k_cache=kc, v_cache=vc, group_indptr=p.group_indptr,
                prefix=p.prefix, max_group_size=p.shape.max_group, max_kv_len=p.shape.max_prefix,
-               out=pre_o[lo:hi], lse=pre_lse[lo:hi], check=False)
+               out=pre_o[lo:hi], lse=pre_lse[lo:hi], check=False, **mean)
         timer.switch("attn_decode")
         so, slse = decode_attention(q=q[a:b], k_cache=kc, v_cache=vc, kv=m.suffix_kv, max_kv_len=s.suffix_max_kv,
-                                    check=False)
+                                    mean_kv_len=s.suffix_mean_kv, check=False)
         timer.switch("merge")
         merge_states(o1=pre_o, lse1=pre_lse, o2=so, lse2=slse, out=out[a:b])
         return out

@@ -34,11 +34,17 @@ def bucket(n: int) -> int:
 
 
 def bucket_len(n: int) -> int:
-    """Longest-sequence bounds (split planning only): steps of 256 tokens or an eighth power of two (< 25% pad)."""
+    """Longest / mean sequence lengths (split planning only): steps of 256 tokens or an eighth power of
+    two (< 25% pad)."""
     if n <= 0:
         return 0
     step = max(256, (1 << (n - 1).bit_length()) // 8)
     return -(-n // step) * step
+
+
+def _mean(sizes) -> int:
+    sizes = list(sizes)
+    return -(-sum(sizes) // len(sizes)) if sizes else 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class PassShape:
     groups: int  # padded group count
     max_group: int
     max_prefix: int
+    mean_prefix: int
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,10 @@ class StepShape:
     ext_max_qo: int
     dec_rows: int
     dec_max_kv: int
+    dec_mean_kv: int  # mean lengths: the split-KV launches balance mixed lengths by them
     passes: tuple[PassShape, ...]
     suffix_max_kv: int
+    suffix_mean_kv: int
 
     @property
     def grouped_rows(self) -> int:
@@ -190,7 +199,8 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         members = [i for g, _ in groups for i in g.members]
         shape = PassShape(path=key[0], slab=key[1], rows=bucket_n(len(members)), groups=bucket_n(len(groups)),
                           max_group=bucket_n(max(len(g.members) for g, _ in groups)),
-                          max_prefix=bucket_l(max(f.size for _, f in groups)))
+                          max_prefix=bucket_l(max(f.size for _, f in groups)),
+                          mean_prefix=bucket_l(_mean(f.size for _, f in groups)))
         passes.append(shape)
         region(members, shape.rows, next_sample)
         next_sample += shape.rows
@@ -210,7 +220,9 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     shape = StepShape(
         page_size=ps, ext_rows=ext_rows, ext_reqs=ext_reqs, ext_max_qo=bucket_n(max(ext_sizes, default=0)),
         dec_rows=dec_rows, dec_max_kv=bucket_l(max((s.size for s in dec_kv), default=0)),
-        passes=tuple(passes), suffix_max_kv=bucket_l(max((s.size for s in suffix), default=0)))
+        dec_mean_kv=bucket_l(_mean(s.size for s in dec_kv)), passes=tuple(passes),
+        suffix_max_kv=bucket_l(max((s.size for s in suffix), default=0)),
+        suffix_mean_kv=bucket_l(_mean(s.size for s in suffix_of.values())))
     # sampled rows: each extend request's last row, then every other row
     last = _pad(small[0][1: len(ext) + 1] - 1, ext_reqs, 0)
     sample = np.concatenate([last, np.arange(ext_rows, shape.num_rows)])

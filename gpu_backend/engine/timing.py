@@ -41,3 +41,30 @@ class PartTimer:
 
 def elapsed(a, b) -> float:
     return a.elapsed_time(b) / 1e3 if isinstance(a, torch.cuda.Event) else b - a
+
+
+class CompileWatch:
+    """Counts Triton kernel builds and loads in this process (knobs.runtime.jit_post_compile_hook).
+
+    A step whose launches built or loaded a kernel variant spent host time on it that no later
+    step pays; the executor re-runs such a step and times the re-run (see executor.py)."""
+
+    count = 0
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        try:
+            from triton import knobs
+        except ImportError:  # older triton: no hooks, no re-runs
+            return
+        previous = knobs.runtime.jit_post_compile_hook
+
+        def hook(*args, **kwargs):
+            cls.count += 1
+            return previous(*args, **kwargs) if previous else None
+
+        knobs.runtime.jit_post_compile_hook = hook
+        cls._installed = True

@@ -20,8 +20,9 @@ def block_m_for(rows: int) -> int:
 
 
 def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
-            max_rows, max_kv_len, kv_name):
-    """Shared argument checks for the split-KV launchers; returns (out, lse, scale, max_rows, max_kv_len)."""
+            max_rows, max_kv_len, kv_name, mean_kv_len=None):
+    """Shared argument checks for the split-KV launchers; returns (out, lse, scale, max_rows, max_kv_len,
+    mean_kv_len) — lengths read on the host when not given and `check` allows a device read."""
     num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
     checks.queries("q", q, n_kv=n_kv, d=d, dtype=k_cache.dtype, device=k_cache.device)
     T, n_q, _ = q.shape
@@ -38,32 +39,35 @@ def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
         max_rows = int((p[1:] - p[:-1]).max()) if n_groups else 0
     if max_kv_len is None:
         max_kv_len = L.max_len(kv)
-    return out, lse, split_kv.default_scale(d, sm_scale), max_rows, max_kv_len
+    if mean_kv_len is None and check:
+        mean_kv_len = L.mean_len(kv)
+    return out, lse, split_kv.default_scale(d, sm_scale), max_rows, max_kv_len, mean_kv_len
 
 
 def cascade_prefix_attention(
     *, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     group_indptr: torch.Tensor, prefix: L.KVLayout,
     sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-    max_group_size: int | None = None, max_kv_len: int | None = None, check: bool = True,
+    max_group_size: int | None = None, max_kv_len: int | None = None, mean_kv_len: int | None = None,
+    check: bool = True,
     block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
     num_stages: int = 3, kv_chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, n_q, d] sorted by group; group g owns rows group_indptr[g]:group_indptr[g+1] and its
     prefix is sequence g of `prefix`. Returns o [T, n_q, d] (q.dtype), lse [T, n_q] fp32 (natural log).
 
-    `max_group_size` / `max_kv_len` (host ints) avoid a device read; with `check=False` and both
-    given the call is CUDA-graph capturable.
+    `max_group_size` / `max_kv_len` / `mean_kv_len` (host ints) avoid a device read; with `check=False`
+    and the first two given the call is CUDA-graph capturable (without `mean_kv_len` it then does not
+    balance mixed lengths, see split_kv.BALANCE_CHUNK).
     """
-    out, lse, scale, max_rows, max_kv_len = prepare(
+    out, lse, scale, max_rows, max_kv_len, mean_kv_len = prepare(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
-        kv_name="prefix")
+        kv_name="prefix", mean_kv_len=mean_kv_len)
     G = q.shape[1] // k_cache.shape[1]
     bm = block_m or block_m_for(max_rows * G)
     return split_kv.launch(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=scale, max_rows=max_rows, max_kv_len=max_kv_len, block_m=bm,
         block_n=block_n or (64 if bm <= 64 else 128), num_warps=num_warps or (4 if bm <= 64 else 8),
-        num_stages=num_stages,
-        kv_chunk=kv_chunk)
+        num_stages=num_stages, kv_chunk=kv_chunk, mean_kv_len=mean_kv_len)

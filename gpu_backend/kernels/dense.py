@@ -124,7 +124,7 @@ def dense_prefix_attention(
     L = 16K) and to block pointers elsewhere."""
     if not isinstance(prefix, L.Slabs):
         raise TypeError(f"prefix must be Slabs for the dense pass, got {type(prefix).__name__}")
-    out, lse, scale, max_rows, max_kv_len = prepare(
+    out, lse, scale, max_rows, max_kv_len, _ = prepare(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
         kv_name="prefix")

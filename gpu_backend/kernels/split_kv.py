@@ -28,12 +28,13 @@ from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, s
 CTAS_PER_SM = 1
 MIN_CHUNK = 256   # tokens per split, at least
 MAX_SPLITS = 64   # the combine holds all of a row's splits at once
-# Tokens per split, at most (0 = no cap). The split count comes from the LONGEST sequence, so in a
-# batch of mixed lengths without a cap one program walks the longest sequence alone while the
-# others idle; with it, long sequences are cut into chunks that run in parallel and short ones
-# leave their extra splits empty (a program that exits at once). Chosen by
-# gpu_backend/bench/split_balance.py (reports/kernels/split_balance/).
-MAX_CHUNK = 1024
+# Load balance over mixed lengths: the split count comes from the LONGEST sequence, so without a
+# cap one program walks the longest sequence alone while the others idle (Azure-trace suffixes:
+# median 1K tokens, longest 14K). A launch given the batch's mean length cuts every sequence into
+# splits of at most max(BALANCE_CHUNK, mean) tokens; short sequences leave their extra splits
+# empty (programs that exit at once). Uniform lengths are not split further (the cap is >= their
+# length). H200, gpu_backend/bench/split_balance.py (reports/kernels/split_balance/).
+BALANCE_CHUNK = 1024
 
 
 @triton.jit
@@ -113,9 +114,10 @@ def combine(op, lsep, out, lse, n_splits: int) -> None:
 
 def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
                 kv_chunk: int | None = None, ctas_per_sm: float | None = None,
-                round_up: bool = False) -> tuple[int, int]:
+                round_up: bool = False, max_chunk: int = 0) -> tuple[int, int]:
     """(n_splits, kv_chunk): split along KV until about `ctas_per_sm` programs per SM would run
-    (rounding the split count up, or down for compute-heavy kernels that want whole waves)."""
+    (rounding the split count up, or down for compute-heavy kernels that want whole waves), and
+    until no split is longer than `max_chunk` tokens (0: no such cap)."""
     if kv_chunk is not None:
         if kv_chunk <= 0 or kv_chunk % block_n:
             raise ValueError(f"kv_chunk = {kv_chunk} must be a positive multiple of block_n={block_n}")
@@ -129,16 +131,21 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
     target = (ctas_per_sm or CTAS_PER_SM) * num_sms(device)
     base = max(base_programs, 1)
     want = triton.cdiv(target, base) if round_up else max(1, int(target // base))
-    if MAX_CHUNK:
-        want = max(want, triton.cdiv(max_kv_len, MAX_CHUNK))
+    if max_chunk:
+        want = max(want, triton.cdiv(max_kv_len, max_chunk))
     n_splits = max(1, min(want, triton.cdiv(max_kv_len, MIN_CHUNK), MAX_SPLITS))
     chunk = triton.cdiv(triton.cdiv(max_kv_len, n_splits), block_n) * block_n
     return triton.cdiv(max_kv_len, chunk), chunk
 
 
+def balance_cap(mean_kv_len: int | None) -> int:
+    """Longest split for a batch of this mean length (0: unknown, no cap)."""
+    return max(BALANCE_CHUNK, int(mean_kv_len)) if mean_kv_len else 0
+
+
 def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_scale,
            max_rows: int, max_kv_len: int, block_m: int, block_n: int, num_warps: int,
-           num_stages: int, kv_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+           num_stages: int, kv_chunk: int | None, mean_kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch with arguments already checked (by decode.py / cascade.py)."""
     T, n_q, D = q.shape
     n_kv = k_cache.shape[1]
@@ -151,7 +158,8 @@ def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_sc
     gather = mode != L.MODE_SLAB and block_m <= 64
     n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
                                   block_n=block_n, device=q.device, kv_chunk=kv_chunk,
-                                  ctas_per_sm=2 if gather else 1, round_up=gather)
+                                  ctas_per_sm=2 if gather else 1, round_up=gather,
+                                  max_chunk=balance_cap(mean_kv_len))
     R = T * n_q
     split = n_splits > 1
     if split:

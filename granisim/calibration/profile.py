@@ -70,6 +70,11 @@ def _how(name: str, res: FitResult) -> str:
                    "carries to other GPUs" if fam != "lm_head" else ""))
     if name == "storage.slab_eff":
         return "1 by definition: slab rows are the reference the kernels' mem_eff are fitted on"
+    if name == "attn.cascade.balance_chunk":
+        return ("the launchers' load-balance rule (gpu_backend/kernels/split_kv.py BALANCE_CHUNK, chosen by "
+                "gpu_backend/bench/split_balance.py on the H200, reports/kernels/split_balance/); added after the "
+                "calibration runs, it leaves every calibration row's split count as recorded (equal lengths: "
+                "cap >= length)")
     if name in KERNEL_RULES:
         sc = res.split_check
         return (f"the launchers' rule at the measured commit (gpu_backend/kernels); the cost model's split rule "

@@ -1,5 +1,5 @@
 """The split-along-KV planner: whole waves for slab/128-row passes, ~2 programs per SM for gathers,
-and no program walking more than MAX_CHUNK tokens."""
+and no program walking more than max(BALANCE_CHUNK, mean length) tokens."""
 import types
 
 import pytest
@@ -17,20 +17,15 @@ def fake_h200(monkeypatch):
     monkeypatch.setitem(checks._SMS, 99, 132)
 
 
-@pytest.fixture
-def no_cap(monkeypatch):
-    monkeypatch.setattr(split_kv, "MAX_CHUNK", 0)
-
-
 @pytest.mark.parametrize("base,L", [(8, 16384), (16, 16384), (64, 16384), (8, 4096), (128, 4096), (8, 1024)])
-def test_whole_waves(base, L, no_cap):
+def test_whole_waves(base, L):
     n, chunk = plan_splits(base_programs=base, max_kv_len=L, block_n=64, device=H200, ctas_per_sm=1)
     assert n * chunk >= L > (n - 1) * chunk and chunk % 64 == 0
     assert base * n <= max(132, base)           # never a second, partial wave
     assert n == 1 or base * (n + 1) > 132 or (n + 1) * 256 > L  # and not fewer splits than fit
 
 
-def test_gathers_round_up_to_two_per_sm(no_cap):
+def test_gathers_round_up_to_two_per_sm():
     n, chunk = plan_splits(base_programs=8, max_kv_len=16384, block_n=64, device=H200, ctas_per_sm=2,
                            round_up=True)
     assert (n, chunk) == (32, 512)
@@ -39,16 +34,21 @@ def test_gathers_round_up_to_two_per_sm(no_cap):
     assert n == 3
 
 
-@pytest.mark.parametrize("base,L", [(512, 16384), (512, 1025), (8, 30000), (64, 10 ** 6), (512, 300)])
-def test_chunk_cap(base, L):
-    """However many programs the base grid has, no split walks more than MAX_CHUNK tokens (while
-    MAX_SPLITS allows), so one long sequence in a batch of short ones is cut up."""
-    n, chunk = plan_splits(base_programs=base, max_kv_len=L, block_n=64, device=H200, ctas_per_sm=2, round_up=True)
+@pytest.mark.parametrize("base,L,mean", [(512, 16384, 1200), (512, 1025, 600), (8, 30000, 2000),
+                                         (64, 10 ** 6, 10), (512, 300, 100), (512, 16384, 16384)])
+def test_chunk_cap(base, L, mean):
+    """However many programs the base grid has, no split walks more than max(BALANCE_CHUNK, mean)
+    tokens (while MAX_SPLITS allows): one long sequence in a batch of short ones is cut up, a
+    batch of equal lengths is not."""
+    cap = split_kv.balance_cap(mean)
+    n, chunk = plan_splits(base_programs=base, max_kv_len=L, block_n=64, device=H200, ctas_per_sm=2,
+                           round_up=True, max_chunk=cap)
     assert n * chunk >= L > (n - 1) * chunk
-    bound = max(split_kv.MAX_CHUNK, -(-L // MAX_SPLITS), split_kv.MIN_CHUNK)
+    bound = max(cap, -(-L // MAX_SPLITS), split_kv.MIN_CHUNK)
     assert chunk <= -(-bound // 64) * 64
-    if L <= split_kv.MAX_CHUNK:
-        assert n == 1  # short sequences with a full grid are not split
+    if L <= cap:
+        assert n == 1  # sequences no longer than the cap, with a full grid, are not split
+    assert split_kv.balance_cap(None) == 0 and split_kv.balance_cap(0) == 0
 
 
 def test_limits():

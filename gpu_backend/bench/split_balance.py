@@ -3,7 +3,8 @@
 The engine's decode passes see sequences of very mixed lengths (Azure-trace suffixes: median
 1K tokens, longest 14K), but the split count is planned from the longest one. This times the
 decode and cascade launches the engine makes, as CUDA-graph replays, with no cap, with fixed
-caps of 256..4096 tokens, and with the shipped rule `mean` (max(BALANCE_CHUNK, mean length)):
+caps of 256..4096 tokens, and with the shipped rule (`balance_cap`: max(BALANCE_CHUNK,
+BALANCE_MEAN_FACTOR x mean length); run 1 of 2026-11-29 had factor 1, labelled `mean`):
 
 - `suffix`  : B requests' own suffixes (slot lists), trace lengths — granikv's suffix pass;
 - `token`   : the same requests with a shared L_p-token prefix in front (same slots for all,
@@ -33,7 +34,7 @@ from .timing import bench, graph_of
 N_Q = 32  # Llama-3.1-8B
 SHIPPED = split_kv.balance_cap
 CAPS = {"none": lambda mean: 0, **{str(c): (lambda mean, c=c: c) for c in (256, 512, 1024, 2048, 4096)},
-        "mean": SHIPPED}
+        "shipped": SHIPPED}
 
 
 def trace_lengths(n: int, seed: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The split-along-KV planner: whole waves for slab/128-row passes, ~2 programs per SM for gathers,
-and no program walking more than max(BALANCE_CHUNK, mean length) tokens."""
+and no program walking more than max(BALANCE_CHUNK, 2 x mean length) tokens."""
 import types
 
 import pytest
@@ -35,9 +35,9 @@ def test_gathers_round_up_to_two_per_sm():
 
 
 @pytest.mark.parametrize("base,L,mean", [(512, 16384, 1200), (512, 1025, 600), (8, 30000, 2000),
-                                         (64, 10 ** 6, 10), (512, 300, 100), (512, 16384, 16384)])
+                                         (64, 10 ** 6, 10), (512, 300, 100), (512, 16384, 16384), (512, 30000, 17300)])
 def test_chunk_cap(base, L, mean):
-    """However many programs the base grid has, no split walks more than max(BALANCE_CHUNK, mean)
+    """However many programs the base grid has, no split walks more than max(BALANCE_CHUNK, 2 x mean)
     tokens (while MAX_SPLITS allows): one long sequence in a batch of short ones is cut up, a
     batch of equal lengths is not."""
     cap = split_kv.balance_cap(mean)

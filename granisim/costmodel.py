@@ -255,7 +255,11 @@ class CostTables:
         self.overhead_tok = p["overhead.per_kv_token_s"]
         # (scale, offset) per key; empty when the profile carries no engine calibration (the usual case)
         engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}
-        self.engine = engine if any(v != (1.0, 0.0) for v in engine.values()) else {}
+        eager = {k: (p[f"engine.eager.{k}.scale"], p[f"engine.eager.{k}.offset_s"]) for k in ENGINE_KEYS}
+        self.graph_max = int(p["engine.graph_max_tokens"])  # steps over it: the eager set
+        self.engine = engine if any(v != (1.0, 0.0) for v in (*engine.values(), *eager.values())) else {}
+        self.engine_eager = eager if self.graph_max else engine
+        self.eager_floor = p["engine.eager.linear_floor_s"]
         self.fam = {f: (p[f"linear.{f}.launch_s"],
                         p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
                         p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}
@@ -447,6 +451,37 @@ class CostTables:
         if cls is not None and self.corr:
             t = t * self._corr(path, cls, np.log2(np.maximum(m, 1.0)), np.log2(max(L, 1.0)))
         return self.layers * t
+
+    def prefix_pass_time2(self, path, Ls, ms, inv_eff, gather=False, cls=None):
+        """Seconds (all layers) of ONE launch over several groups' prefixes, as the engine runs a step's
+        groups of one (path, storage): the grid is sized by the largest group (row tiles) and the longest
+        prefix (splits, balanced by the mean length); programs past a group's rows or prefix exit at
+        once; the others share the GPU (``Ls`` prefix lengths, ``ms`` M_eff per group)."""
+        p = self.profile
+        Ls, ms = np.asarray(Ls, float), np.asarray(ms, float)
+        if path == "cascade":
+            bm = float(np.clip(2.0 ** np.ceil(np.log2(max(ms.max(), 1.0))), p["attn.cascade.min_m_tile"],
+                               p["attn.cascade.m_tile"]))
+        else:
+            bm = float(p["attn.dense.m_tile"])
+        bn = 64.0 if bm <= 64 else 128.0
+        tiles = np.maximum(1.0, np.ceil(ms / bm))
+        base = float(tiles.max()) * self.n_kv * len(Ls)
+        if path == "cascade":
+            n, chunk = self.split_rule(base, Ls.max(), bn, gather=gather and bm <= 64, mean_len=Ls.mean())
+        else:
+            n, chunk = self.dense_split_rule(np.array([base]), Ls.max(), bn)
+        n, chunk = float(np.asarray(n).flat[0]), float(np.asarray(chunk).flat[0])
+        active = float((tiles * self.n_kv * np.ceil(Ls / chunk)).sum())    # programs with KV to stream
+        per = float((tiles * self.n_kv * Ls).sum()) / active                # their mean tokens
+        flops = 4.0 * bm * self.d * per
+        nbytes = per * 2.0 * self.d * self.b + bm * self.d * self.b
+        partial = 2.0 * n * float(ms.sum()) * self.n_kv * (self.d + 1) * 4.0 if n > 1 else 0.0
+        t = self.kernel_time2(path, active, flops, nbytes, 2.0 if n > 1 else 1.0, partial, inv_eff=inv_eff,
+                              first_bytes=bn * 2.0 * self.d * self.b)
+        if cls is not None and self.corr:
+            t = t * self._corr(path, cls, np.log2(max(ms.mean(), 1.0)), np.log2(max(Ls.mean(), 1.0)))
+        return self.layers * float(t)
 
     def _build_corrections(self, table) -> dict:
         """Correction functions (measured / formula) per (family, storage class) from a kernel table."""
@@ -652,6 +687,26 @@ class CostTables:
         t = self.layers * (t + launches * self.launch)
         return np.where(L > 0, t, 0.0)
 
+    def prefix_pass_time(self, path: str, groups: tuple, storage: str = "slab", page_size: int = 1) -> float:
+        """Seconds (all layers) of one stacked prefix pass over ``groups`` ((prefix_len, m_eff) pairs) in
+        one storage; form 1 prices the groups one by one."""
+        key = (path, groups, storage, page_size)
+        v = self._memo_prefix.get(key)
+        if v is None:
+            live = [(L, m) for L, m in groups if L > 0]
+            if not live:
+                v = 0.0
+            elif self.form == 2:
+                v = self.prefix_pass_time2(path, [L for L, _ in live], [m for _, m in live],
+                                           1.0 / self.storage_eff(storage, page_size), gather=storage != "slab",
+                                           cls=_storage_class(storage, page_size))
+            else:
+                v = sum(self.prefix_time(path, L, m, storage, page_size) for L, m in live)
+            if len(self._memo_prefix) > _MEMO_MAX:
+                self._memo_prefix.clear()
+            self._memo_prefix[key] = v
+        return v
+
     def prefix_time(self, path: str, prefix_len: int, m_eff: int, storage: str = "slab", page_size: int = 1) -> float:
         key = (path, prefix_len, m_eff, storage, page_size)
         v = self._memo_prefix.get(key)
@@ -696,9 +751,9 @@ class CostTables:
         return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
 
     # -- the step ---------------------------------------------------------------------------------
-    def _in_engine(self, key: str, t):
-        """Model time -> the real engine's time for one breakdown key."""
-        a, b = self.engine[key]
+    def _in_engine(self, key: str, t, eager: bool = False):
+        """Model time -> the real engine's time for one breakdown key (graph-replayed or eager step)."""
+        a, b = (self.engine_eager if eager else self.engine)[key]
         return np.where(t > 0, a * t + b, 0.0) if isinstance(t, np.ndarray) else (a * t + b if t > 0 else 0.0)
 
     def step(self, plan: BatchPlan) -> StepResult:
@@ -709,17 +764,18 @@ class CostTables:
         # groups: prefix passes now; per-group read factor for members that re-read (paged path)
         ginv = []
         gpaged = []
-        prefix = 0.0
+        passes: dict = {}  # (path, storage) -> groups priced as one launch, as the engine stacks them
         for g in plan.groups:
-            if g.path == "paged":
-                gpaged.append(True)
-                ginv.append(self._inv_eff(g.storage, page_size))
-            else:
-                gpaged.append(False)
-                ginv.append(self._inv_eff(g.storage, page_size))
-                prefix += self.prefix_time(g.path, g.prefix_len, g.m_eff, g.storage, page_size)
+            ginv.append(self._inv_eff(g.storage, page_size))
+            gpaged.append(g.path == "paged")
+            if g.path != "paged":
+                passes.setdefault((g.path, g.storage), []).append((g.prefix_len, g.m_eff))
+        prefix = 0.0
+        for (path, storage), groups in passes.items():
+            prefix += self.prefix_pass_time(path, tuple(groups), storage, page_size)
         # requests
         T = n_dec = tok = merge_rows = lmax = 0
+        tok_s = lmax_s = 0  # members of prefix passes: their suffixes are one more decode launch
         shared_eff = shared_raw = 0.0
         prefill_reqs = None
         for r in plan.requests:
@@ -738,6 +794,10 @@ class CostTables:
                         c += s
                     else:
                         merge_rows += 1
+                        tok_s += c
+                        if c > lmax_s:
+                            lmax_s = c
+                        continue
                 else:
                     c = r.context_len + 1
                     tok += c
@@ -769,17 +829,25 @@ class CostTables:
         else:
             kv_copy = 0.0
         overhead = self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
+        eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
             linear, lm_head, attn_prefill, prefix, merge, kv_write = (
-                self._in_engine(k, v) for k, v in (("linear", linear), ("lm_head", lm_head),
+                self._in_engine(k, v, eager) for k, v in (("linear", linear), ("lm_head", lm_head),
                                                    ("attn_prefill", attn_prefill), ("attn_prefix", prefix),
                                                    ("merge", merge), ("kv_write", kv_write)))
+            if eager and linear < self.eager_floor:
+                linear = self.eager_floor
         if self.form == 2 and n_dec:
+            # as the engine launches them: one decode over whole contexts, one over pass members' suffixes
             steps_ = np.arange(max(n, 1), dtype=float)
-            toks2 = tok + steps_ * n_dec
-            qo = n_dec * 2.0 * self.n_q * self.d * self.b
-            dec2 = self.decode_time2(toks2, n_dec, lmax + steps_, (toks2 * inv_priv + shared_eff) * self.kvb + qo,
-                                     raw_bytes=(toks2 + shared_raw) * self.kvb + qo)
+            dec2 = 0.0
+            for rows, t0, lm, s_eff, s_raw in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw),
+                                               (merge_rows, tok_s, lmax_s, 0.0, 0.0)):
+                if rows:
+                    toks2 = t0 + steps_ * rows
+                    qo = rows * 2.0 * self.n_q * self.d * self.b
+                    dec2 = dec2 + self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
+                                                    raw_bytes=(toks2 + s_raw) * self.kvb + qo)
         if n <= 1:
             if n_dec and self.form == 2:
                 attn_decode = float(dec2[0])
@@ -789,7 +857,7 @@ class CostTables:
             else:
                 attn_decode = 0.0
             if self.engine:
-                attn_decode = self._in_engine("attn_decode", attn_decode)
+                attn_decode = self._in_engine("attn_decode", attn_decode, eager)
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
             return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))

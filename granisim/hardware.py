@@ -126,9 +126,15 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # the real engine's in-situ time per breakdown key vs the microbenchmark-fitted model:
     # key time = scale * model time + offset (CUDA-graph gaps, in-graph timing marks), fitted on
     # real-engine runs (granisim.calibration.engine); per request host work of a step's metadata
-    **{f"engine.{k}.{c}": (u, r, d)
+    # (engine.eager.*: the same for steps of more than graph_max_tokens, which the engine runs eagerly
+    # with a launch per operator instead of replaying a CUDA graph; 0 = one set for all steps)
+    **{f"engine.{m}{k}.{c}": (u, r, d)
+       for m in ("", "eager.")
        for k in ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
        for c, u, r, d in (("scale", "", "pos", 1.0), ("offset_s", "s", "nonneg", 0.0))},
+    "engine.graph_max_tokens": ("tokens", "nonneg", 0),
+    # an eager step launches every operator from the host: its linear part takes at least this long
+    "engine.eager.linear_floor_s": ("s", "nonneg", 0.0),
     "overhead.per_request_s": ("s", "nonneg", 0.0),
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
 }

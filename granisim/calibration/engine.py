@@ -18,27 +18,68 @@ from granisim.costmodel import ENGINE_KEYS
 from granisim.hardware import Coefficient, HardwareProfile, Source
 
 MIN_POINTS = 10
+# gpu_backend's GpuExecutor(graph_max_rows=512): steps of more tokens run eagerly (a launch per operator,
+# no CUDA graph) and get their own coefficient set (tests/gpu_backend checks the two agree)
+GRAPH_MAX_TOKENS = 512
+SCALE_RANGE = (0.5, 2.0)  # the engine runs the same kernels: a scale outside this is a fit artefact
 
 
 def _relative_lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(a, b >= 0) minimising sum(((a x + b - y) / y)^2)."""
+    """(a in SCALE_RANGE, b >= 0) minimising sum(((a x + b - y) / y)^2). A workload whose key barely
+    varies cannot tell scale from offset; the bounds keep such a fit physical."""
     w = 1.0 / y
     (a, b), *_ = np.linalg.lstsq(np.stack([x * w, w], axis=1), np.ones_like(y), rcond=None)
+    if not SCALE_RANGE[0] <= a <= SCALE_RANGE[1]:  # scale clamped: best offset for it
+        a = float(np.clip(a, *SCALE_RANGE))
+        b = float(((y - a * x) * w * w).sum() / (w * w).sum())
     if b < 0:  # offset clamped at 0: refit the scale alone
         r = x * w
-        a, b = float(r.sum() / (r * r).sum()), 0.0
+        a, b = float(np.clip(r.sum() / (r * r).sum(), *SCALE_RANGE)), 0.0
     return float(a), float(b)
 
 
-def fit(steps: list[pd.DataFrame]) -> dict[str, float]:
-    """Coefficient values (``engine.<key>.scale/offset_s``, ``overhead.step_s/per_request_s``)."""
-    df = pd.concat(steps, ignore_index=True)
-    out: dict[str, float] = {}
+def _floored_lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """(a, b, F) minimising the relative squared error of max(a x + b, F): steps clearly above a floor
+    F fix a, b; F is chosen among the measured values (host-bound eager steps all take about F)."""
+    def loss(a, b, f):
+        return float((((np.maximum(a * x + b, f) - y) / y) ** 2).sum())
+
+    a, b = _relative_lsq(x, y)
+    best = (loss(a, b, 0.0), a, b, 0.0)
+    for f in np.quantile(y, np.linspace(0.05, 0.9, 18)):
+        above = y > 1.1 * f
+        if above.sum() >= 3:
+            a, b = _relative_lsq(x[above], y[above])
+            best = min(best, (loss(a, b, f), a, b, float(f)))
+    return best[1], best[2], best[3]
+
+
+def _fit_keys(df: pd.DataFrame, prefix: str) -> dict[str, float]:
+    out = {}
     for k in ENGINE_KEYS:
         m, p = df[f"measured_{k}"].to_numpy(float), df[f"predicted_{k}"].to_numpy(float)
         ok = (m > 0) & (p > 0)
         if ok.sum() >= MIN_POINTS:
-            out[f"engine.{k}.scale"], out[f"engine.{k}.offset_s"] = _relative_lsq(p[ok], m[ok])
+            out[f"{prefix}{k}.scale"], out[f"{prefix}{k}.offset_s"] = _relative_lsq(p[ok], m[ok])
+    return out
+
+
+def fit(steps: list[pd.DataFrame], graph_max: int = GRAPH_MAX_TOKENS) -> dict[str, float]:
+    """Coefficient values (``engine.<key>.scale/offset_s`` for graph-replayed steps, ``engine.eager.*`` for
+    steps of more than ``graph_max`` tokens, ``overhead.step_s/per_request_s/per_kv_token_s``)."""
+    df = pd.concat(steps, ignore_index=True)
+    eager = df["tokens"] > graph_max
+    out = _fit_keys(df[~eager], "engine.")
+    fitted = _fit_keys(df[eager], "engine.eager.")
+    for k in ENGINE_KEYS:  # too few eager points for a key: the graph set stands in
+        for c in ("scale", "offset_s"):
+            if f"engine.{k}.{c}" in out:
+                out[f"engine.eager.{k}.{c}"] = fitted.get(f"engine.eager.{k}.{c}", out[f"engine.{k}.{c}"])
+    out["engine.graph_max_tokens"] = float(graph_max)
+    if "engine.eager.linear.scale" in fitted:
+        x, y = df.loc[eager, "predicted_linear"].to_numpy(float), df.loc[eager, "measured_linear"].to_numpy(float)
+        (out["engine.eager.linear.scale"], out["engine.eager.linear.offset_s"],
+         out["engine.eager.linear_floor_s"]) = _floored_lsq(x, y)
     # host overhead = step + per_request * requests + per_kv_token * private KV tokens read (slot lists)
     m = df["measured_overhead"].to_numpy(float)
     ok = m > 0
@@ -60,7 +101,7 @@ def kv_tokens_read(plan) -> int:
 def with_engine(profile: HardwareProfile, values: dict[str, float], source: Source) -> HardwareProfile:
     coefs = dict(profile.coefficients)
     for name, v in values.items():
-        unit = "" if name.endswith(".scale") else "s"
+        unit = "" if name.endswith(".scale") else "tokens" if name.endswith("_tokens") else "s"
         coefs[name] = Coefficient(float(v), unit, source)
     return HardwareProfile(profile.name, profile.gpu, coefs, profile.linear_table, profile.notes, profile.path,
                            profile.kernel_table)

@@ -243,3 +243,33 @@ def test_empty_plan_costs_the_overhead_only():
     r = cost(plan([]))
     assert r.duration_s == A100["overhead.step_s"]
     assert math.isclose(sum(r.breakdown.values()), r.duration_s)
+
+
+# ---- as the engine launches: stacked prefix passes, two decode launches -------------------------------
+def _groups_plan(k, b, prefix, path="cascade", extra_plain=0):
+    reqs, groups = [], []
+    for g in range(k):
+        ids = tuple(range(len(reqs), len(reqs) + b))
+        reqs += [decode(i, prefix + 100 + 7 * i, g, prefix) for i in ids]
+        groups.append(PrefixGroup(key=g, prefix_len=prefix, storage="slab", path=path, members=ids, m_eff=b * G))
+    reqs += [decode(len(reqs) + i, 3000 + i) for i in range(extra_plain)]
+    return plan(reqs, groups)
+
+
+@pytest.mark.parametrize("path", ["cascade", "dense"])
+def test_groups_of_one_path_share_one_launch(path):
+    """k groups in one step cost one stacked launch: more than one group alone, less than k alone."""
+    one = cost(_groups_plan(1, 16, 16384, path), H200).breakdown["attn_prefix"]
+    four = cost(_groups_plan(4, 16, 16384, path), H200).breakdown["attn_prefix"]
+    assert one < four < 4 * one
+    t = cost_tables(H200, LLAMA)
+    assert t.prefix_pass_time(path, ((16384, 16 * G),), "slab") == pytest.approx(
+        t.prefix_time(path, 16384, 16 * G, "slab"), rel=0.05)  # one group: the per-group form, to a tile
+
+
+def test_pass_members_and_whole_contexts_are_two_decode_launches():
+    """A step's attn_decode = the members' suffix launch + the whole-context launch, priced apart."""
+    both = cost(_groups_plan(2, 8, 4096, extra_plain=5), H200).breakdown["attn_decode"]
+    suffix = cost(_groups_plan(2, 8, 4096), H200).breakdown["attn_decode"]
+    plain = cost(plan([decode(i, 3000 + i) for i in range(5)]), H200).breakdown["attn_decode"]
+    assert both == pytest.approx(suffix + plain, rel=1e-9)

@@ -62,5 +62,8 @@ def test_auto_dispatch_skips_prefix_passes_that_do_not_pay():
         _done(reqs)
     steps = r_auto.steps.frame()
     assert steps.groups_paged.sum() > 0 and steps.groups_cascade.sum() < r_thr.steps.frame().groups_cascade.sum()
-    assert auto.finish_s.max() <= thr.finish_s.max()
+    # auto prices each group alone (its own launches), while a step stacks all groups of a path into one
+    # launch (costmodel.prefix_pass_time2): a pass's launch cost is shared, so auto may skip a pass that
+    # would have paid, by a little
+    assert auto.finish_s.max() <= thr.finish_s.max() * 1.005
     assert auto.finish_s.max() <= tok.finish_s.max() * 1.001

@@ -97,7 +97,8 @@ def main() -> None:
     pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)
     _plot(pd.concat(frames), args.out / "h200.png")
     if args.profile_out:  # the base profile + the fit on all workloads, as a profile of its own
-        doc = json.loads((PROFILE_DIR / f"{args.profile}.json").read_text())
+        base_file = Path(args.profile) if args.profile.endswith(".json") else PROFILE_DIR / f"{args.profile}.json"
+        doc = json.loads(base_file.read_text())
         doc["name"] = args.profile_out.stem
         doc["notes"] += (f" Engine-calibrated ({args.profile_out.stem}): plus the real engine's per-key corrections and "
                          f"host overhead fitted on the validation run of {source.date} (reports/validation/h200.md); "

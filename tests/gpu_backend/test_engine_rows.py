@@ -112,3 +112,13 @@ def test_paths_seen(recorded):
     if recorded.steps[0][0].policy == "granikv":
         assert ("dense", True) in kinds and any(h.shape.ext_rows for _, h in recorded.steps)
         assert any(len(h.shape.passes) > 1 for _, h in recorded.steps)  # pads between passes
+
+
+def test_engine_calibration_knows_the_graph_limit():
+    """granisim.calibration.engine fits eager steps apart from graph replays at the executor's limit."""
+    import inspect
+
+    from gpu_backend.engine import GpuExecutor
+    from granisim.calibration.engine import GRAPH_MAX_TOKENS
+
+    assert inspect.signature(GpuExecutor.__init__).parameters["graph_max_rows"].default == GRAPH_MAX_TOKENS

@@ -1,0 +1,55 @@
+"""Engine calibration: per-key scale/offset, a separate set for eager steps, a host floor."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from granisim.calibration.engine import ENGINE_KEYS, GRAPH_MAX_TOKENS, _floored_lsq, fit, with_engine
+from granisim.costmodel import step_cost
+from granisim.hardware import Source, get_profile
+from granisim.models import get_model
+from granisim.plan import BatchPlan, PlannedRequest
+
+
+def _steps(rng, n, tokens, truth):
+    pred = rng.uniform(1e-3, 2e-1, n)
+    batch = rng.integers(1, 64, n)
+    df = pd.DataFrame({"tokens": np.full(n, tokens), "batch": batch, "kv_tokens": 0,
+                       "measured_overhead": 5e-4 + 1e-5 * batch, "predicted_overhead": 1e-3})
+    for k in ENGINE_KEYS:
+        df[f"predicted_{k}"] = pred
+        df[f"measured_{k}"] = truth(pred) * rng.normal(1.0, 0.002, n)
+    return df
+
+
+def test_fit_recovers_graph_and_eager_sets_and_the_floor():
+    rng = np.random.default_rng(0)
+    graph = _steps(rng, 200, 64, lambda p: 1.1 * p + 3e-4)
+    eager = _steps(rng, 80, 4096, lambda p: np.maximum(0.9 * p, 0.03))
+    v = fit([graph, eager])
+    assert v["engine.linear.scale"] == pytest.approx(1.1, rel=0.02)
+    assert v["engine.linear.offset_s"] == pytest.approx(3e-4, rel=0.1)
+    assert v["engine.eager.linear.scale"] == pytest.approx(0.9, rel=0.02)
+    assert v["engine.eager.linear_floor_s"] == pytest.approx(0.03, rel=0.1)
+    assert v["engine.graph_max_tokens"] == GRAPH_MAX_TOKENS
+    assert v["overhead.step_s"] == pytest.approx(5e-4, rel=0.05)
+    assert v["overhead.per_request_s"] == pytest.approx(1e-5, rel=0.05)
+
+
+def test_scale_is_bounded_when_a_key_barely_varies():
+    x = np.full(20, 1e-3) * np.linspace(1.0, 1.01, 20)
+    a, b, _ = _floored_lsq(x, x[::-1] * 2.5)  # a decreasing line through a narrow range: a wild slope
+    assert 0.5 <= a <= 2.0 and b >= 0
+
+
+def test_the_eager_set_prices_steps_over_the_graph_limit():
+    prof, model = get_profile("h200"), get_model("llama-3.1-8b")
+    vals = {"engine.linear.scale": 1.0, "engine.linear.offset_s": 0.0, "engine.eager.linear.scale": 2.0,
+            "engine.eager.linear.offset_s": 0.0, "engine.graph_max_tokens": 512, "engine.eager.linear_floor_s": 0.5}
+    eng = with_engine(prof, vals, Source("measured"))
+
+    def linear(tokens, p):
+        plan = BatchPlan(0, "token", 1, (PlannedRequest(0, 0, tokens, True),))
+        return step_cost(plan, p, model).breakdown["linear"]
+
+    assert linear(512, eng) == pytest.approx(linear(512, prof))
+    assert linear(513, eng) == pytest.approx(max(2.0 * linear(513, prof), 0.5))

@@ -839,15 +839,15 @@ class CostTables:
                 linear = self.eager_floor
         if self.form == 2 and n_dec:
             # as the engine launches them: one decode over whole contexts, one over pass members' suffixes
+            # (both priced in one vectorised call: rows of the arrays are the launches)
             steps_ = np.arange(max(n, 1), dtype=float)
-            dec2 = 0.0
-            for rows, t0, lm, s_eff, s_raw in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw),
-                                               (merge_rows, tok_s, lmax_s, 0.0, 0.0)):
-                if rows:
-                    toks2 = t0 + steps_ * rows
-                    qo = rows * 2.0 * self.n_q * self.d * self.b
-                    dec2 = dec2 + self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
-                                                    raw_bytes=(toks2 + s_raw) * self.kvb + qo)
+            rows, t0, lm, s_eff, s_raw = (np.array(c, float)[:, None] for c in zip(*(
+                launch for launch in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw),
+                                      (merge_rows, tok_s, lmax_s, 0.0, 0.0)) if launch[0])))
+            toks2 = t0 + steps_ * rows
+            qo = rows * 2.0 * self.n_q * self.d * self.b
+            dec2 = self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
+                                     raw_bytes=(toks2 + s_raw) * self.kvb + qo).sum(axis=0)
         if n <= 1:
             if n_dec and self.form == 2:
                 attn_decode = float(dec2[0])

@@ -96,7 +96,7 @@ COEFFICIENTS: dict[str, tuple[str, str]] = {
 
 
 # Optional coefficients: absent means the default (which keeps the first cost-model forms). ``attn.form = 2``
-# selects the attention/KV forms fitted to the Triton kernels (granisim/costmodel.py) and then needs all of
+# selects the attention/KV forms fitted to the Triton kernels (granisim/costmodel/) and then needs all of
 # FORM2_COEFFICIENTS; name -> (unit, rule, default).
 FORM2_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # Form 2 kernel model, per kernel family (attn.prefill/decode/cascade/dense/merge, kv.write_):
@@ -203,7 +203,7 @@ KERNEL_FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write")
 class KernelTable:
     """Measured per-layer kernel times (calibration/measure.py attention.csv rows) at one model shape.
     With ``attn.form = 2`` the cost model multiplies its formula by the measured / formula ratio,
-    interpolated over these points (granisim/costmodel.py ``Correction``)."""
+    interpolated over these points (granisim/costmodel/correction.py ``Correction``)."""
 
     path: Path | None
     model: Mapping[str, int]

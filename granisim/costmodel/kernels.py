@@ -1,0 +1,291 @@
+"""Form 2 of the attention and KV kernels: the Triton launchers' own split and tile rules and a wave
+model of their programs (a mixin of CostTables; every coefficient from the profile)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from granisim.models import ModelShape
+
+from .correction import Correction
+from .operators import _MEMO_MAX
+
+
+class KernelForms:
+    """Form-2 kernel times of CostTables (needs its constants: layers, n_q, n_kv, d, b, P, BW, sms, corr)."""
+
+    def _init_form2(self):
+        p, L = self.profile, self.layers
+        self.f2 = {}
+        for fam, pre, flop, mem in (("prefill", "attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff"),
+                                    ("decode", "attn.decode.", "attn.decode.flop_eff", "attn.decode.mem_eff"),
+                                    ("cascade", "attn.cascade.", "attn.cascade.flop_eff", "attn.cascade.mem_eff"),
+                                    ("dense", "attn.dense.", "attn.dense.flop_eff", "attn.dense.mem_eff"),
+                                    ("merge", "attn.merge.", None, "attn.merge.mem_eff"),
+                                    ("kv_write", "kv.write_", None, "kv.write_eff")):
+            self.f2[fam] = (p[pre + "launch_s"], p[pre + "program_s"], p[flop] if flop else 1.0, p[mem],
+                            p[pre + "sat_ctas_per_sm"], max(1.0, float(p[pre + "resident_ctas_per_sm"])))
+        self.ctas_per_sm = p["attn.cascade.ctas_per_sm"]
+        self.gather_ctas_per_sm = p["attn.cascade.gather_ctas_per_sm"]
+        self.min_split = p["attn.cascade.min_split_tokens"]
+        self.max_splits = p["attn.cascade.max_splits"]
+        self.balance_chunk = p["attn.cascade.balance_chunk"]
+        self.balance_factor = p["attn.cascade.balance_mean_factor"]
+        self.dense_max_splits = int(p["attn.dense.max_splits"])
+        self.merge_eff_bw = self.BW * p["attn.merge.mem_eff"]
+        self.copy_launch = L * p["kv.copy_launch_s"]
+        self.dec_tile = float(min(128, max(p["attn.decode.m_tile"], 1 << max(0, math.ceil(math.log2(self.G))))))
+        # merge: 64-row programs, o1, o2, out in the model dtype + three fp32 LSEs per (token, head) row
+        self.merge_row_bytes = 3.0 * self.d * self.b + 12.0
+        self.merge_block = float(max(1, min(64, 8192 // self.d)))
+        # KV write: programs of 4096 // next_pow2(n_kv * d) tokens, K and V rows read and written
+        self.kvw_block = float(max(1, 4096 // (1 << math.ceil(math.log2(self.n_kv * self.d)))))
+        self._memo_small: dict[tuple, float] = {}
+        self.pf_page1, self.pf_page16 = p["attn.prefill.page1_eff"], p["attn.prefill.page16_eff"]
+
+    def prefill_inv_eff(self, storage, page_size: int) -> float:
+        """Form 2: 1 / the extend kernel's own gather efficiency for this storage."""
+        if storage == "slab":
+            return 1.0
+        if storage in ("cold", "token", "hot"):
+            page_size = 1
+        x = min(1.0, math.log2(max(1, page_size)) / 4.0)
+        return 1.0 / (self.pf_page1 + (self.pf_page16 - self.pf_page1) * x)
+
+    @staticmethod
+    def _block_n(m_tile):
+        """KV tile of the launchers: 64 tokens for row tiles up to 64, else 128."""
+        return np.where(np.asarray(m_tile) <= 64, 64.0, 128.0)
+
+    def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None):
+        """(n_splits, chunk) of gpu_backend.kernels.split_kv.launch / plan_splits: split along KV until
+        about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
+        ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True), and
+        (given the batch's ``mean_len``) until no split is longer than
+        ``max(balance_chunk, balance_mean_factor * mean_len)``;
+        at least ``min_split_tokens`` per split, at most ``max_splits``; the chunk is a whole number of
+        KV tiles. Arrays broadcast."""
+        base = np.maximum(np.asarray(base, float), 1.0)
+        kv_len = np.asarray(kv_len, float)
+        want = np.where(gather, np.ceil(self.gather_ctas_per_sm * self.sms / base),
+                        np.maximum(1.0, np.floor(self.ctas_per_sm * self.sms / base)))
+        if self.balance_chunk and mean_len is not None:
+            cap = np.maximum(self.balance_chunk, self.balance_factor * np.ceil(mean_len))
+            want = np.maximum(want, np.ceil(kv_len / cap))
+        n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / self.min_split)), self.max_splits))
+        chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
+        chunk = np.where(kv_len > 0, chunk, block_n)
+        return np.where(kv_len > 0, np.ceil(kv_len / chunk), 1.0), chunk
+
+    def dense_split_rule(self, base, kv_len, block_n=128.0):
+        """(n_splits, chunk) of gpu_backend.kernels.dense._dense_splits: of 1..max_splits, the split
+        count whose last wave is fullest per unit of work (first minimum of
+        ``waves * (chunk + block_n) + 0.02 * n * L / 8``)."""
+        base = np.asarray(base, float)
+        L = float(kv_len)
+        if L <= 0 or self.dense_max_splits <= 1:
+            return np.ones_like(base), np.full_like(base, max(L, block_n))
+        s = np.arange(1, self.dense_max_splits + 1, dtype=float)[:, None]
+        chunk = np.ceil(np.ceil(L / s) / block_n) * block_n
+        n = np.ceil(L / chunk)
+        waves = np.ceil(base[None, :] * n / self.sms)
+        cost = waves * (chunk + block_n) + 0.02 * n * L / 8
+        i = np.argmin(cost, axis=0)
+        return n[i, 0] + 0.0 * base, chunk[i, 0] + 0.0 * base
+
+    def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0, inv_eff=1.0,
+                     first_bytes=0.0):
+        """Seconds (one layer) of one kernel of family ``fam`` (wave model; arrays broadcast).
+
+        ``programs`` programs, each doing ``flops_prog`` / ``bytes_prog``. An SM runs
+        ``resident_ctas_per_sm`` programs at once: ``waves = ceil(programs / (sm_count * resident))``.
+        ``n`` programs running together share the GPU: one computes at ``bf16_flops * flop_eff /
+        max(sm_count, n)`` and streams at ``hbm_bandwidth * mem_eff / max(sm_count * sat_ctas_per_sm / e, n)``
+        where ``e = 1 / inv_eff`` is the storage's gather efficiency: a gather slows one program's stream
+        (dependent index loads: latency), not the GPU's bandwidth once enough programs share it; a
+        program's first KV tile (``first_bytes``) arrives while its prologue runs.
+        A program's fixed work (``program_s``) does not overlap with other programs' on its SM.
+        ``t = launches * launch_s + program_s * max(1, programs / sm_count) + waves * max(compute, stream)
+        + partial_bytes / merge rate``.
+        """
+        launch, prog, ef, em, sat, res = self.f2[fam]
+        N = np.maximum(np.asarray(programs, float), 1.0)
+        slots = self.sms * res
+        waves = np.ceil(N / slots)
+        conc = np.minimum(N, slots)
+        comp = flops_prog * np.maximum(self.sms, conc) / (self.P * ef)
+        # one program streams at most BW * em / (sms * sat) (its first KV tile arrives during the prologue);
+        # together they share BW * em
+        mem = np.maximum((bytes_prog - first_bytes) * self.sms * sat * inv_eff, bytes_prog * conc) / (self.BW * em)
+        # the per-program fixed work is issue-bound: one SM retires programs' prologues one after another
+        over = prog * np.maximum(1.0, N / self.sms)
+        return launches * launch + over + waves * np.maximum(comp, mem) + partial_bytes / self.merge_eff_bw
+
+    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True, raw_bytes=None):
+        """Seconds (all layers) of the decode kernel over ``n_dec`` requests reading ``tok`` KV tokens
+        (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
+        in page tables / slot lists (the simulator's private storage), not slabs; arrays broadcast."""
+        base = self.n_kv * np.asarray(n_dec, float)  # one row tile (G query heads) per request and KV head
+        n, _ = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
+                               mean_len=np.asarray(tok, float) / np.maximum(n_dec, 1))
+        N = base * n
+        tok = np.asarray(tok, float)
+        per = tok * self.n_kv / N                      # mean KV tokens of one program
+        pad = np.ceil(per / 64.0) * 64.0 / np.maximum(per, 1e-9)  # a program streams whole 64-token tiles
+        flops = 4.0 * self.dec_tile * self.d * per * pad
+        split = n > 1
+        partial = np.where(split, 2.0 * n * n_dec * self.n_q * (self.d + 1) * 4.0, 0.0)
+        raw = nbytes if raw_bytes is None else raw_bytes
+        t = self.kernel_time2("decode", N, flops, raw / N * pad, np.where(split, 2.0, 1.0), partial,
+                              inv_eff=nbytes / np.maximum(raw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b)
+        if self.corr:
+            t = t * self._corr("decode", "slab" if not np.any(gather) else self._priv_class,
+                               np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))
+        return self.layers * t
+
+    def prefix_time2(self, path, L, m, inv_eff, gather=False, cls=None):
+        """Form 2 of :meth:`prefix_time_array` (m: numpy array of M_eff; ``cls``: kernel-table storage
+        class for the measured correction, None = none)."""
+        p = self.profile
+        if path == "cascade":
+            pow2 = 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0)))
+            bm = np.clip(pow2, p["attn.cascade.min_m_tile"], p["attn.cascade.m_tile"])
+        else:
+            bm = np.full_like(m, p["attn.dense.m_tile"])
+        bn = self._block_n(bm)
+        tiles = np.maximum(1.0, np.ceil(m / bm))
+        base = tiles * self.n_kv
+        if path == "cascade":
+            n, chunk = self.split_rule(base, L, bn, gather=np.logical_and(gather, bm <= 64))
+        else:
+            n, chunk = self.dense_split_rule(base, L, float(bn.flat[0]) if bn.size else 128.0)
+        c = chunk  # tokens of one program, whole KV tiles
+        flops = 4.0 * bm * self.d * c
+        nbytes = c * 2.0 * self.d * self.b + bm * self.d * self.b
+        rows = m * self.n_kv
+        split = n > 1
+        partial = np.where(split, 2.0 * n * rows * (self.d + 1) * 4.0, 0.0)
+        t = self.kernel_time2(path, base * n, flops, nbytes, np.where(split, 2.0, 1.0), partial, inv_eff=inv_eff,
+                              first_bytes=bn * 2.0 * self.d * self.b)
+        if cls is not None and self.corr:
+            t = t * self._corr(path, cls, np.log2(np.maximum(m, 1.0)), np.log2(max(L, 1.0)))
+        return self.layers * t
+
+    def prefix_pass_time2(self, path, Ls, ms, inv_eff, gather=False, cls=None):
+        """Seconds (all layers) of ONE launch over several groups' prefixes, as the engine runs a step's
+        groups of one (path, storage): the grid is sized by the largest group (row tiles) and the longest
+        prefix (splits, balanced by the mean length); programs past a group's rows or prefix exit at
+        once; the others share the GPU (``Ls`` prefix lengths, ``ms`` M_eff per group)."""
+        p = self.profile
+        Ls, ms = np.asarray(Ls, float), np.asarray(ms, float)
+        if path == "cascade":
+            bm = float(np.clip(2.0 ** np.ceil(np.log2(max(ms.max(), 1.0))), p["attn.cascade.min_m_tile"],
+                               p["attn.cascade.m_tile"]))
+        else:
+            bm = float(p["attn.dense.m_tile"])
+        bn = 64.0 if bm <= 64 else 128.0
+        tiles = np.maximum(1.0, np.ceil(ms / bm))
+        base = float(tiles.max()) * self.n_kv * len(Ls)
+        if path == "cascade":
+            n, chunk = self.split_rule(base, Ls.max(), bn, gather=gather and bm <= 64, mean_len=Ls.mean())
+        else:
+            n, chunk = self.dense_split_rule(np.array([base]), Ls.max(), bn)
+        n, chunk = float(np.asarray(n).flat[0]), float(np.asarray(chunk).flat[0])
+        active = float((tiles * self.n_kv * np.ceil(Ls / chunk)).sum())    # programs with KV to stream
+        per = float((tiles * self.n_kv * Ls).sum()) / active                # their mean tokens
+        flops = 4.0 * bm * self.d * per
+        nbytes = per * 2.0 * self.d * self.b + bm * self.d * self.b
+        partial = 2.0 * n * float(ms.sum()) * self.n_kv * (self.d + 1) * 4.0 if n > 1 else 0.0
+        t = self.kernel_time2(path, active, flops, nbytes, 2.0 if n > 1 else 1.0, partial, inv_eff=inv_eff,
+                              first_bytes=bn * 2.0 * self.d * self.b)
+        if cls is not None and self.corr:
+            t = t * self._corr(path, cls, np.log2(max(ms.mean(), 1.0)), np.log2(max(Ls.mean(), 1.0)))
+        return self.layers * float(t)
+
+    def _build_corrections(self, table) -> dict:
+        """Correction functions (measured / formula) per (family, storage class) from a kernel table."""
+        from dataclasses import replace
+
+        rows = table.rows
+        ref = ModelShape("table", 1, int(table.model["hidden"]), int(table.model["n_kv_heads"]) * 4,
+                         int(table.model["n_kv_heads"]), int(table.model["head_dim"]),
+                         int(table.model["intermediate"]), int(table.model["vocab"]))
+        pts: dict = {}
+        tabs: dict = {}
+        n = len(rows["family"])
+        for i in range(n):
+            fam, st = rows["family"][i], rows["storage"][i]
+            G = int(rows["G"][i]) or 4
+            t = tabs.get(G)
+            if t is None:
+                t = tabs[G] = type(self)(self.profile, replace(ref, n_q_heads=ref.n_kv_heads * G), use_table=False)
+            B, Lk, T = rows["B"][i], rows["L"][i], rows["T"][i]
+            cls = st if st in ("slab", "slots", "pages16") else "slots"
+            sto, ps = {"slab": ("slab", 1), "slots": ("paged", 1), "pages16": ("paged", 16)}[cls]
+            if fam == "decode":
+                inv = 1.0 / t.storage_eff(sto, ps)
+                tok = B * Lk
+                qo = B * 2.0 * t.n_q * t.d * t.b
+                f = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=cls != "slab", raw_bytes=tok * t.kvb + qo)
+                key, x, y = ("decode", cls), np.log2(B), np.log2(max(Lk, 1.0))
+            elif fam in ("cascade", "dense"):
+                f = t.prefix_time2(fam, Lk, np.array([rows["M_eff"][i]]), 1.0 / t.storage_eff(sto, ps),
+                                   gather=cls != "slab")[0]
+                key, x, y = (fam, cls), np.log2(rows["M_eff"][i]), np.log2(max(Lk, 1.0))
+            elif fam == "extend":
+                q, nr = int(rows["q_len"][i]), int(rows["n_req"][i])
+                from types import SimpleNamespace
+                reqs = [SimpleNamespace(num_new=q, context_len=int(Lk), shared_len=0, group=-1)] * nr
+                f = t.prefill_time(reqs, t.prefill_inv_eff(sto, ps), [], correct=False)
+                key, x, y = ("prefill", cls), np.log2(q * nr), np.log2(Lk + 1.0)
+            elif fam == "merge":
+                f = t.merge_time2(int(T) * t.n_q, correct=False)
+                key, x, y = ("merge", ""), np.log2(T * t.n_q), None
+            elif fam == "kv_write":
+                f = t.kv_write_time2(int(T), correct=False)
+                key, x, y = ("kv_write", ""), np.log2(T), None
+            else:
+                continue
+            pts.setdefault(key, []).append((x, y, np.log(rows["median_us"][i] * 1e-6 / float(f))))
+        out = {}
+        for key, v in pts.items():
+            x = [p[0] for p in v]
+            r = [p[2] for p in v]
+            out[key] = Correction(x, r, None if v[0][1] is None else [p[1] for p in v])
+        return out
+
+    def _corr(self, fam, cls, x, y=None):
+        c = self.corr.get((fam, cls))
+        if c is None and cls != "slab":
+            c = self.corr.get((fam, "slots" if cls == "pages16" else "pages16"))
+        return 1.0 if c is None else c(x, y)
+
+    def merge_time2(self, rows: int, correct: bool = True) -> float:
+        """Seconds (all layers) of the LSE merge over ``rows`` (token, head) rows."""
+        key = ("merge", rows, correct)
+        v = self._memo_small.get(key)
+        if v is None:
+            N = math.ceil(rows / self.merge_block)
+            v = self.layers * float(self.kernel_time2("merge", N, 0.0, rows / N * self.merge_row_bytes))
+            if correct and self.corr:
+                v *= float(self._corr("merge", "", np.log2(rows)))
+            if len(self._memo_small) > _MEMO_MAX:
+                self._memo_small.clear()
+            self._memo_small[key] = v
+        return v
+
+    def kv_write_time2(self, tokens: int, correct: bool = True) -> float:
+        """Seconds (all layers) of writing ``tokens`` tokens' K and V rows into their slots."""
+        key = ("kvw", tokens, correct)
+        v = self._memo_small.get(key)
+        if v is None:
+            N = math.ceil(tokens / self.kvw_block)
+            v = self.layers * float(self.kernel_time2("kv_write", N, 0.0, tokens / N * 2.0 * self.kvb))
+            if correct and self.corr:
+                v *= float(self._corr("kv_write", "", np.log2(tokens)))
+            if len(self._memo_small) > _MEMO_MAX:
+                self._memo_small.clear()
+            self._memo_small[key] = v
+        return v

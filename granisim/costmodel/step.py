@@ -1,0 +1,147 @@
+"""A batch plan's step: its requests and groups priced part by part, as the engine launches them
+(a mixin of CostTables)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from granisim.plan import BatchPlan, StepResult
+
+from .correction import storage_class
+from .operators import BREAKDOWN_KEYS
+
+
+class StepPricing:
+    """CostTables.step (needs the table's part times: linear, prefill, prefix pass, decode, merge, ...)."""
+
+    def _in_engine(self, key: str, t, eager: bool = False):
+        """Model time -> the real engine's time for one breakdown key (graph-replayed or eager step)."""
+        a, b = (self.engine_eager if eager else self.engine)[key]
+        return np.where(t > 0, a * t + b, 0.0) if isinstance(t, np.ndarray) else (a * t + b if t > 0 else 0.0)
+
+    def step(self, plan: BatchPlan) -> StepResult:
+        page_size = plan.page_size
+        if self.corr:
+            self._priv_class = storage_class(None, page_size)
+        inv_priv = self._inv_eff(None, page_size)
+        # groups: prefix passes now; per-group read factor for members that re-read (paged path)
+        ginv = []
+        gpaged = []
+        passes: dict = {}  # (path, storage) -> groups priced as one launch, as the engine stacks them
+        for g in plan.groups:
+            ginv.append(self._inv_eff(g.storage, page_size))
+            gpaged.append(g.path == "paged")
+            if g.path != "paged":
+                passes.setdefault((g.path, g.storage), []).append((g.prefix_len, g.m_eff))
+        prefix = 0.0
+        for (path, storage), groups in passes.items():
+            prefix += self.prefix_pass_time(path, tuple(groups), storage, page_size)
+        # requests
+        T = n_dec = tok = merge_rows = lmax = 0
+        tok_s = lmax_s = 0  # members of prefix passes: their suffixes are one more decode launch
+        shared_eff = shared_raw = 0.0
+        prefill_reqs = None
+        for r in plan.requests:
+            nn = r.num_new
+            T += nn
+            if nn == 1 and not r.is_prefill:
+                n_dec += 1
+                g = r.group
+                if g >= 0:
+                    s = r.shared_len
+                    c = r.context_len + 1 - s
+                    tok += c
+                    if gpaged[g]:
+                        shared_eff += s * ginv[g]
+                        shared_raw += s
+                        c += s
+                    else:
+                        merge_rows += 1
+                        tok_s += c
+                        if c > lmax_s:
+                            lmax_s = c
+                        continue
+                else:
+                    c = r.context_len + 1
+                    tok += c
+                if c > lmax:
+                    lmax = c
+            elif prefill_reqs is None:
+                prefill_reqs = [r]
+            else:
+                prefill_reqs.append(r)
+        n = plan.num_steps
+        if n > 1 and prefill_reqs is not None:
+            raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
+        linear = self.linear_time(T)
+        lm_head = self.lm_head_time(len(plan.requests))
+        if prefill_reqs and self.form == 2:
+            attn_prefill = self.prefill_time(prefill_reqs, self.prefill_inv_eff(None, page_size),
+                                             [self.prefill_inv_eff(g.storage, page_size) for g in plan.groups])
+        else:
+            attn_prefill = self.prefill_time(prefill_reqs, inv_priv, ginv) if prefill_reqs else 0.0
+        if self.form == 2:
+            merge = self.merge_time2(merge_rows * self.n_q) if merge_rows else 0.0
+            kv_write = self.kv_write_time2(T) if T else 0.0
+        else:
+            merge = merge_rows * self.merge_row + self.merge_launch if merge_rows else 0.0
+            kv_write = T * self.kvw_tok + self.kvw_launch if T else 0.0
+        if plan.copies:
+            ctok = sum(c.length for c in plan.copies)
+            kv_copy = ctok * self.copy_tok + self.copy_launch
+        else:
+            kv_copy = 0.0
+        overhead = self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
+        eager = bool(self.graph_max) and T > self.graph_max
+        if self.engine:
+            linear, lm_head, attn_prefill, prefix, merge, kv_write = (
+                self._in_engine(k, v, eager) for k, v in (("linear", linear), ("lm_head", lm_head),
+                                                   ("attn_prefill", attn_prefill), ("attn_prefix", prefix),
+                                                   ("merge", merge), ("kv_write", kv_write)))
+            if eager and linear < self.eager_floor:
+                linear = self.eager_floor
+        if self.form == 2 and n_dec:
+            # as the engine launches them: one decode over whole contexts, one over pass members' suffixes
+            # (both priced in one vectorised call: rows of the arrays are the launches)
+            steps_ = np.arange(max(n, 1), dtype=float)
+            rows, t0, lm, s_eff, s_raw = (np.array(c, float)[:, None] for c in zip(*(
+                launch for launch in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw),
+                                      (merge_rows, tok_s, lmax_s, 0.0, 0.0)) if launch[0])))
+            toks2 = t0 + steps_ * rows
+            qo = rows * 2.0 * self.n_q * self.d * self.b
+            dec2 = self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
+                                     raw_bytes=(toks2 + s_raw) * self.kvb + qo).sum(axis=0)
+        if n <= 1:
+            if n_dec and self.form == 2:
+                attn_decode = float(dec2[0])
+            elif n_dec:
+                attn_decode = max(tok * self.dec_f_tok,
+                                  (tok * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
+            else:
+                attn_decode = 0.0
+            if self.engine:
+                attn_decode = self._in_engine("attn_decode", attn_decode, eager)
+            parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
+            total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
+            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
+        # decode fast-forward: step s has every context grown by s
+        toks = tok + np.arange(n, dtype=np.int64) * n_dec
+        if n_dec and self.form == 2:
+            dec = dec2
+        elif n_dec:
+            dec = np.maximum(toks * self.dec_f_tok,
+                             (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
+        else:
+            dec = np.zeros(n)
+        if self.engine:
+            dec = self._in_engine("attn_decode", dec)
+        copy = np.zeros(n)
+        copy[0] = kv_copy
+        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + overhead
+        durations = steps.tolist()
+        total = 0.0
+        for x in durations:
+            total += x
+        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(dec.sum()),
+                                              prefix * n, merge * n, kv_write * n, kv_copy, overhead * n)))
+        return StepResult(total, breakdown, step_durations=tuple(durations))

@@ -1,0 +1,258 @@
+"""Per (profile, model) constants and the memoised part times of a step (CostTables)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from granisim.hardware import HardwareProfile
+from granisim.models import ModelShape
+
+from .correction import storage_class
+from .kernels import KernelForms
+from .operators import (_MEMO_MAX, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,
+                        op_work, roofline_time)
+from .step import StepPricing
+
+
+class CostTables(KernelForms, StepPricing):
+    """Constants of one (profile, model) pair, and memoised pieces of the step cost."""
+
+    def __init__(self, profile: HardwareProfile, model: ModelShape, use_table: bool = True):
+        self.profile, self.model = profile, model
+        self.corr: dict = {}
+        self._priv_class = "slots"  # kernel-table storage class of the plan's private KV (set per step)
+        p = profile
+        self.P, self.BW, self.sms = p.bf16_flops, p.hbm_bandwidth, p.sm_count
+        self.layers = model.num_layers
+        self.n_q, self.n_kv, self.d, self.G = model.n_q_heads, model.n_kv_heads, model.head_dim, model.group_size
+        self.b = model.dtype_bytes
+        self.kvb = 2 * self.n_kv * self.d * self.b  # K+V bytes per token per layer
+        self.dims = Dims.of(model)
+        self.launch = p["overhead.kernel_launch_s"]
+        self.step_overhead = p["overhead.step_s"]
+        self.overhead_req = p["overhead.per_request_s"]
+        self.overhead_tok = p["overhead.per_kv_token_s"]
+        # (scale, offset) per key; empty when the profile carries no engine calibration (the usual case)
+        engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}
+        eager = {k: (p[f"engine.eager.{k}.scale"], p[f"engine.eager.{k}.offset_s"]) for k in ENGINE_KEYS}
+        self.graph_max = int(p["engine.graph_max_tokens"])  # steps over it: the eager set
+        self.engine = engine if any(v != (1.0, 0.0) for v in (*engine.values(), *eager.values())) else {}
+        self.engine_eager = eager if self.graph_max else engine
+        self.eager_floor = p["engine.eager.linear_floor_s"]
+        self.fam = {f: (p[f"linear.{f}.launch_s"],
+                        p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
+                        p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}
+        self.page1, self.page16, self.slab = p["storage.page1_eff"], p["storage.page16_eff"], p["storage.slab_eff"]
+        L = self.layers
+        # prefill
+        self.pf_mt = int(p["attn.prefill.m_tile"])
+        self.pf_a = L / (self.P * p["attn.prefill.flop_eff"])  # s per FLOP of one layer, all layers
+        self.pf_b = L / (self.BW * p["attn.prefill.mem_eff"])
+        self.pf_launch = L * self.launch
+        # decode: per token of KV read
+        dec_rows = math.ceil(self.G / p["attn.decode.m_tile"]) * p["attn.decode.m_tile"]
+        self.dec_f_tok = 4.0 * self.n_kv * dec_rows * self.d * L / (self.P * p["attn.decode.flop_eff"])
+        self.dec_b_tok = self.kvb * L / (self.BW * p["attn.decode.mem_eff"])
+        self.dec_qo = 2.0 * self.n_q * self.d * self.b * L / (self.BW * p["attn.decode.mem_eff"])
+        self.dec_launch = L * self.launch
+        # merge, KV movement
+        self.merge_row = self.n_q * (2 * (self.d + 1) * 4 + self.d * self.b) * L / (self.BW * p["attn.merge.mem_eff"])
+        self.merge_launch = L * self.launch
+        self.kvw_tok = 2.0 * self.kvb * L / (self.BW * p["kv.write_eff"])
+        self.kvw_launch = L * self.launch
+        self.copy_tok = 2.0 * self.kvb * L / (self.BW * p["kv.copy_eff"])
+        self.copy_launch = L * self.launch
+        self.form = int(p["attn.form"])
+        if self.form == 2:
+            self._init_form2()
+            if use_table and profile.kernel_table is not None:
+                self.corr = self._build_corrections(profile.kernel_table)
+        self._lin_grid = self._build_linear_grid()
+        self._memo_lin: dict[int, float] = {}
+        self._memo_head: dict[int, float] = {}
+        self._memo_prefix: dict[tuple, float] = {}
+        self._memo_inv: dict[tuple, float] = {}
+
+
+    # -- storage -------------------------------------------------------------------------------
+    def storage_eff(self, storage: str | None, page_size: int) -> float:
+        """Fraction of the contiguous read rate: slab; page size 1 ('cold', 'token', a
+        non-contiguous 'hot' run); pages of ``page_size`` ('paged', or None = the plan's private
+        storage), interpolated in log2(page size) between page 1 and page 16, flat above 16."""
+        if storage == "slab":
+            return self.slab
+        if storage in ("cold", "token", "hot"):
+            page_size = 1
+        elif storage not in ("paged", None):
+            raise ValueError(f"unknown KV storage {storage!r}; expected slab, cold, token, hot or paged")
+        x = min(1.0, math.log2(max(1, page_size)) / 4.0)
+        return self.page1 + (self.page16 - self.page1) * x
+
+    def _inv_eff(self, storage: str | None, page_size: int) -> float:
+        key = (storage, page_size)
+        v = self._memo_inv.get(key)
+        if v is None:
+            v = self._memo_inv[key] = 1.0 / self.storage_eff(storage, page_size)
+        return v
+
+    # -- linear operators ----------------------------------------------------------------------
+    def _family_time(self, family: str, n):
+        launch, ef, em = self.fam[family]
+        f, by = op_work(family, n, self.dims)
+        return roofline_time(f, by, self.P, self.BW, launch, ef, em)
+
+    def _build_linear_grid(self):
+        """(n grid, seconds per step for all layers) when the profile has a linear table."""
+        table = self.profile.linear_table
+        if table is None:
+            return None
+        n = np.asarray(table.num_tokens, float)
+        ref = Dims(**{k: int(v) for k, v in table.model.items()})
+        total = np.zeros_like(n)
+        for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
+            for family, col, count in ops:
+                fm, bm = op_work(family, n, self.dims)
+                fr, br = op_work(family, n, ref)
+                ratio = np.maximum(fm / self.P, bm / self.BW) / np.maximum(fr / self.P, br / self.BW)
+                total += np.asarray(table.ops_ms[col]) * 1e-3 * ratio * count * mult
+        # GEMMs at tile-aligned sizes run faster than at slightly smaller ones (n = 48 beats 40):
+        # a step of n tokens costs no more than the cheapest measured size >= n (pad up to it),
+        # so more tokens are never cheaper.
+        return n, np.minimum.accumulate(total[::-1])[::-1]
+
+    def linear_time(self, tokens: int) -> float:
+        """All linear/element-wise operators of one step over ``tokens`` new tokens (no LM head)."""
+        v = self._memo_lin.get(tokens)
+        if v is not None:
+            return v
+        if tokens <= 0:
+            v = 0.0
+        elif self._lin_grid is not None:
+            n, t = self._lin_grid
+            if tokens >= n[-1]:
+                v = float(t[-1] * tokens / n[-1])
+            elif tokens <= n[0]:
+                v = float(t[0] * tokens / n[0])
+            else:
+                v = float(np.interp(tokens, n, t))
+        else:
+            v = 0.0
+            for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
+                for family, _, count in ops:
+                    v += float(self._family_time(family, tokens)) * count * mult
+        if len(self._memo_lin) > _MEMO_MAX:
+            self._memo_lin.clear()
+        self._memo_lin[tokens] = v
+        return v
+
+    def lm_head_time(self, rows: int) -> float:
+        v = self._memo_head.get(rows)
+        if v is None:
+            v = 0.0 if rows <= 0 else float(self._family_time("lm_head", rows))
+            if len(self._memo_head) > _MEMO_MAX:
+                self._memo_head.clear()
+            self._memo_head[rows] = v
+        return v
+
+    # -- prefix pass -----------------------------------------------------------------------------
+    def prefix_time_array(self, path: str, prefix_len: int, m_eff, storage: str = "slab", page_size: int = 1):
+        """Seconds (all layers) of one group's prefix pass; ``m_eff`` may be a numpy array."""
+        p = self.profile
+        if path == "dense" and storage != "slab":
+            raise ValueError(f"path 'dense' needs a HOT slab, got storage {storage!r}")
+        if path not in ("dense", "cascade"):
+            raise ValueError(f"prefix pass path must be 'dense' or 'cascade', got {path!r}")
+        m = np.asarray(m_eff, float)
+        L = float(prefix_len)
+        if self.form == 2:
+            t = self.prefix_time2(path, L, np.atleast_1d(m), 1.0 / self.storage_eff(storage, page_size),
+                                  gather=storage != "slab", cls=storage_class(storage, page_size))
+            t = t.reshape(m.shape) if m.ndim else t[0]
+            return np.where(L > 0, t, 0.0)
+        mt = p[f"attn.{path}.m_tile"]
+        tiles = np.maximum(1.0, np.ceil(m / mt))
+        flops = 4.0 * tiles * mt * self.n_kv * self.d * L
+        kv_bytes = tiles * L * self.kvb / self.storage_eff(storage, page_size)
+        q_bytes = m * self.n_kv * self.d * self.b
+        out_bytes = m * self.n_kv * (self.d + 1) * 4.0
+        ctas = self.n_kv * tiles
+        if path == "cascade":
+            splits = np.maximum(1.0, np.minimum(np.ceil(p["attn.cascade.ctas_per_sm"] * self.sms / ctas),
+                                                math.ceil(L / p["attn.cascade.min_split_tokens"])))
+            split = splits > 1
+            nbytes = kv_bytes + q_bytes + out_bytes + np.where(split, 2.0 * splits * out_bytes, 0.0)
+            launches = np.where(split, p["attn.cascade.launches"], 1.0)
+            occ = 1.0
+        else:
+            nbytes = kv_bytes + q_bytes + out_bytes
+            launches = p["attn.dense.launches"]
+            occ = np.minimum(1.0, ctas / self.sms)
+        t = np.maximum(flops / (self.P * p[f"attn.{path}.flop_eff"]),
+                       nbytes / (self.BW * p[f"attn.{path}.mem_eff"])) / occ
+        t = self.layers * (t + launches * self.launch)
+        return np.where(L > 0, t, 0.0)
+
+    def prefix_pass_time(self, path: str, groups: tuple, storage: str = "slab", page_size: int = 1) -> float:
+        """Seconds (all layers) of one stacked prefix pass over ``groups`` ((prefix_len, m_eff) pairs) in
+        one storage; form 1 prices the groups one by one."""
+        key = (path, groups, storage, page_size)
+        v = self._memo_prefix.get(key)
+        if v is None:
+            live = [(L, m) for L, m in groups if L > 0]
+            if not live:
+                v = 0.0
+            elif self.form == 2:
+                v = self.prefix_pass_time2(path, [L for L, _ in live], [m for _, m in live],
+                                           1.0 / self.storage_eff(storage, page_size), gather=storage != "slab",
+                                           cls=storage_class(storage, page_size))
+            else:
+                v = sum(self.prefix_time(path, L, m, storage, page_size) for L, m in live)
+            if len(self._memo_prefix) > _MEMO_MAX:
+                self._memo_prefix.clear()
+            self._memo_prefix[key] = v
+        return v
+
+    def prefix_time(self, path: str, prefix_len: int, m_eff: int, storage: str = "slab", page_size: int = 1) -> float:
+        key = (path, prefix_len, m_eff, storage, page_size)
+        v = self._memo_prefix.get(key)
+        if v is None:
+            v = float(self.prefix_time_array(path, prefix_len, m_eff, storage, page_size))
+            if len(self._memo_prefix) > _MEMO_MAX:
+                self._memo_prefix.clear()
+            self._memo_prefix[key] = v
+        return v
+
+    # -- prefill ----------------------------------------------------------------------------------
+    def prefill_time(self, reqs, inv_priv: float, ginv: list, correct: bool = True) -> float:
+        G, mt = self.G, self.pf_mt
+        f = bts = pb = praw = 0.0
+        tiles = nreq = T = ctx = 0
+        for r in reqs:
+            q, c = r.num_new, r.context_len
+            if q <= 0:
+                continue
+            rows = q * G
+            nreq += 1
+            T += q
+            ctx += c
+            nt = math.ceil(rows / mt)
+            tiles += nt
+            pad = nt * mt / rows
+            f += 4.0 * self.d * self.n_q * (q * c + q * (q + 1) / 2.0) * pad
+            s = r.shared_len if r.group >= 0 else 0
+            inv_s = ginv[r.group] if s else 0.0
+            bts += self.kvb * ((c - s) * inv_priv + s * inv_s + q) + 2.0 * q * self.n_q * self.d * self.b
+            # KV each of its programs streams: the prefix in whole 64-token tiles, half the chunk on average
+            pc = math.ceil(c / 64.0) * 64.0
+            pb += nt * (pc * ((c - s) * inv_priv + s * inv_s) / max(c, 1) + q / 2.0)
+            praw += nt * (pc + q / 2.0)
+        if self.form == 2:
+            N = tiles * self.n_kv
+            t = float(self.kernel_time2("prefill", N, f / N, praw * 2.0 * self.d * self.b / tiles,
+                                        inv_eff=pb / max(praw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b))
+            if correct and self.corr and nreq:
+                t *= float(self._corr("prefill", self._priv_class, np.log2(T), np.log2(ctx / nreq + 1.0)))
+            return self.layers * t
+        return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch

@@ -133,6 +133,9 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
        for k in ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
        for c, u, r, d in (("scale", "", "pos", 1.0), ("offset_s", "s", "nonneg", 0.0))},
     "engine.graph_max_tokens": ("tokens", "nonneg", 0),
+    # decode over a shared prefix that every member of a group re-reads in the same launch (the baselines):
+    # the members after the first cost this fraction of a first read (their reads hit L2); 1 = no reuse
+    "attn.decode.shared_reread": ("", "frac", 1.0),
     # an eager step launches every operator from the host: its linear part takes at least this long
     "engine.eager.linear_floor_s": ("s", "nonneg", 0.0),
     "overhead.per_request_s": ("s", "nonneg", 0.0),

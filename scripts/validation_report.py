@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from engine_h200 import VALIDATION, _scenario  # noqa: E402
-from granisim.calibration.engine import fit, kv_tokens_read, with_engine  # noqa: E402
+from granisim.calibration.engine import fit, kv_tokens_read, unit_of, with_engine  # noqa: E402
 from granisim.engine import Engine  # noqa: E402
 from granisim.executor import CostExecutor  # noqa: E402
 from granisim.hardware import PROFILE_DIR, Source  # noqa: E402
@@ -104,7 +104,7 @@ def main() -> None:
                          f"host overhead fitted on the validation run of {source.date} (reports/validation/h200.md); "
                          f"use it to predict the GraniKV engine itself.")
         for name, v in report["fit_all"].items():
-            doc["coefficients"][name] = {"value": v, "unit": "" if name.endswith(".scale") else "tokens" if name.endswith("_tokens") else "s",
+            doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
                                          "source": {"kind": "measured", "date": source.date, "command": source.command,
                                                     "note": source.note}}
         args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")

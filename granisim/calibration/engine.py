@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import ENGINE_KEYS
-from granisim.hardware import Coefficient, HardwareProfile, Source
+from granisim.hardware import OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, Source
 
 MIN_POINTS = 10
 # gpu_backend's GpuExecutor(graph_max_rows=512): steps of more tokens run eagerly (a launch per operator,
@@ -98,10 +98,13 @@ def kv_tokens_read(plan) -> int:
                for i, r in enumerate(plan.requests) if not r.is_prefill)
 
 
+def unit_of(name: str) -> str:
+    return OPTIONAL_COEFFICIENTS[name][0] if name in OPTIONAL_COEFFICIENTS else "s"
+
+
 def with_engine(profile: HardwareProfile, values: dict[str, float], source: Source) -> HardwareProfile:
     coefs = dict(profile.coefficients)
     for name, v in values.items():
-        unit = "" if name.endswith(".scale") else "tokens" if name.endswith("_tokens") else "s"
-        coefs[name] = Coefficient(float(v), unit, source)
+        coefs[name] = Coefficient(float(v), unit_of(name), source)
     return HardwareProfile(profile.name, profile.gpu, coefs, profile.linear_table, profile.notes, profile.path,
                            profile.kernel_table)

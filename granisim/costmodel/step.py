@@ -40,6 +40,7 @@ class StepPricing:
         T = n_dec = tok = merge_rows = lmax = 0
         tok_s = lmax_s = 0  # members of prefix passes: their suffixes are one more decode launch
         shared_eff = shared_raw = 0.0
+        fresh = [True] * len(gpaged)  # a paged group's first member streams its prefix; the rest re-read it
         prefill_reqs = None
         for r in plan.requests:
             nn = r.num_new
@@ -52,8 +53,10 @@ class StepPricing:
                     c = r.context_len + 1 - s
                     tok += c
                     if gpaged[g]:
-                        shared_eff += s * ginv[g]
-                        shared_raw += s
+                        f = 1.0 if fresh[g] else self.reread
+                        fresh[g] = False
+                        shared_eff += s * ginv[g] * f
+                        shared_raw += s * f
                         c += s
                     else:
                         merge_rows += 1

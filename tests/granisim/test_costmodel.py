@@ -273,3 +273,16 @@ def test_pass_members_and_whole_contexts_are_two_decode_launches():
     suffix = cost(_groups_plan(2, 8, 4096), H200).breakdown["attn_decode"]
     plain = cost(plan([decode(i, 3000 + i) for i in range(5)]), H200).breakdown["attn_decode"]
     assert both == pytest.approx(suffix + plain, rel=1e-9)
+
+
+def test_shared_prefix_rereads_cost_a_fraction_after_the_first_member():
+    """attn.decode.shared_reread: in a paged group every member after the first re-reads the prefix from L2."""
+    from granisim.calibration.engine import with_engine
+    from granisim.hardware import Source
+
+    cheap = with_engine(H200, {"attn.decode.shared_reread": 0.25}, Source("measured"))
+    one, many = group_plan(1, 16384, "paged"), group_plan(32, 16384, "paged")
+    assert cost(one, cheap).breakdown["attn_decode"] == pytest.approx(cost(one, H200).breakdown["attn_decode"])
+    full, reread = cost(many, H200).breakdown["attn_decode"], cost(many, cheap).breakdown["attn_decode"]
+    assert reread < 0.5 * full
+    assert reread > cost(one, H200).breakdown["attn_decode"]  # the first member still streams the whole prefix

@@ -107,9 +107,13 @@ def main() -> None:
             doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
                                          "source": {"kind": "measured", "date": source.date, "command": source.command,
                                                     "note": source.note}}
+        if args.profile_out.exists():  # keep what other fits put there (engine_vs_sim.py --fit-reread)
+            old = json.loads(args.profile_out.read_text())["coefficients"]
+            doc["coefficients"].update({k: v for k, v in old.items() if k in KEEP and k not in report["fit_all"]})
         args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
+KEEP = ("attn.decode.shared_reread",)  # engine coefficients fitted elsewhere than here
 VARIANTS = (("at_run_time", "model at run time"), ("microbenchmark_profile", "microbenchmark profile"),
             ("engine_calibrated_held_out", "engine-calibrated, held out"),
             ("engine_calibrated_in_sample", "engine-calibrated, in sample"))

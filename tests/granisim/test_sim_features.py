@@ -62,8 +62,9 @@ def test_auto_dispatch_skips_prefix_passes_that_do_not_pay():
         _done(reqs)
     steps = r_auto.steps.frame()
     assert steps.groups_paged.sum() > 0 and steps.groups_cascade.sum() < r_thr.steps.frame().groups_cascade.sum()
-    # auto prices each group alone (its own launches), while a step stacks all groups of a path into one
-    # launch (costmodel.prefix_pass_time2): a pass's launch cost is shared, so auto may skip a pass that
-    # would have paid, by a little
+    # auto judges each group in a synthetic step of its own; the real step prices all groups of a path as one
+    # stacked launch (costmodel.prefix_pass_time2) and all re-reading members in one decode launch, so its
+    # choice is near-best, not best: here 0.2% behind the threshold policy (pricing each group in a step of
+    # two such groups changed no decision)
     assert auto.finish_s.max() <= thr.finish_s.max() * 1.005
     assert auto.finish_s.max() <= tok.finish_s.max() * 1.001

@@ -71,6 +71,7 @@ def main() -> None:
               "targets": TARGETS, "workloads": {}}
     setups = {n: _setup(n, args.requests, args.profile) for n in names}
     base = {n: reprice(steps[n], plans[n], setups[n].profile, setups[n].model) for n in names}
+    kept = _kept(args.profile_out)
     report["fit_all"] = fit(list(base.values()))
     frames = []
     for n in names:
@@ -107,13 +108,19 @@ def main() -> None:
             doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
                                          "source": {"kind": "measured", "date": source.date, "command": source.command,
                                                     "note": source.note}}
-        if args.profile_out.exists():  # keep what other fits put there (engine_vs_sim.py --fit-reread)
-            old = json.loads(args.profile_out.read_text())["coefficients"]
-            doc["coefficients"].update({k: v for k, v in old.items() if k in KEEP and k not in report["fit_all"]})
+        doc["coefficients"].update(kept)
         args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-KEEP = ("attn.decode.shared_reread",)  # engine coefficients fitted elsewhere than here
+def _kept(profile_out: Path | None) -> dict:
+    """Coefficients of an existing --profile-out that the grid fits (engine_vs_sim.py --fit) put there."""
+    if profile_out is None or not profile_out.exists():
+        return {}
+    old = json.loads(profile_out.read_text())["coefficients"]
+    return {k: v for k, v in old.items() if k in KEEP}
+
+
+KEEP = ("attn.decode.shared_reread",)  # fitted on the speedup grid (engine_vs_sim.py --fit)
 VARIANTS = (("at_run_time", "model at run time"), ("microbenchmark_profile", "microbenchmark profile"),
             ("engine_calibrated_held_out", "engine-calibrated, held out"),
             ("engine_calibrated_in_sample", "engine-calibrated, in sample"))

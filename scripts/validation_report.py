@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from engine_h200 import VALIDATION, _scenario  # noqa: E402
-from granisim.calibration.engine import fit, kv_tokens_read, unit_of, with_engine  # noqa: E402
+from granisim.calibration.engine import fit, host_work, unit_of, with_engine  # noqa: E402
 from granisim.engine import Engine  # noqa: E402
 from granisim.executor import CostExecutor  # noqa: E402
 from granisim.hardware import PROFILE_DIR, Source  # noqa: E402
@@ -58,7 +58,7 @@ def main() -> None:
     steps = {n: pd.read_parquet(args.run / n / "steps.parquet") for n in names}
     plans = {n: pickle.loads((args.run / n / "plans.pkl").read_bytes()) for n in names}
     for n in names:
-        steps[n]["kv_tokens"] = [kv_tokens_read(p) for p in plans[n]]
+        steps[n] = steps[n].assign(**pd.DataFrame([host_work(p) for p in plans[n]], index=steps[n].index))
     raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
     meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
             if (args.run.parent / f"{k}.txt").exists()}

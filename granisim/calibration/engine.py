@@ -5,8 +5,8 @@ breakdown key also pays what isolation hides (in-graph timing marks and gaps per
 padding, the suffix pass's short contexts). From validation runs (``steps.parquet``: the same
 plan priced and measured) this fits, per key, ``measured = scale * predicted + offset``
 (least squares on relative error, offset >= 0), and the per-step host overhead as
-``step_s + per_request_s * requests + per_kv_token_s * kv_tokens`` (steps need a ``kv_tokens``
-column: `kv_tokens_read`). `with_engine` returns a profile carrying them
+``step_s + per_request_s * requests + per_kv_token_s * kv_tokens + per_pass_s * passes`` (steps need
+``kv_tokens`` and ``passes`` columns: `host_work`). `with_engine` returns a profile carrying them
 (granisim.costmodel applies them). Fit on some workloads, judge on the others.
 """
 from __future__ import annotations
@@ -81,21 +81,26 @@ def fit(steps: list[pd.DataFrame], graph_max: int = GRAPH_MAX_TOKENS) -> dict[st
         (out["engine.eager.linear.scale"], out["engine.eager.linear.offset_s"],
          out["engine.eager.linear_floor_s"]) = _floored_lsq(x, y)
     # host overhead = step + per_request * requests + per_kv_token * private KV tokens read (slot lists)
+    #                 + per_pass * prefix passes (each pass's group maps and storage are built and uploaded)
     m = df["measured_overhead"].to_numpy(float)
     ok = m > 0
     w = 1.0 / m[ok]
-    X = np.stack([np.ones(ok.sum()), df["batch"].to_numpy(float)[ok], df["kv_tokens"].to_numpy(float)[ok]], axis=1)
+    X = np.stack([np.ones(ok.sum())] + [df[c].to_numpy(float)[ok] for c in ("batch", "kv_tokens", "passes")], axis=1)
     coef, *_ = np.linalg.lstsq(X * w[:, None], np.ones(ok.sum()), rcond=None)
     coef = np.maximum(coef, 0.0)
-    out["overhead.step_s"], out["overhead.per_request_s"], out["overhead.per_kv_token_s"] = map(float, coef)
+    (out["overhead.step_s"], out["overhead.per_request_s"], out["overhead.per_kv_token_s"],
+     out["overhead.per_pass_s"]) = map(float, coef)
     return out
 
 
-def kv_tokens_read(plan) -> int:
-    """Private KV tokens of a plan's decode rows: what the host lists slot by slot (as the cost model's `tok`)."""
+def host_work(plan) -> dict[str, int]:
+    """What the engine's host builds for a plan beyond its requests: ``kv_tokens``, the private KV tokens of its
+    decode rows (listed slot by slot, as the cost model's `tok`), and ``passes``, its prefix passes (one per
+    (path, storage) of its cascade/dense groups, as the cost model prices them)."""
     grouped = {i for g in plan.groups if g.path in ("cascade", "dense") for i in g.members}
-    return sum(r.context_len + 1 - (r.shared_len if i in grouped else 0)
-               for i, r in enumerate(plan.requests) if not r.is_prefill)
+    kv = sum(r.context_len + 1 - (r.shared_len if i in grouped else 0)
+             for i, r in enumerate(plan.requests) if not r.is_prefill)
+    return {"kv_tokens": kv, "passes": len({(g.path, g.storage) for g in plan.groups if g.path in ("cascade", "dense")})}
 
 
 def unit_of(name: str) -> str:

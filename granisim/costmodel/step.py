@@ -94,7 +94,8 @@ class StepPricing:
             kv_copy = ctok * self.copy_tok + self.copy_launch
         else:
             kv_copy = 0.0
-        overhead = self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
+        overhead = (self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
+                    + self.overhead_pass * len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
             linear, lm_head, attn_prefill, prefix, merge, kv_write = (

@@ -34,6 +34,7 @@ class CostTables(KernelForms, StepPricing):
         self.step_overhead = p["overhead.step_s"]
         self.overhead_req = p["overhead.per_request_s"]
         self.overhead_tok = p["overhead.per_kv_token_s"]
+        self.overhead_pass = p["overhead.per_pass_s"]
         self.reread = p["attn.decode.shared_reread"]
         # (scale, offset) per key; empty when the profile carries no engine calibration (the usual case)
         engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}

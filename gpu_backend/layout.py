@@ -142,20 +142,13 @@ def validate(kv: KVLayout, *, n: int, num_slots: int, device, name: str = "kv") 
         raise TypeError(f"{name} must be SlotLists, PageTable or Slabs, got {type(kv).__name__}")
 
 
-def _lens(kv: KVLayout) -> torch.Tensor:
+def length_stats(kv: KVLayout) -> tuple[int, int]:
+    """(longest, mean rounded up) sequence length in tokens, read on the host: one synchronisation."""
     if isinstance(kv, SlotLists):
         p = kv.indptr.cpu().long()
-        return p[1:] - p[:-1]
-    return (kv.lens if isinstance(kv, PageTable) else kv.length).cpu().long()
-
-
-def max_len(kv: KVLayout) -> int:
-    """Longest sequence (tokens), read on the host: one synchronisation."""
-    ln = _lens(kv)
-    return int(ln.max()) if ln.shape[0] else 0
-
-
-def mean_len(kv: KVLayout) -> int:
-    """Mean sequence length (tokens, rounded up), read on the host: one synchronisation."""
-    ln = _lens(kv)
-    return -(-int(ln.sum()) // ln.shape[0]) if ln.shape[0] else 0
+        ln = p[1:] - p[:-1]
+    else:
+        ln = (kv.lens if isinstance(kv, PageTable) else kv.length).cpu().long()
+    if not ln.shape[0]:
+        return 0, 0
+    return int(ln.max()), -(-int(ln.sum()) // ln.shape[0])

@@ -42,6 +42,19 @@ def _scenario(extra: dict, profile: str):
     return parse_scenario(base)
 
 
+def burst_scenario(pol: str, lp: int, k: int, requests: int, profile: str):
+    """A speedup unit's scenario: `requests` arriving at once (throughput at saturation)."""
+    return _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": requests,
+                                                             "rate": 1000.0}}, profile)
+
+
+def validation_scenario(name: str, requests: int, profile: str):
+    """A validation workload's scenario, capped at `requests` requests."""
+    extra = VALIDATION[name]
+    wl = {**extra["workload"], "num_requests": min(extra["workload"]["num_requests"], requests)}
+    return _scenario({**extra, "workload": wl}, profile)
+
+
 def _free_gpu() -> None:
     """Drop the last unit's executor (its KV buffers take most of the GPU) before the next one."""
     import gc
@@ -57,13 +70,11 @@ def _done(name: str, out: Path, done: Path | None) -> bool:
 
 
 def _burst(pol: str, lp: int, k: int, requests: int, profile: str, graphs: bool):
-    """One speedup unit: `requests` arriving at once (throughput at saturation) -> (executor, result)."""
+    """One speedup unit on the GPU -> (executor, result)."""
     from granisim.cli import _gpu_executor
     from granisim.simulate import prepare, simulate
 
-    sc = _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": requests,
-                                                           "rate": 1000.0}}, profile)
-    setup = prepare(sc)
+    setup = prepare(burst_scenario(pol, lp, k, requests, profile))
     _free_gpu()
     ex = _gpu_executor(setup, "cuda", graphs=graphs)
     return ex, simulate(setup, ex, progress=False)
@@ -83,7 +94,6 @@ def speedup(args) -> None:
     from granisim.metrics import requests_frame, summarize
 
     t0 = time.time()
-    ex = res = None
     grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
     warm = False
     for rep, lp, k, pol in ((r, lp, k, p) for r in range(args.reps) for lp, k in grid for p in POLICIES):
@@ -118,14 +128,12 @@ def validate_all(args) -> None:
     from granisim.validate import validate
 
     t0 = time.time()
-    for name, extra in VALIDATION.items():
+    for name in VALIDATION:
         if args.only and name not in args.only:
             continue
         if _done(f"validation_{name}", args.out, args.done) or time.time() - t0 > args.budget_s:
             continue
-        extra = {**extra, "workload": {**extra["workload"], "num_requests": min(extra["workload"]["num_requests"],
-                                                                                args.requests)}}
-        setup = prepare(_scenario(extra, args.profile))
+        setup = prepare(validation_scenario(name, args.requests, args.profile))
         ex = None
         _free_gpu()
         ex = _gpu_executor(setup, "cuda")

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from engine_h200 import _scenario  # noqa: E402
+from engine_h200 import burst_scenario  # noqa: E402
 from engine_report import POLICIES, load  # noqa: E402
 from granisim.calibration.engine import unit_of  # noqa: E402
 from granisim.metrics import requests_frame, summarize  # noqa: E402
@@ -35,9 +35,8 @@ SOURCE = {"kind": "measured", "date": "2026-11-29", "command": "scripts/engine_v
 
 
 def simulated(pol: str, lp: int, k: int, requests: int, profile: str) -> dict:
-    sc = _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": requests,
-                                                           "rate": 1000.0}}, profile)
-    sc = sc.with_changes(**{"scheduler.fast_forward": False})  # per-step durations, as the engine runs them
+    # per-step durations, as the engine runs them
+    sc = burst_scenario(pol, lp, k, requests, profile).with_changes(**{"scheduler.fast_forward": False})
     res = simulate(prepare(sc), progress=False)
     steps = res.steps.frame()
     dec = steps[steps.prefill_tokens == 0]
@@ -46,42 +45,37 @@ def simulated(pol: str, lp: int, k: int, requests: int, profile: str) -> dict:
             "t_attn_decode": float(dec.t_attn_decode.median() * 1e3)}
 
 
-# (coefficient, values tried, policies compared, the decode-step part compared). Tried and dropped: the host
-# overhead per private KV token on t_overhead (10 ns fitted here, token's long slot lists) made the granikv
-# validation runs' per-step error worse (2.7/3.2/1.7% -> 3.3/5.8/3.5%): one linear host model does not
-# hold across policies.
-GRID_FITS = (
-    ("attn.decode.shared_reread", (1.0, 0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05), ("token", "paged16"), "t_attn_decode"),
-)
+REREAD = "attn.decode.shared_reread"
+REREAD_VALUES = (1.0, 0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05)
+# Tried and dropped: a host overhead per private KV token fitted here on t_overhead (10 ns, token's long slot
+# lists) made the granikv validation runs' per-step error worse (2.7/3.2/1.7% -> 3.3/5.8/3.5%): one linear host
+# model does not hold across policies.
 
 
-def fit_grid(points: dict, profile_json: Path, requests: int, run: Path) -> None:
-    """Per coefficient of GRID_FITS in turn: the value whose simulated decode-step part (median over decode-only
-    steps) best matches the measured one over the units of the policies named (least mean squared log ratio),
-    written into ``profile_json``. Compared on the attention time alone, not the whole step (host time would
-    otherwise leak into the kernel coefficient)."""
+def fit_reread(points: dict, profile_json: Path, requests: int, run: Path) -> None:
+    """The REREAD value whose simulated baseline (token, paged16) decode attention time best matches the measured
+    one (least mean squared log ratio of the decode-only steps' medians), written into ``profile_json``. Compared
+    on the attention time alone, not the whole step (host time would otherwise leak into the kernel coefficient)."""
     doc = json.loads(profile_json.read_text())
+    units = [(lp, k, pol, u[pol][0]["decode_breakdown_ms_p50"]["attn_decode"]) for (lp, k), u in sorted(points.items())
+             for pol in ("token", "paged16") if 0 in u.get(pol, {})]
+    losses = {}
     with tempfile.TemporaryDirectory(dir=profile_json.parent) as tmp:  # beside it: its tables resolve alike
-        for name, values, policies, part in GRID_FITS:
-            units = [(lp, k, pol, u[pol][0]["decode_breakdown_ms_p50"][part[2:]]) for (lp, k), u in sorted(points.items())
-                     for pol in policies if 0 in u.get(pol, {})]
-            losses = {}
-            for v in values:
-                doc["coefficients"][name] = {"value": v, "unit": unit_of(name), "source": SOURCE}
-                path = Path(tmp) / f"{name}={v:g}.json"  # a new path: profiles are cached by path
-                path.write_text(json.dumps(doc))
-                err = [np.log(max(simulated(pol, lp, k, requests, str(path))[part], 1e-6) / max(m, 1e-6))
-                       for lp, k, pol, m in units]
-                losses[v] = float(np.sqrt(np.mean(np.square(err))))
-                print(f"{name} = {v:g}: rms log error of {part[2:]} medians {losses[v]:.3f}", flush=True)
-            best = min(losses, key=losses.get)
-            doc["coefficients"][name] = {"value": best, "unit": unit_of(name), "source": {
-                **SOURCE, "command": f"python scripts/engine_vs_sim.py {run} --fit {profile_json.name}",
-                "note": f"fitted by simulation to the decode-step {part[2:]} medians of the {', '.join(policies)} units "
-                        f"of the real-engine speedup grid ({run}, H200); tried {list(values)}: rms log error "
-                        f"{losses[best]:.3f} (first value: {losses[values[0]]:.3f}); in sample"}}
+        for v in REREAD_VALUES:
+            doc["coefficients"][REREAD] = {"value": v, "unit": unit_of(REREAD), "source": SOURCE}
+            path = Path(tmp) / f"reread={v:g}.json"  # a new path: profiles are cached by path
+            path.write_text(json.dumps(doc))
+            err = [np.log(simulated(pol, lp, k, requests, str(path))["t_attn_decode"] / m) for lp, k, pol, m in units]
+            losses[v] = float(np.sqrt(np.mean(np.square(err))))
+            print(f"{REREAD} = {v:g}: rms log error of attn_decode medians {losses[v]:.3f}", flush=True)
+    best = min(losses, key=losses.get)
+    doc["coefficients"][REREAD] = {"value": best, "unit": unit_of(REREAD), "source": {
+        **SOURCE, "command": f"python scripts/engine_vs_sim.py {run} --fit {profile_json.name}",
+        "note": f"fitted by simulation to the decode-step attn_decode medians of the token, paged16 units of the "
+                f"real-engine speedup grid ({run}, H200); tried {list(REREAD_VALUES)}: rms log error "
+                f"{losses[best]:.3f} (at 1.0: {losses[1.0]:.3f}); in sample"}}
     profile_json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {', '.join(n for n, *_ in GRID_FITS)} into {profile_json}")
+    print(f"wrote {REREAD} = {best} into {profile_json}")
 
 
 def main() -> None:
@@ -90,11 +84,11 @@ def main() -> None:
     ap.add_argument("--profiles", default="h200,h200-engine")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--out", type=Path, required=True, help="path prefix: writes PREFIX.json and PREFIX.md")
-    ap.add_argument("--fit", type=Path, metavar="PROFILE_JSON", help="fit GRID_FITS into this profile first")
+    ap.add_argument("--fit", type=Path, metavar="PROFILE_JSON", help=f"fit {REREAD} into this profile first")
     args = ap.parse_args()
     points = load(args.run)
     if args.fit:
-        fit_grid(points, args.fit, args.requests, args.run)
+        fit_reread(points, args.fit, args.requests, args.run)
     profiles = args.profiles.split(",")
     rows = []
     for (lp, k), units in sorted(points.items()):

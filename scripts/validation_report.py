@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from engine_h200 import VALIDATION, _scenario  # noqa: E402
+from engine_h200 import VALIDATION, validation_scenario  # noqa: E402
 from granisim.calibration.engine import fit, host_work, unit_of, with_engine  # noqa: E402
 from granisim.engine import Engine  # noqa: E402
 from granisim.executor import CostExecutor  # noqa: E402
@@ -35,9 +35,7 @@ from granisim.validate import TARGETS, end_to_end, reprice, step_errors  # noqa:
 
 
 def _setup(name: str, requests: int, profile: str):
-    extra = VALIDATION[name]
-    extra = {**extra, "workload": {**extra["workload"], "num_requests": requests}}
-    return prepare(_scenario(extra, profile))
+    return prepare(validation_scenario(name, requests, profile))
 
 
 def _e2e(setup, measured: dict) -> dict:

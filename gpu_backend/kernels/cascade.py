@@ -20,9 +20,10 @@ def block_m_for(rows: int) -> int:
 
 
 def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
-            max_rows, max_kv_len, kv_name, mean_kv_len=None):
+            max_rows, max_kv_len, kv_name, mean_kv_len=None, balance=False):
     """Shared argument checks for the split-KV launchers; returns (out, lse, scale, max_rows, max_kv_len,
-    mean_kv_len) — lengths read on the host when not given and `check` allows a device read."""
+    mean_kv_len). Lengths not given are read on the host (the mean only for launchers that `balance`
+    mixed lengths, and only when `check` allows a device read)."""
     num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
     checks.queries("q", q, n_kv=n_kv, d=d, dtype=k_cache.dtype, device=k_cache.device)
     T, n_q, _ = q.shape
@@ -37,10 +38,11 @@ def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
     if max_rows is None:
         p = group_indptr.cpu().long()
         max_rows = int((p[1:] - p[:-1]).max()) if n_groups else 0
-    if max_kv_len is None:
-        max_kv_len = L.max_len(kv)
-    if mean_kv_len is None and check:
-        mean_kv_len = L.mean_len(kv)
+    want_mean = balance and check and mean_kv_len is None
+    if max_kv_len is None or want_mean:
+        longest, mean = L.length_stats(kv)
+        max_kv_len = longest if max_kv_len is None else max_kv_len
+        mean_kv_len = mean if want_mean else mean_kv_len
     return out, lse, split_kv.default_scale(d, sm_scale), max_rows, max_kv_len, mean_kv_len
 
 
@@ -63,7 +65,7 @@ def cascade_prefix_attention(
     out, lse, scale, max_rows, max_kv_len, mean_kv_len = prepare(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
-        kv_name="prefix", mean_kv_len=mean_kv_len)
+        kv_name="prefix", mean_kv_len=mean_kv_len, balance=True)
     G = q.shape[1] // k_cache.shape[1]
     bm = block_m or block_m_for(max_rows * G)
     return split_kv.launch(

@@ -39,7 +39,8 @@ def decode_attention(
     gptr = _one_per_group(B, q.device)
     out, lse, scale, _, max_kv_len, mean_kv_len = prepare(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=gptr, kv=kv, out=out, lse=lse,
-        sm_scale=sm_scale, check=check, max_rows=1, max_kv_len=max_kv_len, kv_name="kv", mean_kv_len=mean_kv_len)
+        sm_scale=sm_scale, check=check, max_rows=1, max_kv_len=max_kv_len, kv_name="kv", mean_kv_len=mean_kv_len,
+        balance=True)
     G = q.shape[1] // k_cache.shape[1]
     return split_kv.launch(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=gptr, kv=kv, out=out, lse=lse,

@@ -11,6 +11,8 @@ plan priced and measured) this fits, per key, ``measured = scale * predicted + o
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -66,7 +68,7 @@ def _fit_keys(df: pd.DataFrame, prefix: str) -> dict[str, float]:
 
 def fit(steps: list[pd.DataFrame], graph_max: int = GRAPH_MAX_TOKENS) -> dict[str, float]:
     """Coefficient values (``engine.<key>.scale/offset_s`` for graph-replayed steps, ``engine.eager.*`` for
-    steps of more than ``graph_max`` tokens, ``overhead.step_s/per_request_s/per_kv_token_s``)."""
+    steps of more than ``graph_max`` tokens, ``overhead.step_s/per_request_s/per_kv_token_s/per_pass_s``)."""
     df = pd.concat(steps, ignore_index=True)
     eager = df["tokens"] > graph_max
     out = _fit_keys(df[~eager], "engine.")
@@ -108,8 +110,5 @@ def unit_of(name: str) -> str:
 
 
 def with_engine(profile: HardwareProfile, values: dict[str, float], source: Source) -> HardwareProfile:
-    coefs = dict(profile.coefficients)
-    for name, v in values.items():
-        coefs[name] = Coefficient(float(v), unit_of(name), source)
-    return HardwareProfile(profile.name, profile.gpu, coefs, profile.linear_table, profile.notes, profile.path,
-                           profile.kernel_table)
+    coefs = {**profile.coefficients, **{n: Coefficient(float(v), unit_of(n), source) for n, v in values.items()}}
+    return replace(profile, coefficients=coefs)

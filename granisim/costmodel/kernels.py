@@ -59,6 +59,15 @@ class KernelForms:
         """KV tile of the launchers: 64 tokens for row tiles up to 64, else 128."""
         return np.where(np.asarray(m_tile) <= 64, 64.0, 128.0)
 
+    def _row_tile(self, path, m):
+        """Row tile of a prefix pass over M_eff = m rows: cascade the next power of two within its
+        [min_m_tile, m_tile], dense its fixed tile (arrays broadcast)."""
+        p = self.profile
+        if path == "cascade":
+            return np.clip(2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))), p["attn.cascade.min_m_tile"],
+                           p["attn.cascade.m_tile"])
+        return np.full_like(np.asarray(m, float), p["attn.dense.m_tile"])
+
     def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None):
         """(n_splits, chunk) of gpu_backend.kernels.split_kv.launch / plan_splits: split along KV until
         about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
@@ -148,12 +157,7 @@ class KernelForms:
     def prefix_time2(self, path, L, m, inv_eff, gather=False, cls=None):
         """Form 2 of :meth:`prefix_time_array` (m: numpy array of M_eff; ``cls``: kernel-table storage
         class for the measured correction, None = none)."""
-        p = self.profile
-        if path == "cascade":
-            pow2 = 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0)))
-            bm = np.clip(pow2, p["attn.cascade.min_m_tile"], p["attn.cascade.m_tile"])
-        else:
-            bm = np.full_like(m, p["attn.dense.m_tile"])
+        bm = self._row_tile(path, m)
         bn = self._block_n(bm)
         tiles = np.maximum(1.0, np.ceil(m / bm))
         base = tiles * self.n_kv
@@ -178,14 +182,9 @@ class KernelForms:
         groups of one (path, storage): the grid is sized by the largest group (row tiles) and the longest
         prefix (splits, balanced by the mean length); programs past a group's rows or prefix exit at
         once; the others share the GPU (``Ls`` prefix lengths, ``ms`` M_eff per group)."""
-        p = self.profile
         Ls, ms = np.asarray(Ls, float), np.asarray(ms, float)
-        if path == "cascade":
-            bm = float(np.clip(2.0 ** np.ceil(np.log2(max(ms.max(), 1.0))), p["attn.cascade.min_m_tile"],
-                               p["attn.cascade.m_tile"]))
-        else:
-            bm = float(p["attn.dense.m_tile"])
-        bn = 64.0 if bm <= 64 else 128.0
+        bm = float(self._row_tile(path, ms.max()))
+        bn = float(self._block_n(bm))
         tiles = np.maximum(1.0, np.ceil(ms / bm))
         base = float(tiles.max()) * self.n_kv * len(Ls)
         if path == "cascade":
@@ -262,30 +261,24 @@ class KernelForms:
             c = self.corr.get((fam, "slots" if cls == "pages16" else "pages16"))
         return 1.0 if c is None else c(x, y)
 
-    def merge_time2(self, rows: int, correct: bool = True) -> float:
-        """Seconds (all layers) of the LSE merge over ``rows`` (token, head) rows."""
-        key = ("merge", rows, correct)
+    def _streaming_time2(self, fam: str, units: int, block: float, unit_bytes: float, correct: bool) -> float:
+        """Seconds (all layers) of a memory-bound kernel of ``units`` rows, ``block`` rows per program."""
+        key = (fam, units, correct)
         v = self._memo_small.get(key)
         if v is None:
-            N = math.ceil(rows / self.merge_block)
-            v = self.layers * float(self.kernel_time2("merge", N, 0.0, rows / N * self.merge_row_bytes))
+            N = math.ceil(units / block)
+            v = self.layers * float(self.kernel_time2(fam, N, 0.0, units / N * unit_bytes))
             if correct and self.corr:
-                v *= float(self._corr("merge", "", np.log2(rows)))
+                v *= float(self._corr(fam, "", np.log2(units)))
             if len(self._memo_small) > _MEMO_MAX:
                 self._memo_small.clear()
             self._memo_small[key] = v
         return v
 
+    def merge_time2(self, rows: int, correct: bool = True) -> float:
+        """Seconds (all layers) of the LSE merge over ``rows`` (token, head) rows."""
+        return self._streaming_time2("merge", rows, self.merge_block, self.merge_row_bytes, correct)
+
     def kv_write_time2(self, tokens: int, correct: bool = True) -> float:
         """Seconds (all layers) of writing ``tokens`` tokens' K and V rows into their slots."""
-        key = ("kvw", tokens, correct)
-        v = self._memo_small.get(key)
-        if v is None:
-            N = math.ceil(tokens / self.kvw_block)
-            v = self.layers * float(self.kernel_time2("kv_write", N, 0.0, tokens / N * 2.0 * self.kvb))
-            if correct and self.corr:
-                v *= float(self._corr("kv_write", "", np.log2(tokens)))
-            if len(self._memo_small) > _MEMO_MAX:
-                self._memo_small.clear()
-            self._memo_small[key] = v
-        return v
+        return self._streaming_time2("kv_write", tokens, self.kvw_block, 2.0 * self.kvb, correct)

@@ -145,11 +145,11 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
 # what the microbenchmark calibration fits (calibration/fit.py); the engine ones come from engine runs
 KERNEL_MODEL_COEFFICIENTS = {
     "attn.form": ("", "int", 1), **FORM2_DEFAULTS,
-    # split-KV load balance: no split longer than max(balance_chunk, balance_mean_factor x the batch's
-    # mean length); balance_chunk 0 = none (kernels before it; optional so that profiles fitted to them
-    # stay valid)
+    # split-KV load balance: in a batch whose longest sequence exceeds balance_skew x its mean length,
+    # no split longer than max(balance_chunk, the mean); balance_chunk 0 = none (kernels before it;
+    # optional so that profiles fitted to them stay valid)
     "attn.cascade.balance_chunk": ("tokens", "int", 0),
-    "attn.cascade.balance_mean_factor": ("", "pos", 2.0)}
+    "attn.cascade.balance_skew": ("", "pos", 2.0)}
 OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS}
 FORM2_COEFFICIENTS = tuple(FORM2_DEFAULTS)
 

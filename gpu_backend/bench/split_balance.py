@@ -3,8 +3,10 @@
 The engine's decode passes see sequences of very mixed lengths (Azure-trace suffixes: median
 1K tokens, longest 14K), but the split count is planned from the longest one. This times the
 decode and cascade launches the engine makes, as CUDA-graph replays, with no cap, with fixed
-caps of 256..4096 tokens, and with the shipped rule (`balance_cap`: max(BALANCE_CHUNK,
-BALANCE_MEAN_FACTOR x mean length); run 1 of 2026-11-29 had factor 1, labelled `mean`):
+caps of 256..4096 tokens, with the mean-length rules max(1024, mean) and max(1024, 2 x mean) applied
+to every batch, and with the shipped rule (`balance_cap`: max(BALANCE_CHUNK, mean) only where the
+longest sequence exceeds BALANCE_SKEW x the mean). Runs of 2026-11-29: run 1 shipped the `mean` rule,
+run 2 the `2xmean` rule, run 3 the skew rule:
 
 - `suffix`  : B requests' own suffixes (slot lists), trace lengths — granikv's suffix pass;
 - `token`   : the same requests with a shared L_p-token prefix in front (same slots for all,
@@ -33,7 +35,10 @@ from .timing import bench, graph_of
 
 N_Q = 32  # Llama-3.1-8B
 SHIPPED = split_kv.balance_cap
-CAPS = {"none": lambda mean: 0, **{str(c): (lambda mean, c=c: c) for c in (256, 512, 1024, 2048, 4096)},
+CAPS = {"none": lambda longest, mean: 0,
+        **{str(c): (lambda longest, mean, c=c: c) for c in (256, 512, 1024, 2048, 4096)},
+        "mean": lambda longest, mean: max(split_kv.BALANCE_CHUNK, mean or 0),
+        "2xmean": lambda longest, mean: max(split_kv.BALANCE_CHUNK, 2 * (mean or 0)),
         "shipped": SHIPPED}
 
 

@@ -30,13 +30,15 @@ MIN_CHUNK = 256   # tokens per split, at least
 MAX_SPLITS = 64   # the combine holds all of a row's splits at once
 # Load balance over mixed lengths: the split count comes from the LONGEST sequence, so without a
 # cap one program walks the longest sequence alone while the others idle (Azure-trace suffixes:
-# median 1K tokens, longest 14K). A launch given the batch's mean length cuts every sequence into
-# splits of at most max(BALANCE_CHUNK, BALANCE_MEAN_FACTOR * mean) tokens; short sequences leave
-# their extra splits empty (programs that exit at once). Lengths within 2x of the mean are not
-# split further: at L_p = 16K the `token` decode (all requests reading one shared prefix) ran 23%
-# slower with 2 splits than with 1 (H200 grid at cap = mean, reports/kernels/split_balance/README.md).
+# median 1K tokens, longest 14K). A launch given the batch's mean length, whose longest sequence is
+# more than BALANCE_SKEW x the mean, cuts every sequence into splits of at most
+# max(BALANCE_CHUNK, mean) tokens; short sequences leave their extra splits empty (programs that
+# exit at once). Batches of similar lengths are not split further: at L_p = 16K the `token` decode
+# (all requests reading one shared prefix, longest < 2x mean) ran 23% slower with 2 splits than
+# with 1, while a cap at the mean sped up skewed batches (H200 grids at cap = mean and cap = 2 x mean,
+# reports/engine/h200.md; reports/kernels/split_balance/README.md).
 BALANCE_CHUNK = 1024
-BALANCE_MEAN_FACTOR = 2
+BALANCE_SKEW = 2
 
 
 @triton.jit
@@ -140,9 +142,12 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
     return triton.cdiv(max_kv_len, chunk), chunk
 
 
-def balance_cap(mean_kv_len: int | None) -> int:
-    """Longest split for a batch of this mean length (0: unknown, no cap)."""
-    return max(BALANCE_CHUNK, BALANCE_MEAN_FACTOR * int(mean_kv_len)) if mean_kv_len else 0
+def balance_cap(max_kv_len: int, mean_kv_len: int | None) -> int:
+    """Longest split for a batch of these longest / mean lengths (0: no cap — mean unknown, or no
+    sequence longer than BALANCE_SKEW x the mean)."""
+    if not mean_kv_len or max_kv_len <= BALANCE_SKEW * int(mean_kv_len):
+        return 0
+    return max(BALANCE_CHUNK, int(mean_kv_len))
 
 
 def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_scale,
@@ -161,7 +166,7 @@ def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_sc
     n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
                                   block_n=block_n, device=q.device, kv_chunk=kv_chunk,
                                   ctas_per_sm=2 if gather else 1, round_up=gather,
-                                  max_chunk=balance_cap(mean_kv_len))
+                                  max_chunk=balance_cap(max_kv_len, mean_kv_len))
     R = T * n_q
     split = n_splits > 1
     if split:

@@ -59,7 +59,7 @@ RAW_FAMILY = {"prefill": "extend"}  # cost-model family -> raw family column
 KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
                 "attn.cascade.min_m_tile": 16, "attn.cascade.ctas_per_sm": 1, "attn.cascade.gather_ctas_per_sm": 2,
                 "attn.cascade.min_split_tokens": 256, "attn.cascade.max_splits": 64, "attn.cascade.launches": 2,
-                "attn.cascade.balance_chunk": 1024, "attn.cascade.balance_mean_factor": 2,
+                "attn.cascade.balance_chunk": 1024, "attn.cascade.balance_skew": 2,
                 "attn.dense.m_tile": 128, "attn.dense.max_splits": 16, "attn.dense.launches": 2,
                 "storage.slab_eff": 1.0, "attn.form": 2}
 

@@ -70,7 +70,7 @@ def _how(name: str, res: FitResult) -> str:
                    "carries to other GPUs" if fam != "lm_head" else ""))
     if name == "storage.slab_eff":
         return "1 by definition: slab rows are the reference the kernels' mem_eff are fitted on"
-    if name in ("attn.cascade.balance_chunk", "attn.cascade.balance_mean_factor"):
+    if name in ("attn.cascade.balance_chunk", "attn.cascade.balance_skew"):
         return ("the launchers' load-balance rule (gpu_backend/kernels/split_kv.py BALANCE_*, chosen by "
                 "gpu_backend/bench/split_balance.py on the H200, reports/kernels/split_balance/); added after the "
                 "calibration runs, it leaves every calibration row's split count as recorded (equal lengths: "

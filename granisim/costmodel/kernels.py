@@ -32,7 +32,7 @@ class KernelForms:
         self.min_split = p["attn.cascade.min_split_tokens"]
         self.max_splits = p["attn.cascade.max_splits"]
         self.balance_chunk = p["attn.cascade.balance_chunk"]
-        self.balance_factor = p["attn.cascade.balance_mean_factor"]
+        self.balance_skew = p["attn.cascade.balance_skew"]
         self.dense_max_splits = int(p["attn.dense.max_splits"])
         self.merge_eff_bw = self.BW * p["attn.merge.mem_eff"]
         self.copy_launch = L * p["kv.copy_launch_s"]
@@ -72,8 +72,8 @@ class KernelForms:
         """(n_splits, chunk) of gpu_backend.kernels.split_kv.launch / plan_splits: split along KV until
         about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
         ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True), and
-        (given the batch's ``mean_len``) until no split is longer than
-        ``max(balance_chunk, balance_mean_factor * mean_len)``;
+        (given the batch's ``mean_len``, and a longest ``kv_len`` over ``balance_skew`` x it) until no
+        split is longer than ``max(balance_chunk, mean_len)``;
         at least ``min_split_tokens`` per split, at most ``max_splits``; the chunk is a whole number of
         KV tiles. Arrays broadcast."""
         base = np.maximum(np.asarray(base, float), 1.0)
@@ -81,8 +81,9 @@ class KernelForms:
         want = np.where(gather, np.ceil(self.gather_ctas_per_sm * self.sms / base),
                         np.maximum(1.0, np.floor(self.ctas_per_sm * self.sms / base)))
         if self.balance_chunk and mean_len is not None:
-            cap = np.maximum(self.balance_chunk, self.balance_factor * np.ceil(mean_len))
-            want = np.maximum(want, np.ceil(kv_len / cap))
+            mean = np.ceil(mean_len)
+            cap = np.maximum(self.balance_chunk, mean)
+            want = np.where(kv_len > self.balance_skew * mean, np.maximum(want, np.ceil(kv_len / cap)), want)
         n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / self.min_split)), self.max_splits))
         chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
         chunk = np.where(kv_len > 0, chunk, block_n)

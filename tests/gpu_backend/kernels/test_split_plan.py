@@ -1,5 +1,6 @@
 """The split-along-KV planner: whole waves for slab/128-row passes, ~2 programs per SM for gathers,
-and no program walking more than max(BALANCE_CHUNK, 2 x mean length) tokens."""
+and, in a batch whose longest sequence exceeds BALANCE_SKEW x the mean, no program walking more than
+max(BALANCE_CHUNK, mean length) tokens."""
 import types
 
 import pytest
@@ -34,21 +35,25 @@ def test_gathers_round_up_to_two_per_sm():
     assert n == 3
 
 
-@pytest.mark.parametrize("base,L,mean", [(512, 16384, 1200), (512, 1025, 600), (8, 30000, 2000),
-                                         (64, 10 ** 6, 10), (512, 300, 100), (512, 16384, 16384), (512, 30000, 17300)])
+@pytest.mark.parametrize("base,L,mean", [(512, 16384, 1200), (512, 1025, 300), (8, 30000, 2000),
+                                         (64, 10 ** 6, 10), (512, 300, 100), (512, 16384, 16384), (512, 30000, 17300),
+                                         (512, 4100, 2050), (512, 4200, 2050)])
 def test_chunk_cap(base, L, mean):
-    """However many programs the base grid has, no split walks more than max(BALANCE_CHUNK, 2 x mean)
-    tokens (while MAX_SPLITS allows): one long sequence in a batch of short ones is cut up, a
-    batch of equal lengths is not."""
-    cap = split_kv.balance_cap(mean)
+    """However many programs the base grid has, a batch whose longest sequence exceeds BALANCE_SKEW x
+    the mean is cut into splits of at most max(BALANCE_CHUNK, mean) tokens (while MAX_SPLITS allows):
+    one long sequence in a batch of short ones is cut up, a batch of similar lengths is not."""
+    cap = split_kv.balance_cap(L, mean)
+    skewed = L > split_kv.BALANCE_SKEW * mean
+    assert cap == (max(split_kv.BALANCE_CHUNK, mean) if skewed else 0)
     n, chunk = plan_splits(base_programs=base, max_kv_len=L, block_n=64, device=H200, ctas_per_sm=2,
                            round_up=True, max_chunk=cap)
     assert n * chunk >= L > (n - 1) * chunk
-    bound = max(cap, -(-L // MAX_SPLITS), split_kv.MIN_CHUNK)
-    assert chunk <= -(-bound // 64) * 64
-    if L <= cap:
-        assert n == 1  # sequences no longer than the cap, with a full grid, are not split
-    assert split_kv.balance_cap(None) == 0 and split_kv.balance_cap(0) == 0
+    if skewed:
+        bound = max(cap, -(-L // MAX_SPLITS), split_kv.MIN_CHUNK)
+        assert chunk <= -(-bound // 64) * 64
+    if not skewed or L <= cap:
+        assert n == 1  # a full grid over similar lengths, or sequences within the cap, is not split
+    assert split_kv.balance_cap(L, None) == 0 and split_kv.balance_cap(L, 0) == 0
 
 
 def test_limits():
@@ -64,3 +69,19 @@ def test_dense_prefers_full_last_wave():
     assert _dense_splits(160, 32768, 128, H200, None)[0] == 4    # 640 programs: 4.85 waves, not 1.2
     assert _dense_splits(128, 16384, 128, H200, None)[0] == 1    # one full wave already
     assert _dense_splits(64, 16384, 128, H200, None)[0] == 2
+
+
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("base,L,mean", [(512, 16384, 1200), (512, 30000, 17300), (32, 16384, 16384),
+                                         (256, 18000, 5200), (8, 1025, 300), (1024, 14000, 1100)])
+def test_cost_model_mirrors_planner(base, L, mean, gather):
+    """granisim's split rule (CostTables.split_rule, h200 profile) gives the launcher's split count."""
+    from granisim.costmodel import cost_tables
+    from granisim.hardware import get_profile
+    from granisim.models import get_model
+
+    t = cost_tables(get_profile("h200"), get_model("llama-3.1-8b"))
+    n_model, chunk_model = t.split_rule(base, L, 64.0, gather=gather, mean_len=mean)
+    n, chunk = plan_splits(base_programs=base, max_kv_len=L, block_n=64, device=H200,
+                           ctas_per_sm=2 if gather else 1, round_up=gather, max_chunk=split_kv.balance_cap(L, mean))
+    assert (int(n_model), int(chunk_model)) == (n, chunk)

@@ -9,9 +9,14 @@ storage efficiency — and takes whichever the cost model predicts cheapest.
 
 The comparison runs the cost model itself (:func:`granisim.costmodel.step_cost`) on a
 synthetic decode step holding just this group — ``b`` members with ``L`` shared and
-``private`` own tokens each — once per path; the rest of a step is the same whichever path
-is chosen. Group sizes and private lengths are bucketed (geometric, 2^(1/4) and 2x) and the
-answers memoised, so a simulation evaluates only a few hundred synthetic steps.
+``private`` own tokens each — once per path. Group sizes and private lengths are bucketed
+(geometric, 2^(1/4) and 2x) and the answers memoised, so a simulation evaluates only a few
+hundred synthetic steps.
+
+A group judged alone pays a whole prefix launch and its host work, which in a real step all
+groups of one (path, storage) share (one stacked launch). So the scheduler then prices the
+whole step three ways — the per-group choices, every group without a prefix pass, every
+group with its best prefix pass — and keeps the cheapest (:func:`step_seconds`).
 """
 
 from __future__ import annotations
@@ -51,15 +56,23 @@ def group_step_costs(profile: HardwareProfile, model: ModelShape, prefix_len: in
 
 
 def cheapest_group_path(profile: HardwareProfile, model: ModelShape, prefix_len: int, b: int, storage: str,
-                        private_len: int, page_size: int = 1) -> str:
-    """'dense', 'cascade' or 'paged' (no prefix pass), whichever the cost model predicts cheapest."""
+                        private_len: int, page_size: int = 1, allow_paged: bool = True) -> str:
+    """'dense', 'cascade' or (if ``allow_paged``) 'paged' (no prefix pass), whichever the cost model
+    predicts cheapest."""
     bb, pb = _bucket_b(b), _bucket_private(private_len)
-    key = (id(profile), model.name, prefix_len, bb, storage, pb, page_size)
+    key = (id(profile), model.name, prefix_len, bb, storage, pb, page_size, allow_paged)
     path = _MEMO.get(key)
     if path is None:
         costs = group_step_costs(profile, model, prefix_len, bb, storage, pb, page_size)
+        if not allow_paged:
+            costs.pop("paged")
         path = min(costs, key=lambda p: (costs[p], p != "cascade"))  # ties: cascade
         if len(_MEMO) > 200_000:
             _MEMO.clear()
         _MEMO[key] = path
     return path
+
+
+def step_seconds(profile: HardwareProfile, model: ModelShape, plan: BatchPlan) -> float:
+    """Predicted seconds of one step as planned (the scheduler's whole-step comparison)."""
+    return step_cost(plan, profile, model).duration_s

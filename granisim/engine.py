@@ -63,7 +63,7 @@ class Engine:
                                         page_size=s.policy.page_size)
         self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
                                    m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
-                                   needs_layouts=executor.needs_layouts)
+                                   step_pricer=setup.step_pricer, needs_layouts=executor.needs_layouts)
         self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab)
         self.steps = StepLog()
         self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -35,12 +36,14 @@ from granisim.workload import VOCAB, RequestSpec
 
 # (prefix_len, group requests, storage) -> 'dense' | 'cascade'
 PathChooser = Callable[[int, int, str], str]
+# a plan -> its predicted seconds (dispatch = "auto" compares whole steps)
+StepPricer = Callable[[BatchPlan], float]
 
 
 class Scheduler:
     def __init__(self, cfg, allocator: KVAllocator, *, group_size: int, m_sat: int,
                  dispatch: str = "threshold", path_chooser: PathChooser | None = None,
-                 needs_layouts: bool = False):
+                 step_pricer: StepPricer | None = None, needs_layouts: bool = False):
         if dispatch in ("cost", "auto") and path_chooser is None:
             raise ValueError(f"dispatch = {dispatch!r} needs a path_chooser (the cost model)")
         self.cfg = cfg
@@ -49,6 +52,7 @@ class Scheduler:
         self.m_sat = m_sat
         self.dispatch = dispatch
         self.path_chooser = path_chooser
+        self.step_pricer = step_pricer
         self.needs_layouts = needs_layouts
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
@@ -228,18 +232,19 @@ class Scheduler:
                 if g is not None:
                     members.setdefault(g[0], []).append(i)
                     info[g[0]] = (g[1], g[2])
-        groups, group_of = [], {}
+        groups, group_of, private = [], {}, []
         for key, idx in members.items():
             if len(idx) < 2:
                 continue  # a lone request gains nothing from a prefix pass
             prefix_len, storage = info[key]
-            private = 0
+            own = 0
             if self.dispatch == "auto":  # members' own tokens, on average (the chooser weighs re-reading)
-                private = sum(work[i][0].computed for i in idx) // len(idx) - prefix_len
-            path = self._path(prefix_len, len(idx), storage, private)
+                own = sum(work[i][0].computed for i in idx) // len(idx) - prefix_len
             for i in idx:
                 group_of[i] = len(groups)
-            groups.append(PrefixGroup(key, prefix_len, storage, path, tuple(idx), len(idx) * self.G))
+            groups.append(PrefixGroup(key, prefix_len, storage, self._path(prefix_len, len(idx), storage, own),
+                                      tuple(idx), len(idx) * self.G))
+            private.append(own)
         reqs = []
         for i, (r, n, slots) in enumerate(work):
             g = group_of.get(i, -1)
@@ -250,14 +255,33 @@ class Scheduler:
             else:
                 reqs.append(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, shared))
         self.step_id += 1
-        return BatchPlan(self.step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
+        plan = BatchPlan(self.step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
                          tuple(alloc.take_copies()))
+        if self.dispatch == "auto" and groups and self.step_pricer is not None:
+            plan = self._cheapest_step(plan, private)
+        return plan
 
-    def _path(self, prefix_len: int, b: int, storage: str, private: int = 0) -> str:
+    def _cheapest_step(self, plan: BatchPlan, private: list[int]) -> BatchPlan:
+        """Of the per-group choices, every group without a prefix pass, and every group with its best
+        prefix pass, the plan the cost model prices cheapest (ties: the per-group choices)."""
+        no_pass = tuple("paged" for _ in plan.groups)
+        with_pass = tuple(self._path(g.prefix_len, len(g.members), g.storage, own, allow_paged=False)
+                          for g, own in zip(plan.groups, private))
+        best, best_s = plan, self.step_pricer(plan)
+        for paths in dict.fromkeys((no_pass, with_pass)):
+            if paths == tuple(g.path for g in plan.groups):
+                continue
+            alt = replace(plan, groups=tuple(replace(g, path=p) for g, p in zip(plan.groups, paths)))
+            s = self.step_pricer(alt)
+            if s < best_s:
+                best, best_s = alt, s
+        return best
+
+    def _path(self, prefix_len: int, b: int, storage: str, private: int = 0, allow_paged: bool = True) -> str:
         if self.alloc.policy != "granikv":
             return "paged"
-        if self.dispatch == "auto":  # cost model: dense, cascade, or no prefix pass ('paged')
-            path = self.path_chooser(prefix_len, b, storage, private)
+        if self.dispatch == "auto":  # cost model: dense, cascade, or (allow_paged) no prefix pass ('paged')
+            path = self.path_chooser(prefix_len, b, storage, private, allow_paged=allow_paged)
             return path if storage == "slab" or path != "dense" else "cascade"
         if self.dispatch == "cost":
             path = self.path_chooser(prefix_len, b, storage)

@@ -25,6 +25,7 @@ class Setup:
     m_sat: int
     trace: pd.DataFrame
     path_chooser: Callable[[int, int, str], str] | None
+    step_pricer: Callable[[object], float] | None = None  # dispatch = "auto": predicted seconds of a plan
 
 
 def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
@@ -57,18 +58,21 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
                             f"(workload.prefix_len = {wl.prefix_len} alone needs more)")
     m_sat = scenario.policy.m_sat or profile.m_sat
-    chooser = None
+    chooser = pricer = None
     if scenario.policy.dispatch == "cost":
         from granisim.costmodel import cheaper_path
 
         def chooser(prefix_len: int, b: int, storage: str) -> str:
             return cheaper_path(profile, model, prefix_len, b, storage)
     elif scenario.policy.dispatch == "auto":
-        from granisim.dispatch import cheapest_group_path
+        from granisim.dispatch import cheapest_group_path, step_seconds
 
-        def chooser(prefix_len: int, b: int, storage: str, private_len: int = 0) -> str:
-            return cheapest_group_path(profile, model, prefix_len, b, storage, private_len)
-    return Setup(scenario, model, profile, budget, m_sat, trace, chooser)
+        def chooser(prefix_len: int, b: int, storage: str, private_len: int = 0, allow_paged: bool = True) -> str:
+            return cheapest_group_path(profile, model, prefix_len, b, storage, private_len, allow_paged=allow_paged)
+
+        def pricer(plan) -> float:
+            return step_seconds(profile, model, plan)
+    return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer)
 
 
 def simulate(setup: Setup, executor=None, progress: bool = True):

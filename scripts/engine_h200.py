@@ -43,9 +43,12 @@ def _scenario(extra: dict, profile: str):
 
 
 def burst_scenario(pol: str, lp: int, k: int, requests: int, profile: str):
-    """A speedup unit's scenario: `requests` arriving at once (throughput at saturation)."""
-    return _scenario({"policy": {"name": pol}, "workload": {"roles": k, "prefix_len": lp, "num_requests": requests,
-                                                             "rate": 1000.0}}, profile)
+    """A speedup unit's scenario: `requests` arriving at once (throughput at saturation). `pol` is a
+    policy name, or NAME-DISPATCH for a policy with another prefix-path dispatch (granikv-auto)."""
+    name, _, dispatch = pol.partition("-")
+    policy = {"name": name, **({"dispatch": dispatch} if dispatch else {})}
+    return _scenario({"policy": policy, "workload": {"roles": k, "prefix_len": lp, "num_requests": requests,
+                                                      "rate": 1000.0}}, profile)
 
 
 def validation_scenario(name: str, requests: int, profile: str):
@@ -96,7 +99,7 @@ def speedup(args) -> None:
     t0 = time.time()
     grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
     warm = False
-    for rep, lp, k, pol in ((r, lp, k, p) for r in range(args.reps) for lp, k in grid for p in POLICIES):
+    for rep, lp, k, pol in ((r, lp, k, p) for r in range(args.reps) for lp, k in grid for p in args.policies):
         name = f"speedup_lp{lp}_k{k}_{pol}" + ("_eager" if args.eager else "") + (f"_rep{rep}" if rep else "")
         if _done(name, args.out, args.done):
             continue
@@ -153,6 +156,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
+    ap.add_argument("--policies", nargs="*", default=list(POLICIES),
+                    help="speedup: policies, NAME or NAME-DISPATCH (e.g. granikv-auto)")
     ap.add_argument("--reps", type=int, default=1, help="speedup: passes over the grid (rep r > 0 adds _repR)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

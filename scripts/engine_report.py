@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 
 POLICIES = ("granikv", "token", "paged16")
-UNIT = re.compile(r"speedup_lp(\d+)_k(\d+)_([a-z0-9]+)(?:_rep(\d+))?\.json$")
+UNIT = re.compile(r"speedup_lp(\d+)_k(\d+)_([a-z0-9-]+)(?:_rep(\d+))?\.json$")
+AUTO = "granikv-auto"  # granikv with the cost-model dispatch that may skip a prefix pass (engine_h200 --policies)
 KEEP = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s", "decode_step_ms_p50",
         "decode_breakdown_ms_p50", "executor", "wall_s")
 
@@ -33,9 +34,9 @@ def load(run: Path) -> dict:
     return points
 
 
-def ratios(units: dict, base: str) -> list[float]:
-    """granikv / base throughput within each repetition that has both units."""
-    g, b = units.get("granikv", {}), units.get(base, {})
+def ratios(units: dict, base: str, pol: str = "granikv") -> list[float]:
+    """pol / base throughput within each repetition that has both units."""
+    g, b = units.get(pol, {}), units.get(base, {})
     return [g[r]["throughput_rps"] / b[r]["throughput_rps"] for r in sorted(g) if r in b]
 
 
@@ -47,16 +48,19 @@ def _fmt(rs: list[float]) -> str:
 
 
 def table(points: dict) -> str:
+    auto = any(AUTO in units for units in points.values())
     head = ("| L_p | k | req/s granikv / token / paged16 (rep 0) | granikv / token | granikv / paged16 | "
-            "TPOT p50 ms (rep 0) | TTFT p99 s (rep 0) | decode step p50 ms granikv / token (rep 0) |")
-    lines = [head, "|" + "---|" * 8]
+            "TPOT p50 ms (rep 0) | TTFT p99 s (rep 0) | decode step p50 ms granikv / token (rep 0) |"
+            + (f" {AUTO} / token |" if auto else ""))
+    lines = [head, "|" + "---|" * (9 if auto else 8)]
     for (lp, k), units in sorted(points.items()):
         r0 = {p: units[p][0] for p in POLICIES if 0 in units.get(p, {})}
         cell = lambda key, scale, fmt: " / ".join(fmt.format(r0[p][key] * scale) if p in r0 else "-" for p in POLICIES)  # noqa: E731
         dec = " / ".join(f"{r0[p]['decode_step_ms_p50']:.1f}" if p in r0 else "-" for p in ("granikv", "token"))
         lines.append(f"| {lp} | {k} | {cell('throughput_rps', 1, '{:.2f}')} | {_fmt(ratios(units, 'token'))} | "
                      f"{_fmt(ratios(units, 'paged16'))} | {cell('tpot_p50_s', 1e3, '{:.1f}')} | "
-                     f"{cell('ttft_p99_s', 1, '{:.2f}')} | {dec} |")
+                     f"{cell('ttft_p99_s', 1, '{:.2f}')} | {dec} |"
+                     + (f" {_fmt(ratios(units, 'token', AUTO))} |" if auto else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -71,7 +75,8 @@ def main() -> None:
     doc = {"run": str(args.run), "commit": (args.run / "commit.txt").read_text().strip()
            if (args.run / "commit.txt").exists() else "?",
            "points": [{"lp": lp, "k": k, "units": units,
-                       "granikv_over_token": ratios(units, "token"), "granikv_over_paged16": ratios(units, "paged16")}
+                       "granikv_over_token": ratios(units, "token"), "granikv_over_paged16": ratios(units, "paged16"),
+                       **({f"{AUTO}_over_token": ratios(units, "token", AUTO)} if AUTO in units else {})}
                       for (lp, k), units in sorted(points.items())]}
     all_r = [r for p in doc["points"] for r in p["granikv_over_token"] + p["granikv_over_paged16"]]
     doc["lowest_ratio"] = min(all_r) if all_r else None

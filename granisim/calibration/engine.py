@@ -24,12 +24,21 @@ MIN_POINTS = 10
 # no CUDA graph) and get their own coefficient set (tests/gpu_backend checks the two agree)
 GRAPH_MAX_TOKENS = 512
 SCALE_RANGE = (0.5, 2.0)  # the engine runs the same kernels: a scale outside this is a fit artefact
+# A scale is fitted only where the model's times span at least this ratio (p90 / p10): over a narrow range
+# scale and offset cannot be told apart, and a scale fitted there (e.g. on the control run's 64-token prefix
+# passes, all ~0.16 ms) would be applied to passes 15x longer. Below it: scale 1, offset only.
+MIN_SPREAD = 1.5
 
 
 def _relative_lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(a in SCALE_RANGE, b >= 0) minimising sum(((a x + b - y) / y)^2). A workload whose key barely
-    varies cannot tell scale from offset; the bounds keep such a fit physical."""
+    """(a in SCALE_RANGE, b >= 0) minimising sum(((a x + b - y) / y)^2); a = 1 where x spans less than
+    MIN_SPREAD (a workload whose key barely varies cannot tell scale from offset)."""
     w = 1.0 / y
+    lo, hi = np.quantile(x, [0.1, 0.9])
+    if hi < MIN_SPREAD * lo:
+        b = float(((y - x) * w * w).sum() / (w * w).sum())
+        if b >= 0:
+            return 1.0, b
     (a, b), *_ = np.linalg.lstsq(np.stack([x * w, w], axis=1), np.ones_like(y), rcond=None)
     if not SCALE_RANGE[0] <= a <= SCALE_RANGE[1]:  # scale clamped: best offset for it
         a = float(np.clip(a, *SCALE_RANGE))

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from granisim.calibration.engine import ENGINE_KEYS, GRAPH_MAX_TOKENS, _floored_lsq, fit, with_engine
+from granisim.calibration.engine import ENGINE_KEYS, GRAPH_MAX_TOKENS, _floored_lsq, _relative_lsq, fit, with_engine
 from granisim.costmodel import step_cost
 from granisim.hardware import Source, get_profile
 from granisim.models import get_model
@@ -41,6 +41,17 @@ def test_scale_is_bounded_when_a_key_barely_varies():
     x = np.full(20, 1e-3) * np.linspace(1.0, 1.01, 20)
     a, b, _ = _floored_lsq(x, x[::-1] * 2.5)  # a decreasing line through a narrow range: a wild slope
     assert 0.5 <= a <= 2.0 and b >= 0
+
+
+def test_a_narrow_range_fits_an_offset_not_a_scale():
+    """Times that barely vary (the control run's 64-token prefix passes, all ~0.16 ms) cannot tell a scale
+    from an offset: with 3% noise a free fit picks a wild scale, which then misprices passes 15x longer."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(1.55e-4, 1.6e-4, 200)
+    y = (x + 5e-5) * rng.normal(1.0, 0.03, 200)
+    a, b = _relative_lsq(x, y)
+    assert a == 1.0 and b == pytest.approx(5e-5, rel=0.2)
+    assert a * 2.4e-3 + b == pytest.approx(2.45e-3, rel=0.01)  # a 16K pass, priced from the control's
 
 
 def test_the_eager_set_prices_steps_over_the_graph_limit():

@@ -51,10 +51,11 @@ def test_prefix_admission_groups_tenants_and_loses_nothing():
     assert grouped.finish_s.max() < fcfs.finish_s.max()
 
 
-def test_auto_dispatch_skips_prefix_passes_that_do_not_pay():
+@pytest.mark.parametrize("prefix_len", [256, 1024])
+def test_auto_dispatch_skips_prefix_passes_that_do_not_pay(prefix_len):
     # many tenants over short prefixes on the measured H200 profile: prefix passes cost more than they save
-    over = {"hardware.profile": "h200", "workload.roles": 16, "workload.prefix_len": 256, "workload.num_requests": 80,
-            "workload.rate": 200.0}
+    over = {"hardware.profile": "h200", "workload.roles": 16, "workload.prefix_len": prefix_len,
+            "workload.num_requests": 80, "workload.rate": 200.0}
     _, _, r_thr, thr = run(small(**over))
     _, _, r_auto, auto = run(small(**over, **{"policy.dispatch": "auto"}))
     _, _, _, tok = run(small(**over, **{"policy.name": "token"}))
@@ -62,9 +63,9 @@ def test_auto_dispatch_skips_prefix_passes_that_do_not_pay():
         _done(reqs)
     steps = r_auto.steps.frame()
     assert steps.groups_paged.sum() > 0 and steps.groups_cascade.sum() < r_thr.steps.frame().groups_cascade.sum()
-    # auto judges each group in a synthetic step of its own; the real step prices all groups of a path as one
-    # stacked launch (costmodel.prefix_pass_time2) and all re-reading members in one decode launch, so its
-    # choice is near-best, not best: here 0.2% behind the threshold policy (pricing each group in a step of
-    # two such groups changed no decision)
+    # auto judges each group in a synthetic step of its own, then prices the whole step with those choices,
+    # with no prefix pass and with every prefix pass, and keeps the cheapest. Step by step, not end to end:
+    # within 0.5% of the better policy (per-group judgement alone, which charges each group a whole stacked
+    # launch, finished 2.9% behind the threshold policy at L_p = 1024)
     assert auto.finish_s.max() <= thr.finish_s.max() * 1.005
-    assert auto.finish_s.max() <= tok.finish_s.max() * 1.001
+    assert auto.finish_s.max() <= tok.finish_s.max() * 1.005

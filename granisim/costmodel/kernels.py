@@ -138,10 +138,15 @@ class KernelForms:
         (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
         in page tables / slot lists (the simulator's private storage), not slabs; arrays broadcast."""
         base = self.n_kv * np.asarray(n_dec, float)  # one row tile (G query heads) per request and KV head
-        n, _ = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
-                               mean_len=np.asarray(tok, float) / np.maximum(n_dec, 1))
-        N = base * n
         tok = np.asarray(tok, float)
+        mean = tok / np.maximum(n_dec, 1)
+        n, chunk = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
+                                   mean_len=mean)
+        N = base * n
+        # a batch balanced over skewed lengths leaves most of its short sequences' splits empty (those
+        # programs exit at once): about tok / chunk + n_dec / 2 splits hold KV
+        skewed = (n > 1) & (np.asarray(max_len, float) > self.balance_skew * np.ceil(mean))
+        N = np.where(skewed, np.clip(self.n_kv * (tok / chunk + 0.5 * np.asarray(n_dec, float)), base, N), N)
         per = tok * self.n_kv / N                      # mean KV tokens of one program
         pad = np.ceil(per / 64.0) * 64.0 / np.maximum(per, 1e-9)  # a program streams whole 64-token tiles
         flops = 4.0 * self.dec_tile * self.d * per * pad

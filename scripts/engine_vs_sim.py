@@ -46,7 +46,7 @@ def simulated(pol: str, lp: int, k: int, requests: int, profile: str) -> dict:
 
 
 REREAD = "attn.decode.shared_reread"
-REREAD_VALUES = (1.0, 0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05)
+REREAD_VALUES = (1.0, 0.8, 0.7, 0.6, 0.5, 0.42, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05)
 # Tried and dropped: a host overhead per private KV token fitted here on t_overhead (10 ns, token's long slot
 # lists) made the granikv validation runs' per-step error worse (2.7/3.2/1.7% -> 3.3/5.8/3.5%): one linear host
 # model does not hold across policies.

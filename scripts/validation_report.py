@@ -8,6 +8,8 @@ the engine-calibrated model (granisim.calibration.engine) fitted on the OTHER wo
 (leave one workload out), then fitted on all (in sample). Per-step errors by re-pricing the
 stored plans, end-to-end errors by re-running the simulator alone. --profile-out writes the
 base profile plus the fit on all workloads as a new profile (shipped: `h200-engine`).
+--check-profile NAME adds the errors of an existing profile as it stands (e.g. the shipped `h200-engine`,
+fitted on another run: a check across runs).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from engine_h200 import VALIDATION, validation_scenario  # noqa: E402
 from granisim.calibration.engine import fit, host_work, unit_of, with_engine  # noqa: E402
 from granisim.engine import Engine  # noqa: E402
 from granisim.executor import CostExecutor  # noqa: E402
-from granisim.hardware import PROFILE_DIR, Source  # noqa: E402
+from granisim.hardware import PROFILE_DIR, Source, get_profile  # noqa: E402
 from granisim.metrics import requests_frame, summarize  # noqa: E402
 from granisim.simulate import prepare  # noqa: E402
 from granisim.validate import TARGETS, end_to_end, reprice, step_errors  # noqa: E402
@@ -51,7 +53,9 @@ def main() -> None:
     ap.add_argument("--profile-out", type=Path)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--profile", default="h200")
+    ap.add_argument("--check-profile", help="also judge this profile as it stands (fitted on another run)")
     args = ap.parse_args()
+    variants = VARIANTS + ((("check_profile", f"{args.check_profile} as shipped"),) if args.check_profile else ())
     names = [n for n in VALIDATION if (args.run / n / "steps.parquet").exists()]
     steps = {n: pd.read_parquet(args.run / n / "steps.parquet") for n in names}
     plans = {n: pickle.loads((args.run / n / "plans.pkl").read_bytes()) for n in names}
@@ -88,11 +92,16 @@ def main() -> None:
                                              "end_to_end": _e2e(replace(setup, profile=prof), measured)}
             if label == "engine_calibrated_held_out":
                 frames.append(cal.assign(workload=n))
+        if args.check_profile:
+            prof = get_profile(args.check_profile)
+            report["workloads"][n]["check_profile"] = {
+                "profile": args.check_profile, "step_errors": step_errors(reprice(steps[n], plans[n], prof, setup.model)),
+                "end_to_end": _e2e(replace(setup, profile=prof), measured)}
         print(n, {k: json.dumps(report["workloads"][n][k]["step_errors"]["total"]) for k in
                   ("microbenchmark_profile", "engine_calibrated_held_out", "engine_calibrated_in_sample")})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "h200.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "h200_tables.md").write_text(_tables(report))
+    (args.out / "h200_tables.md").write_text(_tables(report, variants))
     pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)
     _plot(pd.concat(frames), args.out / "h200.png")
     if args.profile_out:  # the base profile + the fit on all workloads, as a profile of its own
@@ -124,21 +133,22 @@ VARIANTS = (("at_run_time", "model at run time"), ("microbenchmark_profile", "mi
             ("engine_calibrated_in_sample", "engine-calibrated, in sample"))
 
 
-def _tables(report: dict) -> str:
+def _tables(report: dict, variants=None) -> str:
     """Markdown: per workload and model variant, the per-step total error and the end-to-end errors;
     then the per-key median step errors."""
     e2e = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
     out = ["| workload | model | step error median / p90 | " + " | ".join(e2e) + " |", "|" + "---|" * (3 + len(e2e))]
     keys: list[str] = []
+    variants = variants or VARIANTS
     for n, w in report["workloads"].items():
-        for v, label in VARIANTS:
+        for v, label in variants:
             s = w[v]["step_errors"]
             keys += [k for k in s if k not in keys and k != "total"]
             out.append(f"| {n} | {label} | {s['total']['median']:.1%} / {s['total']['p90']:.1%} | "
                        + " | ".join(f"{w[v]['end_to_end'][k]['error']:.1%}" for k in e2e) + " |")
     out += ["", "| workload | model | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
     for n, w in report["workloads"].items():
-        for v, label in VARIANTS[1:]:
+        for v, label in variants[1:]:
             s = w[v]["step_errors"]
             out.append(f"| {n} | {label} | " + " | ".join(f"{s[k]['median']:.1%}" if k in s else "-" for k in keys) + " |")
     return "\n".join(out) + "\n"

@@ -133,21 +133,24 @@ class KernelForms:
         over = prog * np.maximum(1.0, N / self.sms)
         return launches * launch + over + waves * np.maximum(comp, mem) + partial_bytes / self.merge_eff_bw
 
-    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True, raw_bytes=None):
+    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True, raw_bytes=None, kv_lens=None):
         """Seconds (all layers) of the decode kernel over ``n_dec`` requests reading ``tok`` KV tokens
         (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
-        in page tables / slot lists (the simulator's private storage), not slabs; arrays broadcast."""
+        in page tables / slot lists (the simulator's private storage), not slabs; ``kv_lens``: the sum of
+        the sequences' lengths where it differs from ``tok`` (paged-group members re-reading a shared
+        prefix from L2 stream less than their length); arrays broadcast."""
         base = self.n_kv * np.asarray(n_dec, float)  # one row tile (G query heads) per request and KV head
         tok = np.asarray(tok, float)
-        mean = tok / np.maximum(n_dec, 1)
+        lens = tok if kv_lens is None else np.asarray(kv_lens, float)
+        mean = lens / np.maximum(n_dec, 1)
         n, chunk = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
                                    mean_len=mean)
         N = base * n
         # a batch balanced over skewed lengths leaves most of its short sequences' splits empty (those
-        # programs exit at once): about tok / chunk + n_dec / 2 splits hold KV
+        # programs exit at once): about lens / chunk + n_dec / 2 splits hold KV
         skewed = (n > 1) & (np.asarray(max_len, float) > self.balance_skew * np.ceil(mean))
-        N = np.where(skewed, np.clip(self.n_kv * (tok / chunk + 0.5 * np.asarray(n_dec, float)), base, N), N)
-        per = tok * self.n_kv / N                      # mean KV tokens of one program
+        N = np.where(skewed, np.clip(self.n_kv * (lens / chunk + 0.5 * np.asarray(n_dec, float)), base, N), N)
+        per = lens * self.n_kv / N                     # mean KV tokens of one program
         pad = np.ceil(per / 64.0) * 64.0 / np.maximum(per, 1e-9)  # a program streams whole 64-token tiles
         flops = 4.0 * self.dec_tile * self.d * per * pad
         split = n > 1

@@ -40,6 +40,7 @@ class StepPricing:
         T = n_dec = tok = merge_rows = lmax = 0
         tok_s = lmax_s = 0  # members of prefix passes: their suffixes are one more decode launch
         shared_eff = shared_raw = 0.0
+        shared_len = 0  # prefix tokens of paged-group members: in their lengths, streamed at shared_eff
         fresh = [True] * len(gpaged)  # a paged group's first member streams its prefix; the rest re-read it
         prefill_reqs = None
         for r in plan.requests:
@@ -57,6 +58,7 @@ class StepPricing:
                         fresh[g] = False
                         shared_eff += s * ginv[g] * f
                         shared_raw += s * f
+                        shared_len += s
                         c += s
                     else:
                         merge_rows += 1
@@ -108,13 +110,13 @@ class StepPricing:
             # as the engine launches them: one decode over whole contexts, one over pass members' suffixes
             # (both priced in one vectorised call: rows of the arrays are the launches)
             steps_ = np.arange(max(n, 1), dtype=float)
-            rows, t0, lm, s_eff, s_raw = (np.array(c, float)[:, None] for c in zip(*(
-                launch for launch in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw),
-                                      (merge_rows, tok_s, lmax_s, 0.0, 0.0)) if launch[0])))
+            rows, t0, lm, s_eff, s_raw, s_len = (np.array(c, float)[:, None] for c in zip(*(
+                launch for launch in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw, shared_len),
+                                      (merge_rows, tok_s, lmax_s, 0.0, 0.0, 0)) if launch[0])))
             toks2 = t0 + steps_ * rows
             qo = rows * 2.0 * self.n_q * self.d * self.b
             dec2 = self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
-                                     raw_bytes=(toks2 + s_raw) * self.kvb + qo).sum(axis=0)
+                                     raw_bytes=(toks2 + s_raw) * self.kvb + qo, kv_lens=toks2 + s_len).sum(axis=0)
         if n <= 1:
             if n_dec and self.form == 2:
                 attn_decode = float(dec2[0])

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import GEMM_FAMILIES, fit_roofline, roofline_time, op_work, Dims
-from granisim.hardware import KERNEL_MODEL_COEFFICIENTS
+from granisim.coefficients import KERNEL_MODEL_COEFFICIENTS
 from granisim.models import ModelShape, get_model
 
 from .raw import Raw, holdout, kernel_table_of, predict_attention, prepare_rows

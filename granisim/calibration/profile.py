@@ -7,7 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-from granisim.hardware import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS, SCHEMA
+from granisim.coefficients import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS
+from granisim.hardware import SCHEMA
 from granisim.models import get_model
 
 from .fit import DISCRETE, FAMILY_PARAMS, KERNEL_RULES, FitResult

@@ -8,24 +8,11 @@ Policies (one class, three configurations — see :func:`make_allocator`):
 * ``paged`` — pages of ``page_size`` everywhere (vLLM's default is 16); matching and
   caching are floored to whole pages.
 
-HOT placement rule (``granikv``): a prefix goes to HOT when the workload *declares* it
-shared (``shared_len`` at admission: the agent role's system prompt) and the part not
-already cached needs a slab. When HOT has no free run long enough, the allocator
-(1) compacts if total free space suffices, (2) else evicts unlocked HOT leaf slabs (HOT
-nodes with no HOT node below them; their cached COLD descendants go with them) in LRU order
-and compacts, (3) else falls back to COLD. Each outcome is
-counted in stats (``hot_placements``, ``compactions``, ``hot_evictions``, ``hot_fallbacks``).
-Compaction's KV copies are queued for the executor (:meth:`take_copies`).
-
-Adaptive HOT (``hot_fraction="adaptive"``): the HOT/COLD boundary moves online with
-demand instead of sitting at a fixed share (mechanics: :mod:`granisim.kv.elastic`; the
-boundary only ever moves across free slots). HOT starts empty. When an admission wants a
-slab that HOT cannot place, HOT first grows into the free run at COLD's low end — never
-taking what COLD needs for the request and the scheduler's reserve, plus a 2% headroom.
-:meth:`rebalance` (the scheduler calls it before each plan) shrinks HOT back towards the
-demand — the total length of the distinct shared prefixes asked for in the last
-``DEMAND_WINDOW`` admissions — evicting least-recently-used unlocked slabs beyond it and
-handing HOT's free top run back to COLD.
+``KVAllocator`` is assembled from pieces that each hold one concept: this module keeps
+admission, growth, caching/release and eviction; :mod:`granisim.kv.hot_slabs` the HOT
+slab placement, compaction and the adaptive HOT boundary (``granikv`` only);
+:mod:`granisim.kv.views` the layouts and reports; :mod:`granisim.kv.sequence` the
+per-request record.
 
 Request life cycle: ``admit`` (match + lock cached prefix, reserve a slab) → ``extend``
 per prefill chunk / decode token → ``cache_prefix`` once the declared prefix is computed
@@ -43,75 +30,23 @@ import numpy as np
 from granisim.kv.cold_pool import ColdPool
 from granisim.kv.elastic import ElasticColdPool, ElasticHotPool
 from granisim.kv.hot_pool import HotPool, KVCopy
-from granisim.kv.layout import AllocatorStats, KVSegment, PoolStats, RequestLayout
+from granisim.kv.hot_slabs import DEMAND_WINDOW, HOT_HEADROOM, HotSlabs
 from granisim.kv.paged_pool import PagedPool
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode, path_to
+from granisim.kv.sequence import _EMPTY, _Seq
 from granisim.kv.stores import PageStore, TokenStore
+from granisim.kv.views import AllocatorViews
+
+__all__ = ["POLICIES", "DEMAND_WINDOW", "HOT_HEADROOM", "OutOfKVMemory", "KVAllocator", "make_allocator"]
 
 POLICIES = ("granikv", "token", "paged")
-_EMPTY = np.empty(0, np.int64)
-DEMAND_WINDOW = 256  # admissions over which a shared prefix counts as in demand (adaptive HOT)
-HOT_HEADROOM = 0.02  # share of the budget COLD keeps free when HOT grows (adaptive HOT)
-
-
-def _is_run(slots: np.ndarray) -> bool:
-    """True when ``slots`` are consecutive ascending ids (first/last alone is not enough:
-    HOT runs placed out of address order, e.g. [0, 2, 1, 3], span the right range)."""
-    return bool(slots.size) and bool((np.diff(slots) == 1).all())
 
 
 class OutOfKVMemory(RuntimeError):
     """Not enough free or evictable KV slots; the scheduler should have asked first."""
 
 
-class _Seq:
-    """A live request: tokens [0, cached_len) on a locked radix path, then an optional
-    reserved HOT slab of slab_len tokens (filled first), then private slots priv[:n_priv]."""
-
-    __slots__ = ("rid", "node", "cached_len", "shared_len", "slab", "slab_len", "n_new", "group", "_buf", "_lo",
-                 "_hi")
-
-    def __init__(self, rid: int, node: RadixNode, cached_len: int, shared_len: int):
-        self.rid = rid
-        self.node = node
-        self.cached_len = cached_len
-        self.shared_len = shared_len
-        self.slab: int | None = None
-        self.slab_len = 0
-        self.n_new = 0  # tokens allocated beyond cached_len
-        self.group: tuple[int, int, str] | None = None  # (node id, shared tokens, storage)
-        # reserved private slots (paged: whole pages) are _buf[_lo:_hi]; the buffer grows by
-        # doubling so that a decode step's append is O(1) amortised
-        self._buf = _EMPTY
-        self._lo = self._hi = 0
-
-    @property
-    def priv(self) -> np.ndarray:
-        return self._buf[self._lo : self._hi]
-
-    def push(self, slots: np.ndarray) -> None:
-        n = slots.size
-        if self._hi + n > self._buf.size:
-            live = self._hi - self._lo
-            buf = np.empty(max(16, 2 * (live + n)), np.int64)
-            buf[:live] = self._buf[self._lo : self._hi]
-            self._buf, self._lo, self._hi = buf, 0, live
-        self._buf[self._hi : self._hi + n] = slots
-        self._hi += n
-
-    def drop_front(self, k: int) -> None:
-        self._lo += k
-
-    @property
-    def n_priv(self) -> int:
-        return max(0, self.n_new - self.slab_len)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.cached_len + self.n_new
-
-
-class KVAllocator:
+class KVAllocator(HotSlabs, AllocatorViews):
     def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
                  demand_window: int = DEMAND_WINDOW):
         if policy not in POLICIES:
@@ -199,62 +134,6 @@ class KVAllocator:
                 self._n["hot_fallbacks"] += 1
         self._update_group(seq)
         return m.length
-
-    def _wants_slab(self, shared_len: int, matched: int, prompt_len: int) -> bool:
-        return self.hot is not None and (self.hot.capacity > 0 or self.adaptive) and matched < shared_len <= prompt_len
-
-    # ---- adaptive HOT boundary ------------------------------------------------------------
-    def _note_demand(self, tokens: np.ndarray, shared_len: int) -> None:
-        self._demand[hash(tokens[:shared_len].tobytes())] = (shared_len, self._admissions)
-
-    def hot_demand(self) -> int:
-        """Tokens of the distinct shared prefixes asked for in the last DEMAND_WINDOW admissions."""
-        horizon = self._admissions - self._demand_window
-        stale = [k for k, (_, t) in self._demand.items() if t < horizon]
-        for k in stale:
-            del self._demand[k]
-        return sum(n for n, _ in self._demand.values())
-
-    def _grow_hot(self, n: int, cold_need: int, m) -> None:
-        """Grow HOT so that a slab of ``n`` fits, out of COLD's free low run, leaving COLD
-        what the request (``cold_need`` tokens incl. the scheduler's reserve) and the headroom need."""
-        hot, pool = self.hot, self.store.pool
-        if hot.largest_free >= n:
-            return
-        on_path = sum(len(x) for x in m.path() if x.lock_ref == 0 and x.pool == self.store.name)
-        spare = pool.free + self.radix.evictable.get(self.store.name, 0) - on_path - max(0, cold_need) \
-            - int(HOT_HEADROOM * self.capacity)
-        want = n - hot.top_free_run()
-        if want <= 0 or spare < want:
-            return
-        run = pool.low_free_run()
-        if run < want and self._drained_at != self._admissions:
-            pool.prefer_high()  # let the low end drain as requests finish
-            self._drained_at = self._admissions
-        if run >= want:
-            pool.give_low(want)
-            hot.grow_top(want)
-
-    def rebalance(self) -> None:
-        """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
-        if not self.adaptive:
-            return
-        hot, target = self.hot, self.hot_demand()
-        if hot.capacity - target < self._hyst:
-            return
-        while hot.capacity - hot.free > target:  # stale slabs beyond the demand, LRU first
-            victims = self._hot_leaves()
-            if not victims:
-                break
-            self.radix.evict_subtree(min(victims, key=lambda x: (x.last_access, x.id)), self._free_node)
-            self._n["hot_evictions"] += 1
-        give = min(hot.capacity - target, hot.free)
-        if hot.top_free_run() < give and give - hot.top_free_run() >= self._hyst:
-            self.compact()
-        give = min(give, hot.top_free_run())
-        if give >= self._hyst:
-            hot.shrink_top(give)
-            self.store.pool.take_low(give)
 
     # ---- growth ---------------------------------------------------------------------------
     def extend_need(self, rid: int, n: int) -> int:
@@ -352,26 +231,6 @@ class KVAllocator:
             self._cache_private(seq, tokens[:end])
         self._update_group(seq)
 
-    def _cache_slab(self, seq: _Seq, tokens: np.ndarray) -> None:
-        start, _ = self.hot.span(seq.slab)
-        slots = np.concatenate([self._path_slots(seq.node), np.arange(start, start + seq.slab_len)])
-        node, already = self.radix.insert(tokens, slots, "hot")
-        dup = already - seq.cached_len
-        slab = seq.slab
-        del self._slab_owner[slab]
-        if dup >= seq.slab_len:
-            self.hot.release(slab)
-        else:
-            if dup > 0:
-                tail = self.hot.split(slab, dup)
-                self.hot.release(slab)
-                slab = tail
-            node.slab = slab
-            self._slab_owner[slab] = node
-        self._relock(seq, node, tokens.size)
-        seq.n_new -= seq.slab_len
-        seq.slab, seq.slab_len = None, 0
-
     def _cache_private(self, seq: _Seq, tokens: np.ndarray) -> None:
         k = tokens.size - seq.cached_len
         slots = np.concatenate([self._path_slots(seq.node), seq.priv[:k]])
@@ -405,53 +264,6 @@ class KVAllocator:
         self.radix.unlock(seq.node)
         del self._seqs[rid]
 
-    # ---- layouts --------------------------------------------------------------------------
-    def layout(self, rid: int) -> RequestLayout:
-        seq = self._seq(rid)
-        segs: list[KVSegment] = []
-        for node in path_to(seq.node):
-            self._append(segs, node.pool, node.value)
-        if seq.slab is not None and seq.n_new:
-            s0, _ = self.hot.span(seq.slab)
-            filled = min(seq.n_new, seq.slab_len)
-            self._append(segs, "hot", np.arange(s0, s0 + filled, dtype=np.int64))
-        if seq.n_priv:
-            self._append(segs, self.store.name, seq.priv[: seq.n_priv])
-        group, shared = (seq.group[0], seq.group[1]) if seq.group else (None, 0)
-        return RequestLayout(rid, tuple(segs), seq.num_tokens, shared, group)
-
-    @staticmethod
-    def _append(segs: list[KVSegment], pool: str, slots: np.ndarray) -> None:
-        if segs and segs[-1].pool == pool:
-            slots = np.concatenate([segs[-1].slots, slots])
-            segs.pop()
-        contiguous = pool == "hot" and _is_run(slots)
-        segs.append(KVSegment(pool, slots, (int(slots[0]), int(slots.size)) if contiguous else None))
-
-    def prefix_group(self, rid: int) -> tuple[int, int, str] | None:
-        """(group node id, shared tokens, storage 'slab' | pool name) or None."""
-        return self._seq(rid).group
-
-    def num_tokens(self, rid: int) -> int:
-        return self._seq(rid).num_tokens
-
-    def _update_group(self, seq: _Seq) -> None:
-        shared = seq.shared_len - seq.shared_len % self.page_size
-        seq.group = None
-        if shared <= 0 or seq.cached_len < shared:
-            return
-        depth, path = 0, []
-        for node in path_to(seq.node):
-            depth += len(node)
-            path.append(node)
-            if depth >= shared:
-                break
-        if depth != shared:
-            return
-        slots = np.concatenate([n.value for n in path])
-        slab = all(n.pool == "hot" for n in path) and _is_run(slots)
-        seq.group = (path[-1].id, shared, "slab" if slab else path[-1].pool)
-
     # ---- memory pressure ------------------------------------------------------------------
     def _free_node(self, node: RadixNode) -> None:
         if node.pool == "hot":
@@ -481,62 +293,7 @@ class KVAllocator:
             return self.radix.evict_subtree(node, self._free_node)
         return sum(self._evict_unlocked(c) for c in list(node.children.values()))
 
-    def _make_hot_room(self, n: int) -> bool:
-        hot = self.hot
-        if n > hot.capacity:
-            return False
-        if hot.largest_free >= n:
-            return True
-        if hot.free + self.radix.evictable.get("hot", 0) < n:
-            return False
-        while hot.free < n:
-            victims = self._hot_leaves()
-            if not victims:
-                return False
-            victim = min(victims, key=lambda x: (x.last_access, x.id))
-            self.radix.evict_subtree(victim, self._free_node)
-            self._n["hot_evictions"] += 1
-        if hot.largest_free < n:
-            self.compact()
-        return hot.largest_free >= n
-
-    def _hot_leaves(self) -> list[RadixNode]:
-        """Unlocked HOT nodes with no HOT node below them (LRU candidates: evicting one frees
-        its slab and only its cold descendants, never a more recent HOT child's slab)."""
-        hot_nodes = [x for x in self.radix.nodes() if x.pool == "hot"]
-        above: set[int] = set()  # ids of nodes that have a HOT descendant
-        for x in hot_nodes:
-            p = x.parent
-            while p is not None and p.id not in above:
-                above.add(p.id)
-                p = p.parent
-        return [x for x in hot_nodes if x.lock_ref == 0 and x.id not in above]
-
-    def compact(self) -> list[KVCopy]:
-        """Compact the HOT pool now; the copies are also queued for the executor."""
-        if self.hot is None:
-            return []
-        copies = self.hot.compact()
-        for slab, owner in self._slab_owner.items():
-            if isinstance(owner, RadixNode):
-                start, length = self.hot.span(slab)
-                owner.value = np.arange(start, start + length, dtype=np.int64)
-        self._copies.extend(copies)
-        return copies
-
-    def take_copies(self) -> list[KVCopy]:
-        """KV copies queued since the last call (the executor applies them before the step)."""
-        out, self._copies = self._copies, []
-        return out
-
-    def _on_split(self, head: RadixNode, tail: RadixNode) -> None:
-        if tail.pool == "hot":
-            head.slab = tail.slab
-            tail.slab = self.hot.split(tail.slab, len(head))
-            self._slab_owner[head.slab] = head
-            self._slab_owner[tail.slab] = tail
-
-    # ---- introspection --------------------------------------------------------------------
+    # ---- lookups --------------------------------------------------------------------------
     def _seq(self, rid: int) -> _Seq:
         try:
             return self._seqs[rid]
@@ -547,65 +304,6 @@ class KVAllocator:
     def _path_slots(node: RadixNode) -> np.ndarray:
         vals = [n.value for n in path_to(node)]
         return np.concatenate(vals) if vals else _EMPTY
-
-    def live_requests(self) -> list[int]:
-        return list(self._seqs)
-
-    def ownership(self) -> list[tuple[str, int, str, np.ndarray]]:
-        """(owner kind 'request' | 'node', owner id, pool, slots) for every owned slot run."""
-        out = []
-        for seq in self._seqs.values():
-            if seq.slab is not None:
-                s0, ln = self.hot.span(seq.slab)
-                out.append(("request", seq.rid, "hot", np.arange(s0, s0 + ln, dtype=np.int64)))
-            if seq.priv.size:
-                out.append(("request", seq.rid, self.store.name, seq.priv))
-        for node in self.radix.nodes():
-            out.append(("node", node.id, node.pool, node.value))
-        return out
-
-    def pools(self) -> dict[str, object]:
-        out = {self.store.name: self.store}
-        if self.hot is not None:
-            out["hot"] = self.hot
-        return out
-
-    def occupancy(self) -> dict[str, tuple[int, int]]:
-        """(used, cached) tokens per pool — the cheap part of :meth:`stats`, for per-step logs."""
-        out = {}
-        for name, pool in self.pools().items():
-            cached = self.radix.evictable.get(name, 0)
-            out[name] = (pool.capacity - pool.free - cached, cached)
-        return out
-
-    @property
-    def hit_rate(self) -> float:
-        n = self._n
-        return n["hit_tokens"] / n["lookup_tokens"] if n["lookup_tokens"] else 0.0
-
-    @property
-    def evictions(self) -> int:
-        return self._n["evictions"]
-
-    def stats(self) -> AllocatorStats:
-        pools, objs = {}, self.pools()
-        for name, (used, cached) in self.occupancy().items():
-            pool = objs[name]
-            free = pool.free
-            if name == "hot":
-                frag = pool.external_fragmentation()
-            elif self.page_size > 1:
-                spare = sum(s.priv.size - s.n_priv for s in self._seqs.values())
-                frag = spare / used if used else 0.0
-            else:
-                frag = 0.0
-            pools[name] = PoolStats(pool.capacity, free, used, cached, frag)
-        hot = self.hot
-        return AllocatorStats(
-            policy=self.policy, pools=pools,
-            compactions=hot.compactions if hot else 0, copied_tokens=hot.copied_tokens if hot else 0,
-            **self._n,
-        )
 
 
 def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int | None = None,

@@ -1,0 +1,126 @@
+"""The read side of :class:`granisim.kv.allocator.KVAllocator`: layouts and reports.
+
+A mixin, separate because none of it allocates or frees a slot: per-request layouts and
+prefix groups for the batch planner, and ownership / occupancy / stats for the fuzzer,
+the logs and the reports. It reads the host's ``_seqs``, ``hot``, ``store``, ``radix``,
+``page_size``, ``policy`` and ``_n``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from granisim.kv.layout import AllocatorStats, KVSegment, PoolStats, RequestLayout
+from granisim.kv.radix import path_to
+from granisim.kv.sequence import _is_run, _Seq
+
+
+class AllocatorViews:
+    """KVAllocator's layout and reporting methods (mixin)."""
+
+    # ---- layouts --------------------------------------------------------------------------
+    def layout(self, rid: int) -> RequestLayout:
+        seq = self._seq(rid)
+        segs: list[KVSegment] = []
+        for node in path_to(seq.node):
+            self._append(segs, node.pool, node.value)
+        if seq.slab is not None and seq.n_new:
+            s0, _ = self.hot.span(seq.slab)
+            filled = min(seq.n_new, seq.slab_len)
+            self._append(segs, "hot", np.arange(s0, s0 + filled, dtype=np.int64))
+        if seq.n_priv:
+            self._append(segs, self.store.name, seq.priv[: seq.n_priv])
+        group, shared = (seq.group[0], seq.group[1]) if seq.group else (None, 0)
+        return RequestLayout(rid, tuple(segs), seq.num_tokens, shared, group)
+
+    @staticmethod
+    def _append(segs: list[KVSegment], pool: str, slots: np.ndarray) -> None:
+        if segs and segs[-1].pool == pool:
+            slots = np.concatenate([segs[-1].slots, slots])
+            segs.pop()
+        contiguous = pool == "hot" and _is_run(slots)
+        segs.append(KVSegment(pool, slots, (int(slots[0]), int(slots.size)) if contiguous else None))
+
+    def prefix_group(self, rid: int) -> tuple[int, int, str] | None:
+        """(group node id, shared tokens, storage 'slab' | pool name) or None."""
+        return self._seq(rid).group
+
+    def num_tokens(self, rid: int) -> int:
+        return self._seq(rid).num_tokens
+
+    def _update_group(self, seq: _Seq) -> None:
+        shared = seq.shared_len - seq.shared_len % self.page_size
+        seq.group = None
+        if shared <= 0 or seq.cached_len < shared:
+            return
+        depth, path = 0, []
+        for node in path_to(seq.node):
+            depth += len(node)
+            path.append(node)
+            if depth >= shared:
+                break
+        if depth != shared:
+            return
+        slots = np.concatenate([n.value for n in path])
+        slab = all(n.pool == "hot" for n in path) and _is_run(slots)
+        seq.group = (path[-1].id, shared, "slab" if slab else path[-1].pool)
+
+    # ---- reports --------------------------------------------------------------------------
+    def live_requests(self) -> list[int]:
+        return list(self._seqs)
+
+    def ownership(self) -> list[tuple[str, int, str, np.ndarray]]:
+        """(owner kind 'request' | 'node', owner id, pool, slots) for every owned slot run."""
+        out = []
+        for seq in self._seqs.values():
+            if seq.slab is not None:
+                s0, ln = self.hot.span(seq.slab)
+                out.append(("request", seq.rid, "hot", np.arange(s0, s0 + ln, dtype=np.int64)))
+            if seq.priv.size:
+                out.append(("request", seq.rid, self.store.name, seq.priv))
+        for node in self.radix.nodes():
+            out.append(("node", node.id, node.pool, node.value))
+        return out
+
+    def pools(self) -> dict[str, object]:
+        out = {self.store.name: self.store}
+        if self.hot is not None:
+            out["hot"] = self.hot
+        return out
+
+    def occupancy(self) -> dict[str, tuple[int, int]]:
+        """(used, cached) tokens per pool — the cheap part of :meth:`stats`, for per-step logs."""
+        out = {}
+        for name, pool in self.pools().items():
+            cached = self.radix.evictable.get(name, 0)
+            out[name] = (pool.capacity - pool.free - cached, cached)
+        return out
+
+    @property
+    def hit_rate(self) -> float:
+        n = self._n
+        return n["hit_tokens"] / n["lookup_tokens"] if n["lookup_tokens"] else 0.0
+
+    @property
+    def evictions(self) -> int:
+        return self._n["evictions"]
+
+    def stats(self) -> AllocatorStats:
+        pools, objs = {}, self.pools()
+        for name, (used, cached) in self.occupancy().items():
+            pool = objs[name]
+            free = pool.free
+            if name == "hot":
+                frag = pool.external_fragmentation()
+            elif self.page_size > 1:
+                spare = sum(s.priv.size - s.n_priv for s in self._seqs.values())
+                frag = spare / used if used else 0.0
+            else:
+                frag = 0.0
+            pools[name] = PoolStats(pool.capacity, free, used, cached, frag)
+        hot = self.hot
+        return AllocatorStats(
+            policy=self.policy, pools=pools,
+            compactions=hot.compactions if hot else 0, copied_tokens=hot.copied_tokens if hot else 0,
+            **self._n,
+        )

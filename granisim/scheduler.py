@@ -267,10 +267,12 @@ class Scheduler:
         no_pass = tuple("paged" for _ in plan.groups)
         with_pass = tuple(self._path(g.prefix_len, len(g.members), g.storage, own, allow_paged=False)
                           for g, own in zip(plan.groups, private))
+        chosen = tuple(g.path for g in plan.groups)
+        others = [paths for paths in dict.fromkeys((no_pass, with_pass)) if paths != chosen]
+        if not others:
+            return plan
         best, best_s = plan, self.step_pricer(plan)
-        for paths in dict.fromkeys((no_pass, with_pass)):
-            if paths == tuple(g.path for g in plan.groups):
-                continue
+        for paths in others:
             alt = replace(plan, groups=tuple(replace(g, path=p) for g, p in zip(plan.groups, paths)))
             s = self.step_pricer(alt)
             if s < best_s:

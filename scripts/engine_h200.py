@@ -6,6 +6,7 @@ the working tree) are skipped, so a device call that stops early loses only the 
 
     python scripts/engine_h200.py speedup --out $OUT --done reports/engine/points --budget-s 480
     python scripts/engine_h200.py validate --out $OUT --budget-s 480
+    python scripts/engine_h200.py speedup --out $OUT --profile h200-engine --policies granikv-auto token paged16
 
 Needs torch + triton + a CUDA GPU, and simpy/pydantic (carry them as wheels to the device).
 """

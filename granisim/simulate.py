@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -62,16 +63,12 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
     if scenario.policy.dispatch == "cost":
         from granisim.costmodel import cheaper_path
 
-        def chooser(prefix_len: int, b: int, storage: str) -> str:
-            return cheaper_path(profile, model, prefix_len, b, storage)
+        chooser = partial(cheaper_path, profile, model)  # (prefix_len, b, storage)
     elif scenario.policy.dispatch == "auto":
         from granisim.dispatch import cheapest_group_path, step_seconds
 
-        def chooser(prefix_len: int, b: int, storage: str, private_len: int = 0, allow_paged: bool = True) -> str:
-            return cheapest_group_path(profile, model, prefix_len, b, storage, private_len, allow_paged=allow_paged)
-
-        def pricer(plan) -> float:
-            return step_seconds(profile, model, plan)
+        chooser = partial(cheapest_group_path, profile, model)  # (prefix_len, b, storage, private_len, ...)
+        pricer = partial(step_seconds, profile, model)  # (plan)
     return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer)
 
 

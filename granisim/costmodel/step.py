@@ -140,14 +140,15 @@ class StepPricing:
         else:
             dec = np.zeros(n)
         if self.engine:
-            dec = self._in_engine("attn_decode", dec)
+            dec = self._in_engine("attn_decode", dec, eager)
         copy = np.zeros(n)
         copy[0] = kv_copy
-        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + overhead
+        host = overhead + self.overhead_tok * n_dec * np.arange(n)  # the slot lists grow by a token per request
+        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0
         for x in durations:
             total += x
         breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(dec.sum()),
-                                              prefix * n, merge * n, kv_write * n, kv_copy, overhead * n)))
+                                              prefix * n, merge * n, kv_write * n, kv_copy, float(host.sum()))))
         return StepResult(total, breakdown, step_durations=tuple(durations))

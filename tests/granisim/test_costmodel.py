@@ -155,17 +155,19 @@ def test_bigger_model_costs_more():
 
 # ---- decode fast-forward --------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["paged", "cascade", "dense"])
-def test_num_steps_equals_sum_of_single_steps(path):
+@pytest.mark.parametrize("profile,members", [("a100-80gb", 12), ("h200-engine", 600)])  # 600: an eager engine step
+def test_num_steps_equals_sum_of_single_steps(path, profile, members):
     n = 37
-    base = group_plan(12, 3000, path, suffix=20, steps=n)
-    extra = [decode(100, 50), decode(101, 7000)]
+    prof = get_profile(profile)
+    base = group_plan(members, 3000, path, suffix=20, steps=n)
+    extra = [decode(1000, 50), decode(1001, 7000)]
     multi = plan(list(base.requests) + extra, base.groups, steps=n,
                  copies=(KVCopy(src=10, dst=0, length=5),))
-    r = cost(multi)
+    r = cost(multi, prof)
     singles = []
     for s in range(n):
         reqs = [PlannedRequest(q.rid, q.context_len + s, 1, False, q.group, q.shared_len) for q in multi.requests]
-        singles.append(cost(plan(reqs, multi.groups, copies=multi.copies if s == 0 else ())))
+        singles.append(cost(plan(reqs, multi.groups, copies=multi.copies if s == 0 else ()), prof))
     assert r.step_durations == tuple(x.duration_s for x in singles)  # bit for bit
     assert r.duration_s == sum(x.duration_s for x in singles)
     for k in BREAKDOWN_KEYS:

@@ -81,13 +81,16 @@ class KernelForms:
         want = np.where(gather, np.ceil(self.gather_ctas_per_sm * self.sms / base),
                         np.maximum(1.0, np.floor(self.ctas_per_sm * self.sms / base)))
         if self.balance_chunk and mean_len is not None:
-            mean = np.ceil(mean_len)
-            cap = np.maximum(self.balance_chunk, mean)
-            want = np.where(kv_len > self.balance_skew * mean, np.maximum(want, np.ceil(kv_len / cap)), want)
+            cap = np.maximum(self.balance_chunk, np.ceil(mean_len))
+            want = np.where(self._skewed(kv_len, mean_len), np.maximum(want, np.ceil(kv_len / cap)), want)
         n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / self.min_split)), self.max_splits))
         chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
         chunk = np.where(kv_len > 0, chunk, block_n)
         return np.where(kv_len > 0, np.ceil(kv_len / chunk), 1.0), chunk
+
+    def _skewed(self, longest, mean_len):
+        """A batch the launchers balance: its longest sequence over balance_skew x its mean (split_kv.balance_cap)."""
+        return np.asarray(longest, float) > self.balance_skew * np.ceil(mean_len)
 
     def dense_split_rule(self, base, kv_len, block_n=128.0):
         """(n_splits, chunk) of gpu_backend.kernels.dense._dense_splits: of 1..max_splits, the split
@@ -148,7 +151,7 @@ class KernelForms:
         N = base * n
         # a batch balanced over skewed lengths leaves most of its short sequences' splits empty (those
         # programs exit at once): about lens / chunk + n_dec / 2 splits hold KV
-        skewed = (n > 1) & (np.asarray(max_len, float) > self.balance_skew * np.ceil(mean))
+        skewed = (n > 1) & self._skewed(max_len, mean)
         N = np.where(skewed, np.clip(self.n_kv * (lens / chunk + 0.5 * np.asarray(n_dec, float)), base, N), N)
         per = lens * self.n_kv / N                     # mean KV tokens of one program
         pad = np.ceil(per / 64.0) * 64.0 / np.maximum(per, 1e-9)  # a program streams whole 64-token tiles

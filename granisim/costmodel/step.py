@@ -17,7 +17,10 @@ class StepPricing:
     def _in_engine(self, key: str, t, eager: bool = False):
         """Model time -> the real engine's time for one breakdown key (graph-replayed or eager step)."""
         a, b = (self.engine_eager if eager else self.engine)[key]
-        return np.where(t > 0, a * t + b, 0.0) if isinstance(t, np.ndarray) else (a * t + b if t > 0 else 0.0)
+        floor = self.eager_floor.get(key, 0.0) if eager else 0.0  # host-bound eager launches
+        if isinstance(t, np.ndarray):
+            return np.where(t > 0, np.maximum(a * t + b, floor), 0.0)
+        return max(a * t + b, floor) if t > 0 else 0.0
 
     def step(self, plan: BatchPlan) -> StepResult:
         page_size = plan.page_size
@@ -104,8 +107,6 @@ class StepPricing:
                 self._in_engine(k, v, eager) for k, v in (("linear", linear), ("lm_head", lm_head),
                                                    ("attn_prefill", attn_prefill), ("attn_prefix", prefix),
                                                    ("merge", merge), ("kv_write", kv_write)))
-            if eager and linear < self.eager_floor:
-                linear = self.eager_floor
         if self.form == 2 and n_dec:
             # as the engine launches them: one decode over whole contexts, one over pass members' suffixes
             # (both priced in one vectorised call: rows of the arrays are the launches)

@@ -42,7 +42,7 @@ class CostTables(KernelForms, StepPricing):
         self.graph_max = int(p["engine.graph_max_tokens"])  # steps over it: the eager set
         self.engine = engine if any(v != (1.0, 0.0) for v in (*engine.values(), *eager.values())) else {}
         self.engine_eager = eager if self.graph_max else engine
-        self.eager_floor = p["engine.eager.linear_floor_s"]
+        self.eager_floor = {"linear": p["engine.eager.linear_floor_s"]}  # per key: at least this long
         self.fam = {f: (p[f"linear.{f}.launch_s"],
                         p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
                         p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}

@@ -73,14 +73,14 @@ def _done(name: str, out: Path, done: Path | None) -> bool:
     return (out / f"{name}.json").exists() or (done is not None and (done / f"{name}.json").exists())
 
 
-def _burst(pol: str, lp: int, k: int, requests: int, profile: str, graphs: bool):
+def _burst(pol: str, lp: int, k: int, requests: int, profile: str, graphs: bool, hold_gc: bool = True):
     """One speedup unit on the GPU -> (executor, result)."""
     from granisim.cli import _gpu_executor
     from granisim.simulate import prepare, simulate
 
     setup = prepare(burst_scenario(pol, lp, k, requests, profile))
     _free_gpu()
-    ex = _gpu_executor(setup, "cuda", graphs=graphs)
+    ex = _gpu_executor(setup, "cuda", graphs=graphs, hold_gc=hold_gc)
     return ex, simulate(setup, ex, progress=False)
 
 
@@ -101,7 +101,8 @@ def speedup(args) -> None:
     grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
     warm = False
     for rep, lp, k, pol in ((r, lp, k, p) for r in range(args.reps) for lp, k in grid for p in args.policies):
-        name = f"speedup_lp{lp}_k{k}_{pol}" + ("_eager" if args.eager else "") + (f"_rep{rep}" if rep else "")
+        name = (f"speedup_lp{lp}_k{k}_{pol}" + ("_eager" if args.eager else "") + ("_gc" if args.gc_in_steps else "")
+                + (f"_rep{rep}" if rep else ""))
         if _done(name, args.out, args.done):
             continue
         if time.time() - t0 > args.budget_s:
@@ -112,7 +113,7 @@ def speedup(args) -> None:
             warm = True
         ex = res = None  # the last unit's KV buffers and graphs go before the next unit's are made
         t = time.time()
-        ex, res = _burst(pol, lp, k, args.requests, args.profile, not args.eager)
+        ex, res = _burst(pol, lp, k, args.requests, args.profile, not args.eager, not args.gc_in_steps)
         steps = res.steps.frame()
         s = summarize(requests_frame(res.records), steps, res.end_s)
         dec = steps[steps.prefill_tokens == 0]
@@ -132,18 +133,19 @@ def validate_all(args) -> None:
     from granisim.validate import validate
 
     t0 = time.time()
+    tag = "_gc" if args.gc_in_steps else ""
     for name in VALIDATION:
         if args.only and name not in args.only:
             continue
-        if _done(f"validation_{name}", args.out, args.done) or time.time() - t0 > args.budget_s:
+        if _done(f"validation_{name}{tag}", args.out, args.done) or time.time() - t0 > args.budget_s:
             continue
         setup = prepare(validation_scenario(name, args.requests, args.profile))
         ex = None
         _free_gpu()
-        ex = _gpu_executor(setup, "cuda")
-        rep = validate(setup, ex, args.out / name, progress=False)
+        ex = _gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps)
+        rep = validate(setup, ex, args.out / (name + tag), progress=False)
         rep["executor"] = ex.stats()
-        (args.out / f"validation_{name}.json").write_text(json.dumps(rep, indent=2))
+        (args.out / f"validation_{name}{tag}.json").write_text(json.dumps(rep, indent=2))
         print(name, json.dumps(rep["step_errors"]["total"]), flush=True)
 
 
@@ -157,6 +159,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
+    ap.add_argument("--gc-in-steps", action="store_true",
+                    help="let Python's garbage collector run inside timed steps (the engine's old behaviour; "
+                         "outputs get a _gc suffix)")
     ap.add_argument("--policies", nargs="*", default=list(POLICIES),
                     help="speedup: policies, NAME or NAME-DISPATCH (e.g. granikv-auto)")
     ap.add_argument("--reps", type=int, default=1, help="speedup: passes over the grid (rep r > 0 adds _repR)")

@@ -15,7 +15,9 @@ shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on t
 eagerly. A step's duration is CUDA-event time from before its metadata is built to after
 its last kernel: host metadata work and the GPU work, not the scheduler, not graph
 capture (a one-off per shape, reported in `stats()`) and not Triton building or loading a
-kernel variant in an eager step (the step is re-run and the re-run timed; `stats()["reruns"]`).
+kernel variant in an eager step (the step is re-run and the re-run timed; `stats()["reruns"]`),
+and not Python's garbage collector: collections are held off during a step (`hold_gc`) and run
+after it, outside the clock (`stats()["gc_*"]` counts them; timing.GcWatch says why).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from . import metadata
 from .arena import MetaArena
 from .graphs import GraphCache
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
-from .timing import CompileWatch, PartTimer, elapsed
+from .timing import CompileWatch, GcWatch, PartTimer, elapsed
 
 
 class GpuExecutor:
@@ -43,7 +45,8 @@ class GpuExecutor:
     max_steps_per_plan = 1
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512):
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512,
+                 hold_gc: bool = True):
         self.shape = shape
         self.device = torch.device(device)
         self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
@@ -62,15 +65,23 @@ class GpuExecutor:
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
         self.reruns = 0
+        self.hold_gc = hold_gc
         CompileWatch.install()
+        GcWatch.install()
+        self._gc_start = dict(GcWatch.totals)
 
     def stats(self) -> dict:
         g = self.graphs
         return dict(eager_steps=self.eager_steps, reruns=self.reruns, graph_replays=g.replays if g else 0,
-                    graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0)
+                    graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
+                    hold_gc=self.hold_gc, **GcWatch.since(self._gc_start))
 
     # ---- the step ---------------------------------------------------------------------------
     def execute(self, plan: BatchPlan) -> StepResult:
+        with GcWatch.hold(self.hold_gc):
+            return self._step(plan)
+
+    def _step(self, plan: BatchPlan) -> StepResult:
         if plan.num_steps != 1:
             raise ValueError(f"the GPU executor runs one step per plan, got num_steps={plan.num_steps}")
         self._check_copies(plan)

@@ -6,6 +6,8 @@ so one timer per captured graph times every replay of it. On the CPU: wall clock
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 
 import torch
@@ -68,3 +70,57 @@ class CompileWatch:
 
         knobs.runtime.jit_post_compile_hook = hook
         cls._installed = True
+
+
+class GcWatch:
+    """Python's cyclic garbage collections in this process (gc.callbacks): count, seconds, the
+    longest, and how many ran inside a timed step.
+
+    A collection walks the whole process's heap (the engine's requests, records and, when
+    validating, every stored plan), so its pause grows with the run and is not the step's work.
+    The executor holds collections off while it times a step (`hold`); one that falls due then
+    runs at the first allocation after the step, outside the clock, like the scheduler's own
+    host time."""
+
+    totals = dict(gc_collections=0, gc_s=0.0, gc_max_s=0.0, gc_in_steps=0)
+    _started: float | None = None
+    _stepping = False
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if not cls._installed:
+            gc.callbacks.append(cls._callback)
+            cls._installed = True
+
+    @classmethod
+    def _callback(cls, phase: str, info: dict) -> None:
+        if phase == "start":
+            cls._started = time.perf_counter()
+        elif cls._started is not None:
+            dt, cls._started = time.perf_counter() - cls._started, None
+            t = cls.totals
+            t["gc_collections"] += 1
+            t["gc_s"] += dt
+            t["gc_max_s"] = max(t["gc_max_s"], dt)
+            t["gc_in_steps"] += cls._stepping
+
+    @classmethod
+    @contextlib.contextmanager
+    def hold(cls, enabled: bool):
+        """One timed step: collections are off inside it when `enabled`."""
+        was = gc.isenabled()
+        if enabled:
+            gc.disable()
+        cls._stepping = True
+        try:
+            yield
+        finally:
+            cls._stepping = False
+            if was:
+                gc.enable()
+
+    @classmethod
+    def since(cls, start: dict) -> dict:
+        """Totals since the snapshot `start` (a copy of `totals`); the longest pause is the process's."""
+        return {k: (round(v, 4) if k == "gc_max_s" else round(v - start[k], 4)) for k, v in cls.totals.items()}

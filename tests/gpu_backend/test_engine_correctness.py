@@ -21,11 +21,11 @@ TINY = {
 }
 
 
-def _run(policy: str, m_sat: int, device="cpu"):
+def _run(policy: str, m_sat: int, device="cpu", **options):
     sc = parse_scenario(TINY).with_changes(**{"policy.name": policy, "policy.m_sat": m_sat,
                                               "policy.hot_fraction": 0.3})
     setup = prepare(sc)
-    ex = GpuExecutor(setup.model, setup.kv_budget, device=device, seed=11)
+    ex = GpuExecutor(setup.model, setup.kv_budget, device=device, seed=11, **options)
     eng = Engine(setup, ex, progress=False, keep_outputs=True)
     res = eng.run()
     return eng, res, ex
@@ -124,3 +124,20 @@ def test_steps_that_build_a_kernel_are_rerun_with_the_same_result(runs, monkeypa
     assert eng.outputs.keys() == runs["token"][0].outputs.keys()
     for rid, out in runs["token"][0].outputs.items():
         assert np.array_equal(eng.outputs[rid], out), f"request {rid} diverged after re-runs"
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_garbage_collections_are_held_off_during_a_step(hold):
+    """With collections due every few allocations, none runs inside a timed step when held off
+    (they run between steps), and some do when not: the watch sees both."""
+    import gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(20, 2, 2)
+    try:
+        _, _, ex = _run("token", 8, hold_gc=hold)
+    finally:
+        gc.set_threshold(*before)
+    st = ex.stats()
+    assert st["gc_collections"] > 0
+    assert (st["gc_in_steps"] == 0) == hold, st

@@ -133,7 +133,7 @@ def validate_all(args) -> None:
     from granisim.validate import validate
 
     t0 = time.time()
-    tag = "_gc" if args.gc_in_steps else ""
+    tag = ("_gc" if args.gc_in_steps else "") + (f"_g{args.graph_max_rows}" if args.graph_max_rows else "")
     for name in VALIDATION:
         if args.only and name not in args.only:
             continue
@@ -142,7 +142,8 @@ def validate_all(args) -> None:
         setup = prepare(validation_scenario(name, args.requests, args.profile))
         ex = None
         _free_gpu()
-        ex = _gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps)
+        ex = _gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
+                           **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
         rep = validate(setup, ex, args.out / (name + tag), progress=False)
         rep["executor"] = ex.stats()
         (args.out / f"validation_{name}{tag}.json").write_text(json.dumps(rep, indent=2))
@@ -162,6 +163,8 @@ def main() -> None:
     ap.add_argument("--gc-in-steps", action="store_true",
                     help="let Python's garbage collector run inside timed steps (the engine's old behaviour; "
                          "outputs get a _gc suffix)")
+    ap.add_argument("--graph-max-rows", type=int,
+                    help="validate: the executor's CUDA-graph limit (default: the executor's; outputs get _gN)")
     ap.add_argument("--policies", nargs="*", default=list(POLICIES),
                     help="speedup: policies, NAME or NAME-DISPATCH (e.g. granikv-auto)")
     ap.add_argument("--reps", type=int, default=1, help="speedup: passes over the grid (rep r > 0 adds _repR)")

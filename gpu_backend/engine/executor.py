@@ -12,11 +12,15 @@ output projection and the SwiGLU MLP. Finally norm, LM head on each request's la
 
 Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
 shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
-eagerly. The limit is 2048 rows: launched eagerly, a mixed step of ~1K prefill rows plus decode
-rows is host-bound (per layer, its small attention kernels take less GPU time than their Triton
-launches take on the host: on the H200 host of 2026-11-29's third validation run, decode
-attention measured 8.8 ms per such step against 0.9 ms priced for the GPU), while from ~2K rows
-the GEMMs keep the GPU ahead of the host. A step's duration is CUDA-event time from before its metadata is built to after
+eagerly. A mixed step of ~1K prefill rows plus decode rows launched eagerly can be host-bound
+(its small attention kernels take less GPU time than their launches take on the host): on a slow
+host (validation run 3, 2026-11-29) its decode attention took 8.8 ms per step against 0.9 ms
+priced. Graphing steps of up to 2048 rows was tried on a normal host in one device call
+(`engine_h200.py validate --graph-max-rows`): the control workload's TPOT p50 was 9.5 ms at
+2048 against 9.3 ms at 512, and the engine fit, left with few eager steps, predicted the
+held-out multi-agent TPOT p50 15-20% off, so the limit stays at 512.
+
+A step's duration is CUDA-event time from before its metadata is built to after
 its last kernel: host metadata work and the GPU work, not the scheduler, not graph
 capture (a one-off per shape, reported in `stats()`) and not Triton building or loading a
 kernel variant in an eager step (the step is re-run and the re-run timed; `stats()["reruns"]`),
@@ -49,7 +53,7 @@ class GpuExecutor:
     max_steps_per_plan = 1
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 2048,
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512,
                  hold_gc: bool = True):
         self.shape = shape
         self.device = torch.device(device)

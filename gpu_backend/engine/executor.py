@@ -12,13 +12,8 @@ output projection and the SwiGLU MLP. Finally norm, LM head on each request's la
 
 Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
 shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
-eagerly. A mixed step of ~1K prefill rows plus decode rows launched eagerly can be host-bound
-(its small attention kernels take less GPU time than their launches take on the host): on a slow
-host (validation run 3, 2026-11-29) its decode attention took 8.8 ms per step against 0.9 ms
-priced. Graphing steps of up to 2048 rows was tried on a normal host in one device call
-(`engine_h200.py validate --graph-max-rows`): the control workload's TPOT p50 was 9.5 ms at
-2048 against 9.3 ms at 512, and the engine fit, left with few eager steps, predicted the
-held-out multi-agent TPOT p50 15-20% off, so the limit stays at 512.
+eagerly. Mixed steps of ~1K prefill rows plus decodes launched eagerly can be host-bound on a
+slow host; a 2048-row limit was measured and not kept (reports/validation/h200.md).
 
 A step's duration is CUDA-event time from before its metadata is built to after
 its last kernel: host metadata work and the GPU work, not the scheduler, not graph

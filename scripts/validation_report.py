@@ -28,11 +28,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from engine_h200 import VALIDATION, validation_scenario  # noqa: E402
 from granisim.calibration.engine import fit, host_work, unit_of, with_engine  # noqa: E402
-from granisim.engine import Engine  # noqa: E402
-from granisim.executor import CostExecutor  # noqa: E402
 from granisim.hardware import PROFILE_DIR, Source, get_profile  # noqa: E402
 from granisim.metrics import requests_frame, summarize  # noqa: E402
-from granisim.simulate import prepare  # noqa: E402
+from granisim.simulate import prepare, simulate  # noqa: E402
 from granisim.validate import TARGETS, end_to_end, reprice, step_errors  # noqa: E402
 
 
@@ -41,7 +39,7 @@ def _setup(name: str, requests: int, profile: str):
 
 
 def _e2e(setup, measured: dict) -> dict:
-    res = Engine(setup, CostExecutor(setup.profile, setup.model), progress=False).run()
+    res = simulate(setup, progress=False)
     return end_to_end({k: v["measured"] for k, v in measured.items()},
                       summarize(requests_frame(res.records), res.steps.frame(), res.end_s))
 

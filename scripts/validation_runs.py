@@ -20,9 +20,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from engine_h200 import VALIDATION  # noqa: E402
-from granisim.engine import Engine  # noqa: E402
-from granisim.executor import CostExecutor  # noqa: E402
 from granisim.metrics import requests_frame, summarize  # noqa: E402
+from granisim.simulate import simulate  # noqa: E402
 from validation_report import _setup  # noqa: E402
 
 METRICS = ("throughput_rps", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
@@ -37,7 +36,7 @@ def _runs(root: Path) -> dict[str, Path]:
 
 
 def _simulated(setup) -> dict:
-    res = Engine(setup, CostExecutor(setup.profile, setup.model), progress=False).run()
+    res = simulate(setup, progress=False)
     return summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
 
 

@@ -88,11 +88,7 @@ def cost_tables(profile: HardwareProfile, model: ModelShape) -> CostTables:
 # ---- public functions --------------------------------------------------------------------------
 def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> StepResult:
     """Predicted duration and breakdown (keys :data:`BREAKDOWN_KEYS`) of ``plan`` (all its steps)."""
-    key = (profile, model)
-    t = _TABLES.get(key)
-    if t is None:
-        t = cost_tables(profile, model)
-    return t.step(plan)
+    return cost_tables(profile, model).step(plan)
 
 
 def group_path_cost(profile: HardwareProfile, model: ModelShape, path: str, prefix_len: int, b_group: int,

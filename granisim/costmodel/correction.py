@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -60,3 +62,15 @@ def storage_class(storage, page_size) -> str:
     if storage in ("cold", "token", "hot") or page_size < 4:
         return "slots"
     return "pages16"
+
+
+def page_eff(storage, page_size: int, page1: float, page16: float) -> float:
+    """Read efficiency of KV outside a slab, given the efficiencies at page sizes 1 and 16: page size 1
+    for 'cold', 'token' and a non-contiguous 'hot' run; pages of ``page_size`` for 'paged' (or None = the
+    plan's private storage), interpolated in log2(page size), flat above 16."""
+    if storage in ("cold", "token", "hot"):
+        page_size = 1
+    elif storage not in ("paged", None):
+        raise ValueError(f"unknown KV storage {storage!r}; expected slab, cold, token, hot or paged")
+    x = min(1.0, math.log2(max(1, page_size)) / 4.0)
+    return page1 + (page16 - page1) * x

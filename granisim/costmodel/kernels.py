@@ -9,7 +9,7 @@ import numpy as np
 
 from granisim.models import ModelShape
 
-from .correction import Correction
+from .correction import Correction, page_eff
 from .operators import _MEMO_MAX
 
 
@@ -17,7 +17,7 @@ class KernelForms:
     """Form-2 kernel times of CostTables (needs its constants: layers, n_q, n_kv, d, b, P, BW, sms, corr)."""
 
     def _init_form2(self):
-        p, L = self.profile, self.layers
+        p = self.profile
         self.f2 = {}
         for fam, pre, flop, mem in (("prefill", "attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff"),
                                     ("decode", "attn.decode.", "attn.decode.flop_eff", "attn.decode.mem_eff"),
@@ -35,7 +35,6 @@ class KernelForms:
         self.balance_skew = p["attn.cascade.balance_skew"]
         self.dense_max_splits = int(p["attn.dense.max_splits"])
         self.merge_eff_bw = self.BW * p["attn.merge.mem_eff"]
-        self.copy_launch = L * p["kv.copy_launch_s"]
         self.dec_tile = float(min(128, max(p["attn.decode.m_tile"], 1 << max(0, math.ceil(math.log2(self.G))))))
         # merge: 64-row programs, o1, o2, out in the model dtype + three fp32 LSEs per (token, head) row
         self.merge_row_bytes = 3.0 * self.d * self.b + 12.0
@@ -47,12 +46,7 @@ class KernelForms:
 
     def prefill_inv_eff(self, storage, page_size: int) -> float:
         """Form 2: 1 / the extend kernel's own gather efficiency for this storage."""
-        if storage == "slab":
-            return 1.0
-        if storage in ("cold", "token", "hot"):
-            page_size = 1
-        x = min(1.0, math.log2(max(1, page_size)) / 4.0)
-        return 1.0 / (self.pf_page1 + (self.pf_page16 - self.pf_page1) * x)
+        return 1.0 if storage == "slab" else 1.0 / page_eff(storage, page_size, self.pf_page1, self.pf_page16)
 
     @staticmethod
     def _block_n(m_tile):

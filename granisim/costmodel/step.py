@@ -107,48 +107,39 @@ class StepPricing:
                 self._in_engine(k, v, eager) for k, v in (("linear", linear), ("lm_head", lm_head),
                                                    ("attn_prefill", attn_prefill), ("attn_prefix", prefix),
                                                    ("merge", merge), ("kv_write", kv_write)))
-        if self.form == 2 and n_dec:
+        # attn_decode of each step (step s: every context grown by s)
+        steps_ = np.arange(max(n, 1), dtype=float)
+        if not n_dec:
+            dec = np.zeros(steps_.size)
+        elif self.form == 2:
             # as the engine launches them: one decode over whole contexts, one over pass members' suffixes
             # (both priced in one vectorised call: rows of the arrays are the launches)
-            steps_ = np.arange(max(n, 1), dtype=float)
             rows, t0, lm, s_eff, s_raw, s_len = (np.array(c, float)[:, None] for c in zip(*(
                 launch for launch in ((n_dec - merge_rows, tok - tok_s, lmax, shared_eff, shared_raw, shared_len),
                                       (merge_rows, tok_s, lmax_s, 0.0, 0.0, 0)) if launch[0])))
             toks2 = t0 + steps_ * rows
             qo = rows * 2.0 * self.n_q * self.d * self.b
-            dec2 = self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
-                                     raw_bytes=(toks2 + s_raw) * self.kvb + qo, kv_lens=toks2 + s_len).sum(axis=0)
+            dec = self.decode_time2(toks2, rows, lm + steps_, (toks2 * inv_priv + s_eff) * self.kvb + qo,
+                                    raw_bytes=(toks2 + s_raw) * self.kvb + qo, kv_lens=toks2 + s_len).sum(axis=0)
+        else:
+            toks = tok + steps_ * n_dec
+            dec = np.maximum(toks * self.dec_f_tok,
+                             (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
+        if self.engine:
+            dec = self._in_engine("attn_decode", dec, eager)
         if n <= 1:
-            if n_dec and self.form == 2:
-                attn_decode = float(dec2[0])
-            elif n_dec:
-                attn_decode = max(tok * self.dec_f_tok,
-                                  (tok * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
-            else:
-                attn_decode = 0.0
-            if self.engine:
-                attn_decode = self._in_engine("attn_decode", attn_decode, eager)
+            attn_decode = float(dec[0])
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
             return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
-        # decode fast-forward: step s has every context grown by s
-        toks = tok + np.arange(n, dtype=np.int64) * n_dec
-        if n_dec and self.form == 2:
-            dec = dec2
-        elif n_dec:
-            dec = np.maximum(toks * self.dec_f_tok,
-                             (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
-        else:
-            dec = np.zeros(n)
-        if self.engine:
-            dec = self._in_engine("attn_decode", dec, eager)
+        # decode fast-forward
         copy = np.zeros(n)
         copy[0] = kv_copy
         host = overhead + self.overhead_tok * n_dec * np.arange(n)  # the slot lists grow by a token per request
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0
-        for x in durations:
+        for x in durations:  # left to right, as the engine's clock adds them (sum() compensates on 3.12+)
             total += x
         breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(dec.sum()),
                                               prefix * n, merge * n, kv_write * n, kv_copy, float(host.sum()))))

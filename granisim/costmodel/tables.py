@@ -9,7 +9,7 @@ import numpy as np
 from granisim.hardware import HardwareProfile
 from granisim.models import ModelShape
 
-from .correction import storage_class
+from .correction import page_eff, storage_class
 from .kernels import KernelForms
 from .operators import (_MEMO_MAX, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,
                         op_work, roofline_time)
@@ -65,8 +65,8 @@ class CostTables(KernelForms, StepPricing):
         self.kvw_tok = 2.0 * self.kvb * L / (self.BW * p["kv.write_eff"])
         self.kvw_launch = L * self.launch
         self.copy_tok = 2.0 * self.kvb * L / (self.BW * p["kv.copy_eff"])
-        self.copy_launch = L * self.launch
         self.form = int(p["attn.form"])
+        self.copy_launch = L * (p["kv.copy_launch_s"] if self.form == 2 else self.launch)
         if self.form == 2:
             self._init_form2()
             if use_table and profile.kernel_table is not None:
@@ -80,17 +80,8 @@ class CostTables(KernelForms, StepPricing):
 
     # -- storage -------------------------------------------------------------------------------
     def storage_eff(self, storage: str | None, page_size: int) -> float:
-        """Fraction of the contiguous read rate: slab; page size 1 ('cold', 'token', a
-        non-contiguous 'hot' run); pages of ``page_size`` ('paged', or None = the plan's private
-        storage), interpolated in log2(page size) between page 1 and page 16, flat above 16."""
-        if storage == "slab":
-            return self.slab
-        if storage in ("cold", "token", "hot"):
-            page_size = 1
-        elif storage not in ("paged", None):
-            raise ValueError(f"unknown KV storage {storage!r}; expected slab, cold, token, hot or paged")
-        x = min(1.0, math.log2(max(1, page_size)) / 4.0)
-        return self.page1 + (self.page16 - self.page1) * x
+        """Fraction of the contiguous read rate: the slab's, else :func:`page_eff` of the storage."""
+        return self.slab if storage == "slab" else page_eff(storage, page_size, self.page1, self.page16)
 
     def _inv_eff(self, storage: str | None, page_size: int) -> float:
         key = (storage, page_size)

@@ -4,9 +4,10 @@ A CUDA graph replays its launches with the pointers it captured, so the metadata
 step must land at the same addresses as at capture: the fixed-size fields go one after the
 other into one buffer (their sizes, hence offsets, follow from the `StepShape`), and each
 variable-length index list into its own buffer whose whole length is handed to the kernels
-(they read only the prefix the CSR pointers name). Buffers grow by doubling; a growth bumps
-`generation`, which retires every captured graph. One pinned staging copy and one host-to-device
-copy per field per step.
+(they read only the prefix the CSR pointers name). Buffers grow by doubling (`reserve`, a
+one-off the executor keeps off the step's clock, like a graph capture); a growth bumps
+`generation`, which retires every captured graph. One pinned staging copy and one
+host-to-device copy per field per step.
 """
 from __future__ import annotations
 
@@ -20,20 +21,34 @@ class MetaArena:
     def __init__(self, device: torch.device):
         self.device = device
         self.generation = 0
+        self.growths = 0
         self._dev: dict[str, torch.Tensor] = {}
         self._host: dict[str, torch.Tensor] = {}
 
-    def _buffer(self, name: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        dev = self._dev.get(name)
-        if dev is None or dev.numel() < n:
-            cap = max(1024, 1 << max(n - 1, 1).bit_length())
-            self._dev[name] = torch.zeros(cap, dtype=torch.int32, device=self.device)
-            self._host[name] = torch.zeros(cap, dtype=torch.int32, pin_memory=self.device.type == "cuda")
-            self.generation += 1
-        return self._dev[name], self._host[name]
+    @staticmethod
+    def _sizes(step: HostStep) -> dict[str, int]:
+        return {"small": sum(a.size for a in step.small), **{name: a.size for name, a in step.big.items()}}
+
+    def fits(self, step: HostStep) -> bool:
+        """Whether every buffer `step` needs is already large enough (no allocation in `upload`)."""
+        return all(name in self._dev and self._dev[name].numel() >= n for name, n in self._sizes(step).items())
+
+    def reserve(self, step: HostStep) -> None:
+        """Grow the buffers `step` needs (device and pinned host allocations)."""
+        for name, n in self._sizes(step).items():
+            dev = self._dev.get(name)
+            if dev is None or dev.numel() < n:
+                self._grow(name, n)
+
+    def _grow(self, name: str, n: int) -> None:
+        cap = max(1024, 1 << max(n - 1, 1).bit_length())
+        self._dev[name] = torch.zeros(cap, dtype=torch.int32, device=self.device)
+        self._host[name] = torch.zeros(cap, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self.generation += 1
+        self.growths += 1
 
     def _put(self, name: str, a: np.ndarray) -> torch.Tensor:
-        dev, host = self._buffer(name, a.size)
+        dev, host = self._dev[name], self._host[name]
         if a.size:
             host[: a.size].numpy()[:] = a
             dev[: a.size].copy_(host[: a.size], non_blocking=True)
@@ -41,6 +56,7 @@ class MetaArena:
 
     def upload(self, step: HostStep) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """(views of the fixed-size fields in order, whole buffer of each variable-length field)."""
+        self.reserve(step)  # a no-op after the executor's own reserve
         flat = np.concatenate(step.small)
         dev = self._put("small", flat)
         views, at = [], 0

@@ -16,11 +16,15 @@ eagerly. Mixed steps of ~1K prefill rows plus decodes launched eagerly can be ho
 slow host; a 2048-row limit was measured and not kept (reports/validation/h200.md).
 
 A step's duration is CUDA-event time from before its metadata is built to after
-its last kernel: host metadata work and the GPU work, not the scheduler, not graph
-capture (a one-off per shape, reported in `stats()`) and not Triton building or loading a
-kernel variant in an eager step (the step is re-run and the re-run timed; `stats()["reruns"]`),
-and not Python's garbage collector: collections are held off during a step (`hold_gc`) and run
-after it, outside the clock (`stats()["gc_*"]` counts them; timing.GcWatch says why).
+its last kernel: host metadata work and the GPU work, not the scheduler, and none of the
+one-offs an engine warmed up before serving would not pay (each counted in `stats()`):
+- a graph's capture and first launch (a one-off per shape; the first launch uploads the graph);
+- growing the metadata buffers (arena.py: device and pinned host allocations; it also
+  retires the captured graphs, which are captured again);
+- Triton building or loading a kernel variant in an eager step (the step is re-run and the
+  re-run timed; `reruns`);
+- Python's garbage collector: collections are held off during a step (`hold_gc`) and run
+  after it, outside the clock (`gc_*`; timing.GcWatch says why).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from ..kernels.dense import dense_prefix_attention
 from ..kernels.extend import extend_attention
 from ..kernels.kv_write import write_kv
 from ..kernels.merge import merge_states
-from . import metadata
+from . import metadata, rows
 from .arena import MetaArena
 from .graphs import GraphCache
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
@@ -77,6 +81,7 @@ class GpuExecutor:
         g = self.graphs
         return dict(eager_steps=self.eager_steps, reruns=self.reruns, graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
+                    arena_growths=self.arena.growths,
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start))
 
     # ---- the step ---------------------------------------------------------------------------
@@ -91,19 +96,24 @@ class GpuExecutor:
         clock = PartTimer(self.device)
         t0 = clock.mark()
         graph = self.graphs is not None and plan.num_tokens <= self.graph_max_rows
-        host, meta = metadata.build(plan, self.arena, self.num_slots, pad=graph)
+        host = rows.build(plan, self.num_slots, pad=graph)
+        pauses = []  # one-offs kept off the step's clock: (start, end) marks
+        if not self.arena.fits(host):  # bigger metadata buffers: allocations no later step of this size pays
+            a = clock.mark()
+            self.arena.reserve(host)
+            pauses.append((a, clock.mark()))
+        meta = metadata.upload(host, self.arena)
         parts = {}
         if plan.copies:
             a = clock.mark()
             self._apply_copies(plan)
             copy_span = (a, clock.mark())
-        pause = None
         if graph:
             entry = self.graphs.lookup(host.shape, self.arena.generation)
-            if entry is None:  # capture (and its warm-up run) is not part of the step
+            if entry is None:  # capture, its warm-up run and the graph's first launch are not part of the step
                 a = clock.mark()
                 entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer))
-                pause = (a, clock.mark())
+                pauses.append((a, clock.mark()))
             nxt, lg = self.graphs.replay(entry)
             timer = entry.timer
         else:
@@ -114,13 +124,13 @@ class GpuExecutor:
             if CompileWatch.count != built:
                 # a kernel variant was built or loaded inside the step: time a re-run instead (same
                 # inputs, same K/V written to the same slots, same outputs)
-                pause = (a, clock.mark())
+                pauses.append((a, clock.mark()))
                 timer = PartTimer(self.device)
                 nxt, lg = self._forward(meta, timer)
                 self.reruns += 1
         t1 = clock.mark()
         nxt = nxt.cpu()  # waits for the step
-        total = elapsed(t0, t1) - (elapsed(*pause) if pause else 0.0)
+        total = elapsed(t0, t1) - sum(elapsed(*p) for p in pauses)
         parts.update(timer.parts())
         if plan.copies:
             parts["kv_copy"] = elapsed(*copy_span)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from granisim.plan import BatchPlan
-
 from .. import layout as L
 from . import rows as R
 from .arena import MetaArena
@@ -41,8 +39,8 @@ class StepMeta:
     suffix_kv: L.SlotLists
 
 
-def build(plan: BatchPlan, arena: MetaArena, num_slots: int, pad: bool) -> tuple[R.HostStep, StepMeta]:
-    host = R.build(plan, num_slots, pad)
+def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
+    """The step's metadata copied into the arena (`rows.build` made `host` from the plan)."""
     s = host.shape
     small, big = arena.upload(host)
     it = iter(small)
@@ -60,4 +58,4 @@ def build(plan: BatchPlan, arena: MetaArena, num_slots: int, pad: bool) -> tuple
         passes.append(PrefixPass(p, row0, gptr, prefix))
         row0 += p.rows
     suffix = L.SlotLists(next(it), big["suffix"])
-    return host, StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix)
+    return StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix)

@@ -19,8 +19,9 @@ A step's duration is CUDA-event time from before its metadata is built to after
 its last kernel: host metadata work and the GPU work, not the scheduler, and none of the
 one-offs an engine warmed up before serving would not pay (each counted in `stats()`):
 - a graph's capture and first launch (a one-off per shape; the first launch uploads the graph);
-- growing the metadata buffers (arena.py: device and pinned host allocations; it also
-  retires the captured graphs, which are captured again);
+- growing the metadata buffers (arena.py: device and pinned host allocations) and retiring
+  the captured graphs it makes stale (destroying them and their memory pool; they are
+  captured again, each a one-off as above);
 - Triton building or loading a kernel variant in an eager step (the step is re-run and the
   re-run timed; `reruns`);
 - Python's garbage collector: collections are held off during a step (`hold_gc`) and run
@@ -72,6 +73,7 @@ class GpuExecutor:
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
         self.reruns = 0
+        self.growth_s = 0.0  # device-timeline seconds of metadata-buffer growths (with graph retirement)
         self.hold_gc = hold_gc
         CompileWatch.install()
         GcWatch.install()
@@ -81,7 +83,7 @@ class GpuExecutor:
         g = self.graphs
         return dict(eager_steps=self.eager_steps, reruns=self.reruns, graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
-                    arena_growths=self.arena.growths,
+                    arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start))
 
     # ---- the step ---------------------------------------------------------------------------
@@ -98,10 +100,14 @@ class GpuExecutor:
         graph = self.graphs is not None and plan.num_tokens <= self.graph_max_rows
         host = rows.build(plan, self.num_slots, pad=graph)
         pauses = []  # one-offs kept off the step's clock: (start, end) marks
+        growth = None
         if not self.arena.fits(host):  # bigger metadata buffers: allocations no later step of this size pays
             a = clock.mark()
             self.arena.reserve(host)
-            pauses.append((a, clock.mark()))
+            if self.graphs is not None:
+                self.graphs.retire_stale(self.arena.generation)
+            growth = (a, clock.mark())
+            pauses.append(growth)
         meta = metadata.upload(host, self.arena)
         parts = {}
         if plan.copies:
@@ -131,6 +137,8 @@ class GpuExecutor:
         t1 = clock.mark()
         nxt = nxt.cpu()  # waits for the step
         total = elapsed(t0, t1) - sum(elapsed(*p) for p in pauses)
+        if growth:
+            self.growth_s += elapsed(*growth)
         parts.update(timer.parts())
         if plan.copies:
             parts["kv_copy"] = elapsed(*copy_span)

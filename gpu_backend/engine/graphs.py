@@ -40,10 +40,15 @@ class GraphCache:
         self.capture_s = 0.0
 
     def lookup(self, shape: StepShape, generation: int) -> StepGraph | None:
-        if generation != self._generation:  # the metadata buffers moved: every graph reads stale addresses
+        self.retire_stale(generation)
+        return self._graphs.get(shape)
+
+    def retire_stale(self, generation: int) -> None:
+        """Drop every graph when the metadata buffers moved (each would read stale addresses). Destroying
+        them and their memory pool is slow with many graphs: a one-off of the growth (executor.py)."""
+        if generation != self._generation:
             self.clear()
             self._generation = generation
-        return self._graphs.get(shape)
 
     def capture(self, shape: StepShape, forward: Callable[[PartTimer], tuple[torch.Tensor, ...]]) -> StepGraph:
         t = time.perf_counter()

@@ -45,7 +45,7 @@ from . import metadata, rows
 from .arena import MetaArena
 from .graphs import GraphCache
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
-from .timing import CompileWatch, GcWatch, PartTimer, elapsed
+from .timing import AllocWatch, CompileWatch, GcWatch, PartTimer, elapsed
 
 
 class GpuExecutor:
@@ -78,17 +78,18 @@ class GpuExecutor:
         CompileWatch.install()
         GcWatch.install()
         self._gc_start = dict(GcWatch.totals)
+        self._allocs = AllocWatch(self.device)
 
     def stats(self) -> dict:
         g = self.graphs
         return dict(eager_steps=self.eager_steps, reruns=self.reruns, graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
-                    hold_gc=self.hold_gc, **GcWatch.since(self._gc_start))
+                    hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats())
 
     # ---- the step ---------------------------------------------------------------------------
     def execute(self, plan: BatchPlan) -> StepResult:
-        with GcWatch.hold(self.hold_gc):
+        with GcWatch.hold(self.hold_gc), self._allocs.step(plan.step):
             return self._step(plan)
 
     def _step(self, plan: BatchPlan) -> StepResult:

@@ -124,3 +124,37 @@ class GcWatch:
     def since(cls, start: dict) -> dict:
         """Totals since the snapshot `start` (a copy of `totals`); the longest pause is the process's."""
         return {k: (round(v, 4) if k == "gc_max_s" else round(v - start[k], 4)) for k, v in cls.totals.items()}
+
+
+class AllocWatch:
+    """Device allocations the CUDA caching allocator made inside steps (cudaMalloc calls, and retries after
+    freeing its cache: both stall the host), counted per step from torch.cuda.memory_stats (read outside
+    the step's clock). Eager steps allocate their activations; graph replays allocate nothing."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps_with_allocs: list[int] = []
+        self.mallocs = self.retries = 0
+
+    def _counts(self) -> tuple[int, int]:
+        m = torch.cuda.memory_stats()
+        return m.get("num_device_alloc", 0), m.get("num_alloc_retries", 0)
+
+    @contextlib.contextmanager
+    def step(self, step_id: int):
+        if not self.cuda:
+            yield
+            return
+        a0, r0 = self._counts()
+        try:
+            yield
+        finally:
+            a1, r1 = self._counts()
+            if a1 != a0 or r1 != r0:
+                self.steps_with_allocs.append(step_id)
+            self.mallocs += a1 - a0
+            self.retries += r1 - r0
+
+    def stats(self) -> dict:
+        return dict(step_mallocs=self.mallocs, step_alloc_retries=self.retries,
+                    steps_with_allocs=len(self.steps_with_allocs), alloc_steps_first=self.steps_with_allocs[:60])

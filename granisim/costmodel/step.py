@@ -14,13 +14,15 @@ from .operators import BREAKDOWN_KEYS
 class StepPricing:
     """CostTables.step (needs the table's part times: linear, prefill, prefix pass, decode, merge, ...)."""
 
-    def _in_engine(self, key: str, t, eager: bool = False):
-        """Model time -> the real engine's time for one breakdown key (graph-replayed or eager step)."""
+    def _in_engine(self, key: str, t, eager: bool = False, launches: int = 1):
+        """Model time -> the real engine's time for one breakdown key (graph-replayed or eager step): scale
+        times the model's, plus the offset once per launch of the key (attn_decode: the whole-context and
+        the suffix decode are two launches; attn_prefix: one launch per prefix pass; the others one)."""
         a, b = (self.engine_eager if eager else self.engine)[key]
         floor = self.eager_floor.get(key, 0.0) if eager else 0.0  # host-bound eager launches
         if isinstance(t, np.ndarray):
-            return np.where(t > 0, np.maximum(a * t + b, floor), 0.0)
-        return max(a * t + b, floor) if t > 0 else 0.0
+            return np.where(t > 0, np.maximum(a * t + b * launches, floor), 0.0)
+        return max(a * t + b * launches, floor) if t > 0 else 0.0
 
     def step(self, plan: BatchPlan) -> StepResult:
         page_size = plan.page_size
@@ -103,10 +105,11 @@ class StepPricing:
                     + self.overhead_pass * len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
-            linear, lm_head, attn_prefill, prefix, merge, kv_write = (
+            linear, lm_head, attn_prefill, merge, kv_write = (
                 self._in_engine(k, v, eager) for k, v in (("linear", linear), ("lm_head", lm_head),
-                                                   ("attn_prefill", attn_prefill), ("attn_prefix", prefix),
-                                                   ("merge", merge), ("kv_write", kv_write)))
+                                                   ("attn_prefill", attn_prefill), ("merge", merge),
+                                                   ("kv_write", kv_write)))
+            prefix = self._in_engine("attn_prefix", prefix, eager, len(passes))
         # attn_decode of each step (step s: every context grown by s)
         steps_ = np.arange(max(n, 1), dtype=float)
         if not n_dec:
@@ -126,7 +129,7 @@ class StepPricing:
             dec = np.maximum(toks * self.dec_f_tok,
                              (toks * inv_priv + shared_eff) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
         if self.engine:
-            dec = self._in_engine("attn_decode", dec, eager)
+            dec = self._in_engine("attn_decode", dec, eager, (n_dec > merge_rows) + (merge_rows > 0))
         if n <= 1:
             attn_decode = float(dec[0])
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)

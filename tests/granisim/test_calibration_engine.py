@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from granisim.calibration.engine import ENGINE_KEYS, GRAPH_MAX_TOKENS, _floored_lsq, _relative_lsq, fit, with_engine
+from granisim.calibration.engine import (ENGINE_KEYS, GRAPH_MAX_TOKENS, _floored_lsq, _relative_lsq, fit, host_work,
+                                        with_engine)
 from granisim.costmodel import step_cost
 from granisim.hardware import Source, get_profile
 from granisim.models import get_model
@@ -15,6 +16,7 @@ def _steps(rng, n, tokens, truth):
     batch = rng.integers(1, 64, n)
     passes = rng.integers(0, 3, n)
     df = pd.DataFrame({"tokens": np.full(n, tokens), "batch": batch, "kv_tokens": 0, "passes": passes,
+                       "decode_launches": 1,
                        "measured_overhead": 5e-4 + 1e-5 * batch + 1e-4 * passes, "predicted_overhead": 1e-3})
     for k in ENGINE_KEYS:
         df[f"predicted_{k}"] = pred
@@ -66,3 +68,45 @@ def test_the_eager_set_prices_steps_over_the_graph_limit():
 
     assert linear(512, eng) == pytest.approx(linear(512, prof))
     assert linear(513, eng) == pytest.approx(max(2.0 * linear(513, prof), 0.5))
+
+
+def _two_launch_plan():
+    """Two decode requests in a cascade group (their suffixes: one launch) and one outside it (a second)."""
+    from granisim.plan import PrefixGroup
+
+    reqs = (PlannedRequest(0, 300, 1, False, 0, 256), PlannedRequest(1, 310, 1, False, 0, 256),
+            PlannedRequest(2, 500, 1, False))
+    return BatchPlan(0, "granikv", 1, reqs, (PrefixGroup(7, 256, "slab", "cascade", (0, 1), 8),))
+
+
+def test_the_decode_offset_is_paid_per_launch():
+    """attn_decode's engine offset is fitted and charged once per decode launch (1-2 a step): fitted on steps
+    with one and two launches it recovers the per-launch offset, and a two-launch plan pays it twice."""
+    rng = np.random.default_rng(2)
+    df = _steps(rng, 300, 64, lambda p: p)
+    df["decode_launches"] = rng.integers(1, 3, len(df))
+    df["measured_attn_decode"] = (df.predicted_attn_decode + 1e-4 * df.decode_launches) * rng.normal(1, 0.002, len(df))
+    v = fit([df])
+    assert v["engine.attn_decode.offset_s"] == pytest.approx(1e-4, rel=0.05)
+    assert v["engine.attn_decode.scale"] == pytest.approx(1.0, rel=0.01)
+    plan = _two_launch_plan()
+    assert host_work(plan)["decode_launches"] == 2
+    prof, model = get_profile("h200"), get_model("llama-3.1-8b")
+    vals = {"engine.attn_decode.scale": 1.0, "engine.attn_decode.offset_s": 1e-4}
+    raw = step_cost(plan, prof, model).breakdown["attn_decode"]
+    assert step_cost(plan, with_engine(prof, vals, Source("measured")), model).breakdown["attn_decode"] == \
+        pytest.approx(raw + 2e-4)
+
+
+def test_host_bound_eager_attention_is_fitted_to_its_mean():
+    """Eager steps' attention times carry occasional host stalls (here 1 step in 8 takes 10 ms more): the
+    fit prices their mean, which a request's TPOT sums, not the stall-free majority."""
+    rng = np.random.default_rng(3)
+    eager = _steps(rng, 400, 4096, lambda p: p)
+    eager["predicted_attn_decode"] = rng.uniform(5e-4, 3e-3, len(eager))  # attention parts: ~1 ms
+    stall = np.where(np.arange(len(eager)) % 8 == 0, 1e-2, 0.0)
+    eager["measured_attn_decode"] = eager.predicted_attn_decode * 1.2 + 2e-4 + stall
+    v = fit([_steps(rng, 50, 64, lambda p: p), eager])
+    a, b = v["engine.eager.attn_decode.scale"], v["engine.eager.attn_decode.offset_s"]
+    priced = a * eager.predicted_attn_decode + b
+    assert priced.sum() == pytest.approx(eager.measured_attn_decode.sum(), rel=0.02)

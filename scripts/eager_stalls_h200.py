@@ -79,7 +79,8 @@ def main() -> None:
         if dev > 0.008:
             hst = sum(r["host"].get(k, 0.0) for k in ATTN)
             gaps = ", ".join(f"{g * 1e3:.1f} {k}" for g, k in r["longest_host_gaps"])
-            print(f"{r['step']:5d} {r['tokens']:6d} {r['device_s'] * 1e3:9.1f} {dev * 1e3:14.1f} {hst * 1e3:13.1f}  {gaps}")
+            print(f"{r['step']:5d} {r['tokens']:6d} {r['device_s'] * 1e3:9.1f} {dev * 1e3:14.1f} "
+                  f"{hst * 1e3:13.1f}  {gaps}")
     print(f"{len(rows)} eager steps")
 
 

@@ -7,7 +7,8 @@ so a model change needs no new GPU run): the errors with the microbenchmark prof
 the engine-calibrated model (granisim.calibration.engine) fitted on the OTHER workloads only
 (leave one workload out), then fitted on all (in sample). Per-step errors by re-pricing the
 stored plans, end-to-end errors by re-running the simulator alone. --profile-out writes the
-base profile plus the fit on all workloads as a new profile (shipped: `h200-engine`).
+base profile plus the fit on all workloads as a new profile (shipped: `h200-engine`); --fit-runs
+pools more runs' steps into that fit.
 --check-profile NAME adds the errors of an existing profile as it stands (e.g. the shipped `h200-engine`,
 fitted on another run: a check across runs).
 """
@@ -52,27 +53,34 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--check-profile", help="also judge this profile as it stands (fitted on another run)")
+    ap.add_argument("--fit-runs", type=Path, nargs="*", default=[],
+                    help="more runs whose steps join this run's in the --profile-out fit (not in the per-run variants)")
     args = ap.parse_args()
-    variants = VARIANTS + ((("check_profile", f"{args.check_profile} as shipped"),) if args.check_profile else ())
-    names = [n for n in VALIDATION if (args.run / n / "steps.parquet").exists()]
-    steps = {n: pd.read_parquet(args.run / n / "steps.parquet") for n in names}
-    plans = {n: pickle.loads((args.run / n / "plans.pkl").read_bytes()) for n in names}
-    for n in names:
-        steps[n] = steps[n].assign(**pd.DataFrame([host_work(p) for p in plans[n]], index=steps[n].index))
+    variants = VARIANTS + ((("check_profile", f"{args.check_profile} as it stands"),) if args.check_profile else ())
+    names, steps, plans = _load(args.run)
     raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
     meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
             if (args.run.parent / f"{k}.txt").exists()}
     source = Source("measured", date=raw[names[0]]["date"],
                     command=f"scripts/engine_h200.py validate (H200, commit {meta.get('commit', '?')}); "
-                            f"python scripts/validation_report.py RUN --profile-out ...",
+                            f"python scripts/validation_report.py {args.run}"
+                            + "".join(f" --fit-runs {r}" for r in args.fit_runs[:1])
+                            + "".join(f" {r}" for r in args.fit_runs[1:]) + " --profile-out ...",
                     note="granisim.calibration.engine fit on the real engine's validation runs "
-                         f"({', '.join(names)}): key time = scale * model + offset; overhead per step + per request")
+                         f"({', '.join(names)}): key time = scale * model + offset per launch; "
+                         "overhead per step + per request + per KV token + per prefix pass")
     report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"]},
               "targets": TARGETS, "workloads": {}}
     setups = {n: _setup(n, args.requests, args.profile) for n in names}
     base = {n: reprice(steps[n], plans[n], setups[n].profile, setups[n].model) for n in names}
     kept = _kept(args.profile_out)
-    report["fit_all"] = fit(list(base.values()))
+    pooled = list(base.values())
+    for run in args.fit_runs:
+        more_names, more_steps, more_plans = _load(run)
+        pooled += [reprice(more_steps[n], more_plans[n], setups[n].profile, setups[n].model) for n in more_names]
+    report["fit_all"] = fit(pooled)
+    if args.fit_runs:
+        report["fit_all_runs"] = [str(args.run), *map(str, args.fit_runs)]
     frames = []
     for n in names:
         setup = setups[n]
@@ -115,6 +123,15 @@ def main() -> None:
                                                     "note": source.note}}
         doc["coefficients"].update(kept)
         args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _load(run: Path):
+    """A run's workload names, steps (with the host-work columns the fit needs) and stored plans."""
+    names = [n for n in VALIDATION if (run / n / "steps.parquet").exists()]
+    plans = {n: pickle.loads((run / n / "plans.pkl").read_bytes()) for n in names}
+    steps = {n: pd.read_parquet(run / n / "steps.parquet") for n in names}
+    steps = {n: s.assign(**pd.DataFrame([host_work(p) for p in plans[n]], index=s.index)) for n, s in steps.items()}
+    return names, steps, plans
 
 
 def _kept(profile_out: Path | None) -> dict:

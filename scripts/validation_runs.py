@@ -5,7 +5,9 @@
 Reads every ``RUN/validation_<workload>.json`` under the given folders (as written by
 ``scripts/engine_h200.py validate``; variants such as ``_gc`` are rows of their own), and prices
 each workload once with the simulator alone under ``--profile``. Shows how far apart the real
-engine's own runs are, so a prediction error can be set against that spread. No GPU needed.
+engine's own runs are, so a prediction error can be set against that spread; and how far the
+simulator's own prediction moves when every step is 1% shorter or longer (``--sensitivity``: the
+schedule's sensitivity, e.g. when prefill chunks interleave with decoding). No GPU needed.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from engine_h200 import VALIDATION  # noqa: E402
+from granisim.executor import CostExecutor  # noqa: E402
 from granisim.metrics import requests_frame, summarize  # noqa: E402
 from granisim.simulate import simulate  # noqa: E402
 from validation_report import _setup  # noqa: E402
@@ -35,8 +39,22 @@ def _runs(root: Path) -> dict[str, Path]:
     return found
 
 
-def _simulated(setup) -> dict:
-    res = simulate(setup, progress=False)
+class _Scaled(CostExecutor):
+    """The cost model with every step's duration times ``factor``."""
+
+    def __init__(self, profile, model, factor: float):
+        super().__init__(profile, model)
+        self.factor = factor
+
+    def execute(self, plan):
+        r = super().execute(plan)
+        f = self.factor
+        return replace(r, duration_s=r.duration_s * f, breakdown={k: v * f for k, v in r.breakdown.items()},
+                       step_durations=tuple(d * f for d in r.step_durations) if r.step_durations else None)
+
+
+def _simulated(setup, factor: float = 1.0) -> dict:
+    res = simulate(setup, _Scaled(setup.profile, setup.model, factor), progress=False)
     return summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
 
 
@@ -46,6 +64,8 @@ def main() -> None:
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--sensitivity", type=float, nargs="*", default=[0.99, 1.01],
+                    help="step-duration factors to simulate beside 1.0")
     args = ap.parse_args()
     rows, measured = [], {}
     for run, folder in _runs(args.root).items():
@@ -58,7 +78,9 @@ def main() -> None:
             vals = {m: e2e[m]["measured"] for m in METRICS}
             rows.append({"run": run, "workload": name, **vals})
             measured.setdefault(base, []).append(vals)
-    predicted = {w: _simulated(_setup(w, args.requests, args.profile)) for w in measured}
+    setups = {w: _setup(w, args.requests, args.profile) for w in measured}
+    predicted = {w: _simulated(st) for w, st in setups.items()}
+    scaled = {w: {f: _simulated(st, f) for f in args.sensitivity} for w, st in setups.items()}
     lines = [f"| run | workload | {' | '.join(METRICS)} |", "|---" * (2 + len(METRICS)) + "|"]
     lines += [f"| {r['run']} | {r['workload']} | " + " | ".join(f"{r[m]:.4g}" for m in METRICS) + " |" for r in rows]
     summary = {}
@@ -73,6 +95,10 @@ def main() -> None:
                      + " | ".join(f"{s[m]['min']:.4g} / {s[m]['median']:.4g} / {s[m]['max']:.4g}" for m in METRICS) + " |")
         lines.append(f"| {args.profile}: predicted (vs median) | {w} | "
                      + " | ".join(f"{s[m]['predicted']:.4g} ({s[m]['error_vs_median']:+.1%})" for m in METRICS) + " |")
+        for f, res in scaled[w].items():
+            s[f"steps_x{f:g}"] = {m: res[m] / predicted[w][m] - 1 for m in METRICS}
+            lines.append(f"| predicted, every step x{f:g} (vs x1) | {w} | "
+                         + " | ".join(f"{res[m]:.4g} ({res[m] / predicted[w][m] - 1:+.1%})" for m in METRICS) + " |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"profile": args.profile, "rows": rows, "summary": summary},

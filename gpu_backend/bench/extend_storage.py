@@ -40,7 +40,8 @@ def main() -> None:
         base = S // 3
         layouts = {"slab": L.Slabs(i32([base]), i32([c])),
                    "slot_run": L.SlotLists(i32([0, c]), torch.arange(base, base + c, device=dev, dtype=torch.int32)),
-                   "slots_random": L.SlotLists(i32([0, c]), torch.randperm(S, device=dev, generator=g)[:c].to(torch.int32))}
+                   "slots_random": L.SlotLists(i32([0, c]),
+                                               torch.randperm(S, device=dev, generator=g)[:c].to(torch.int32))}
         row = {"context": c, "chunk": q}
         for name, kv in layouts.items():
             t = bench(lambda kv=kv: extend_attention(q=qq, k_new=kn, v_new=vn, qo_indptr=i32([0, q]), k_cache=kc,

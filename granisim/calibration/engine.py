@@ -139,7 +139,8 @@ def host_work(plan) -> dict[str, int]:
     grouped = {i for g in plan.groups if g.path in ("cascade", "dense") for i in g.members}
     dec = [i for i, r in enumerate(plan.requests) if not r.is_prefill]
     kv = sum(plan.requests[i].context_len + 1 - (plan.requests[i].shared_len if i in grouped else 0) for i in dec)
-    return {"kv_tokens": kv, "passes": len({(g.path, g.storage) for g in plan.groups if g.path in ("cascade", "dense")}),
+    passes = {(g.path, g.storage) for g in plan.groups if g.path in ("cascade", "dense")}
+    return {"kv_tokens": kv, "passes": len(passes),
             "decode_launches": any(i not in grouped for i in dec) + any(i in grouped for i in dec)}
 
 

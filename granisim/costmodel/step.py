@@ -138,7 +138,9 @@ class StepPricing:
         # decode fast-forward
         copy = np.zeros(n)
         copy[0] = kv_copy
-        host = overhead + self.overhead_tok * n_dec * np.arange(n)  # the slot lists grow by a token per request
+        # the slot lists grow by a token per request (summed as the single step sums it: bit-identical)
+        host = (self.step_overhead + self.overhead_req * len(plan.requests)
+                + self.overhead_tok * (tok + n_dec * np.arange(n)) + self.overhead_pass * len(passes))
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0

@@ -89,7 +89,8 @@ FORM2_DEFAULTS: dict[str, tuple[str, str, float]] = {
 }
 ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # the real engine's in-situ time per breakdown key vs the microbenchmark-fitted model:
-    # key time = scale * model time + offset (CUDA-graph gaps, in-graph timing marks), fitted on
+    # key time = scale * model time + offset per launch of the key (CUDA-graph gaps, in-graph timing marks;
+    # attn_decode launches 1-2 kernels a step, attn_prefix one per prefix pass, the others one), fitted on
     # real-engine runs (granisim.calibration.engine); per request host work of a step's metadata
     # (engine.eager.*: the same for steps of more than graph_max_tokens, which the engine runs eagerly
     # with a launch per operator instead of replaying a CUDA graph; 0 = one set for all steps)

@@ -29,16 +29,19 @@ class MetaArena:
     def _sizes(step: HostStep) -> dict[str, int]:
         return {"small": sum(a.size for a in step.small), **{name: a.size for name, a in step.big.items()}}
 
+    def _short(self, step: HostStep) -> dict[str, int]:
+        """The buffers `step` needs that are missing or too small, with the sizes it needs."""
+        return {name: n for name, n in self._sizes(step).items()
+                if name not in self._dev or self._dev[name].numel() < n}
+
     def fits(self, step: HostStep) -> bool:
         """Whether every buffer `step` needs is already large enough (no allocation in `upload`)."""
-        return all(name in self._dev and self._dev[name].numel() >= n for name, n in self._sizes(step).items())
+        return not self._short(step)
 
     def reserve(self, step: HostStep) -> None:
         """Grow the buffers `step` needs (device and pinned host allocations)."""
-        for name, n in self._sizes(step).items():
-            dev = self._dev.get(name)
-            if dev is None or dev.numel() < n:
-                self._grow(name, n)
+        for name, n in self._short(step).items():
+            self._grow(name, n)
 
     def _grow(self, name: str, n: int) -> None:
         cap = max(1024, 1 << max(n - 1, 1).bit_length())

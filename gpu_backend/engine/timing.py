@@ -157,4 +157,4 @@ class AllocWatch:
 
     def stats(self) -> dict:
         return dict(step_mallocs=self.mallocs, step_alloc_retries=self.retries,
-                    steps_with_allocs=len(self.steps_with_allocs), alloc_steps_first=self.steps_with_allocs[:60])
+                    steps_with_allocs=len(self.steps_with_allocs), alloc_steps=list(self.steps_with_allocs))

@@ -7,8 +7,8 @@ plan priced and measured) this fits, per key, ``measured = scale * predicted + o
 (least squares on relative error, offset >= 0; launches: the key's kernel launches in the step, 1-2
 for attn_decode, one per prefix pass for attn_prefix, else 1), and the per-step host overhead as
 ``step_s + per_request_s * requests + per_kv_token_s * kv_tokens + per_pass_s * passes`` (steps need
-``kv_tokens``, ``passes`` and ``decode_launches`` columns: `host_work`). `with_engine` returns a profile carrying them
-(granisim.costmodel applies them). Fit on some workloads, judge on the others.
+``kv_tokens``, ``passes`` and ``decode_launches`` columns: `host_work`). `with_engine` returns a profile
+carrying them (granisim.costmodel applies them). Fit on some workloads, judge on the others.
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def _floored_lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 def _host_offset_lsq(x: np.ndarray, y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     """(1, b >= 0) minimising sum((x + b n - y)^2): the model's device time plus a mean host excess per launch,
     stalls included. The scale stays 1: these keys' times barely follow the model's in the validation runs,
-    and a slope fitted there would misprice the large, device-bound eager launches of other workloads."""
+    and a slope fitted there would be carried to other workloads' large, device-bound eager launches."""
     return 1.0, max(0.0, float(((y - x) * n).sum() / (n * n).sum()))
 
 

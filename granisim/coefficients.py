@@ -171,7 +171,7 @@ KERNEL_FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write")
 
 @dataclass(frozen=True, slots=True)
 class KernelTable:
-    """Measured per-layer kernel times (calibration/measure.py attention.csv rows) at one model shape.
+    """Measured per-layer kernel times (calibration.measure attention.csv rows) at one model shape.
     With ``attn.form = 2`` the cost model multiplies its formula by the measured / formula ratio,
     interpolated over these points (granisim/costmodel/correction.py ``Correction``)."""
 

@@ -4,7 +4,7 @@ No downloads: every tensor is drawn from one seeded generator, scaled so activat
 O(1) through any depth (projections ~ 1/sqrt(fan_in), residual branches damped), so greedy
 tokens are stable under reordering of batch rows.
 
-The layer ops are the torch ops the calibration times (calibration/measure.py `s_linear`):
+The layer ops are the torch ops the calibration times (calibration/measure/linear.py `s_linear`):
 ``F.linear`` with [out, in] weights, ``F.rms_norm``, rotate-half RoPE in the model dtype,
 ``silu(gate) * up``, residual adds, ``F.embedding`` — so the cost model's ``linear`` term
 prices exactly what the engine runs.

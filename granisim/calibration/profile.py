@@ -128,7 +128,7 @@ def profile_doc(raw: Raw, res: FitResult, *, name: str, command: str, table_pref
                                      "B_table(n)/BW) per operator; linear interpolation in num_tokens"),
                          "source": src("torch ops at Llama-3.1-8B shapes over 1..16K tokens, CUDA-graph medians")},
         "kernel_table": {"file": f"{table_prefix}_kernels.csv", "model": dims,
-                         "source": src("calibration/measure.py attention.csv: our Triton kernels, per layer")},
+                         "source": src("calibration.measure attention.csv: our Triton kernels, per layer")},
         "coefficients": coefs,
     }
 

@@ -1,7 +1,7 @@
 """Raw calibration data (the CSVs of ``python -m calibration.measure``) and synthetic stand-ins.
 
 A raw directory holds ``meta.json`` and ``linear.csv``, ``attention.csv``, ``overhead.csv``
-(columns: calibration/measure.py). :func:`synthetic_raw` writes the same files from a profile's
+(columns: calibration.measure). :func:`synthetic_raw` writes the same files from a profile's
 coefficients through the cost model itself, for fit tests that must recover known values.
 """
 
@@ -167,7 +167,7 @@ def predict_linear(values: dict, df: pd.DataFrame, model: ModelShape) -> np.ndar
 
 # ---- synthetic raw data ------------------------------------------------------------------------
 def synthetic_grid(small: bool = True) -> pd.DataFrame:
-    """The attention grid of calibration/measure.py (a subset when ``small``)."""
+    """The attention grid of calibration.measure (a subset when ``small``)."""
     rows = []
     dec_L = [16, 256, 4096, 16384] if small else [16, 64, 256, 1024, 4096, 16384]
     pre_L = [1024, 4096, 16384] if small else [1024, 4096, 16384, 32768]

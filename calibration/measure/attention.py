@@ -1,0 +1,184 @@
+"""Sections `decode`, `dense`, `cascade`, `extend`: our Triton attention kernels over each storage,
+with the split counts and tiles the launchers chose recorded per row."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from gpu_backend.kernels import split_kv
+from gpu_backend.kernels.cascade import block_m_for, cascade_prefix_attention
+from gpu_backend.kernels.decode import decode_attention
+from gpu_backend.kernels import dense as _dense_mod
+from gpu_backend.kernels.dense import dense_prefix_attention
+from gpu_backend.kernels.extend import extend_attention
+
+from .common import ATTN_FIELDS, DEV, PAGE, copies_for, i32, rnd, time_calls
+
+# The split planners the launchers call, wrapped to record their last answer (so the CSV holds the
+# splits the kernels really ran with, whatever the launchers' policy is at this commit).
+LAST_SPLIT: dict = {}
+_plan, _dsplit = split_kv.plan_splits, _dense_mod._dense_splits
+
+
+def _rec_plan(**kw):
+    LAST_SPLIT["v"] = _plan(**kw)
+    return LAST_SPLIT["v"]
+
+
+def _rec_dense(*a, **kw):
+    LAST_SPLIT["v"] = _dsplit(*a, **kw)
+    return LAST_SPLIT["v"]
+
+
+split_kv.plan_splits = _rec_plan
+_dense_mod._dense_splits = _rec_dense
+
+
+def _launch_params(kind, run, G, B, Lkv, n_q):
+    """(block_m, block_n, num_warps, n_splits, chunk, programs, launches) of the last launch."""
+    n_kv = run.model.n_kv_heads
+    if kind == "decode":
+        bm, bn, nw = block_m_for(G), 64, 4
+        base = 1 * n_kv * B
+    elif kind == "cascade":
+        bm = block_m_for(B * G)
+        bn, nw = (64, 4) if bm <= 64 else (128, 8)
+        base = triton.cdiv(B * G, bm) * n_kv
+    elif kind == "dense":
+        bm, bn, nw = 128, 128, 8
+        base = triton.cdiv(B * G, bm) * n_kv
+    else:
+        raise ValueError(kind)
+    ns, ch = LAST_SPLIT.get("v", ("", ""))
+    return dict(block_m=bm, block_n=bn, num_warps=nw, n_splits=ns, chunk=ch,
+                programs=base * ns if ns != "" else "", launches=(2 if ns > 1 else 1) if ns != "" else "")
+
+
+def _attn_grid(run):
+    if run.args.smoke:
+        return dict(dec_L=[40, 300], dec_B=[1, 3], pre_L=[100, 600], pre_B=[1, 2, 40], pre_B_small=[1, 40],
+                    pre_L_store=[300], G5_L=[300], G5_B=[1, 8], G5_dec_B=[1])
+    # decode: 2x-spaced L and B (the first H200 run's 4x grid could not interpolate the latency-bound
+    # and many-program regimes: decode held out 7.0%/25.6%)
+    return dict(dec_L=[16 * 2**i for i in range(11)], dec_B=[2**i for i in range(9)],
+                pre_L=[1024, 4096, 16384, 32768],
+                pre_B=[1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024],
+                pre_B_small=[1, 4, 16, 64, 256, 1024], pre_L_store=[1024, 4096, 16384, 32768],
+                G5_L=[4096, 16384], G5_B=[1, 4, 16, 64, 256, 1024], G5_dec_B=[1, 4, 16, 64, 256])
+
+
+def _nq_for(run, G):
+    return run.model.n_kv_heads * G
+
+
+def s_decode(run):
+    """Paged-path decode: B requests, each its own L tokens of KV, one query each."""
+    pool, m = run.pool, run.model
+    n_kv, d = m.n_kv_heads, m.head_dim
+    gr = _attn_grid(run)
+    pts = [(st, m.group_size, Lk, B) for st in ("slots", "pages16", "slab") for Lk in gr["dec_L"] for B in gr["dec_B"]]
+    pts += [("slots", 5, Lk, B) for Lk in gr["G5_L"] for B in gr["G5_dec_B"]]
+    for st, G, Lk, B in pts:
+        if run.out_of_time("decode"):
+            return
+        n_q = n_kv * G
+        kvbytes = B * Lk * n_kv * d * 2 * pool.k.element_size()
+        if B * Lk > pool.S:
+            continue
+        k = copies_for(kvbytes)
+        q = rnd(B, n_q, d, dtype=run.dtype)
+        out, lse = torch.empty_like(q), torch.empty(B, n_q, device=DEV)
+        fns = []
+        for _ in range(k):
+            kv = pool.layout(st, B, Lk)
+            fns.append(lambda kv=kv: decode_attention(q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, out=out, lse=lse,
+                                                      check=False, max_kv_len=Lk))
+        LAST_SPLIT.clear()
+        t = time_calls(fns)
+        lp = _launch_params("decode", run, G, B, Lk, n_q)
+        r = dict(family="decode", kernel="split_kv", storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv, d=d,
+                 B=B, L=Lk, M_eff=G, n_req=B, q_len=1, T=B, bytes=kvbytes + 2 * q.numel() * q.element_size(),
+                 flops=4 * B * n_q * Lk * d, **lp, **t)
+        run.row("attention.csv", ATTN_FIELDS, r)
+        _print_attn(r)
+
+
+def _print_attn(r):
+    print(f"   {r['family']:8s} {r['storage']:7s} G{r['G']} L{r['L']:6d} B{r['B']:5d} q{r['q_len']:5d} "
+          f"splits {r.get('n_splits', '-')!s:>3} {r['median_us']:9.1f} us", flush=True)
+
+
+def _prefix_points(run, path):
+    gr = _attn_grid(run)
+    G = run.model.group_size
+    pts = [("slab", G, Lk, B) for Lk in gr["pre_L"] for B in gr["pre_B"]]
+    pts += [("slab", 5, Lk, B) for Lk in gr["G5_L"] for B in gr["G5_B"]]
+    if path == "cascade":
+        pts += [(st, G, Lk, B) for st in ("slots", "pages16") for Lk in gr["pre_L_store"] for B in gr["pre_B_small"]]
+    return pts
+
+
+def s_prefix(run, path):
+    """One prefix group: B decode queries stacked (M_eff = B * G rows per KV head) over L shared tokens."""
+    pool, m = run.pool, run.model
+    n_kv, d = m.n_kv_heads, m.head_dim
+    fn_path = cascade_prefix_attention if path == "cascade" else dense_prefix_attention
+    for st, G, Lk, B in _prefix_points(run, path):
+        if run.out_of_time(path):
+            return
+        n_q = n_kv * G
+        kvbytes = Lk * n_kv * d * 2 * pool.k.element_size()
+        k = copies_for(kvbytes)
+        q = rnd(B, n_q, d, dtype=run.dtype)
+        gp = i32([0, B])
+        out, lse = torch.empty_like(q), torch.empty(B, n_q, device=DEV)
+        fns = []
+        for _ in range(k):
+            kv = pool.layout(st, 1, Lk)
+            fns.append(lambda kv=kv: fn_path(q=q, k_cache=pool.k, v_cache=pool.v, group_indptr=gp, prefix=kv, out=out,
+                                             lse=lse, check=False, max_group_size=B, max_kv_len=Lk))
+        LAST_SPLIT.clear()
+        t = time_calls(fns)
+        lp = _launch_params(path, run, G, B, Lk, n_q)
+        r = dict(family=path, kernel=path, storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv, d=d, B=B, L=Lk,
+                 M_eff=B * G, n_req=B, q_len=1, T=B, bytes=kvbytes + 2 * q.numel() * q.element_size(),
+                 flops=4 * B * n_q * Lk * d, **lp, **t)
+        run.row("attention.csv", ATTN_FIELDS, r)
+        _print_attn(r)
+
+
+def s_extend(run):
+    """Prefill / extend: n_req requests, q_len new tokens each, over c cached tokens (storage) + causal chunk."""
+    pool, m = run.pool, run.model
+    n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
+    n_q = n_kv * G
+    if run.args.smoke:
+        pts = [("slots", 0, 20, 2), ("pages16", 100, 20, 1), ("slab", 100, 40, 2)]
+    else:
+        pts = [("slab", 0, q, nr) for q in (16, 128, 512, 2048, 8192) for nr in (1, 4) if q * nr <= 8192]
+        pts += [(st, c, q, nr) for st in ("pages16", "slots", "slab") for c in (1024, 4096, 16384)
+                for q in (16, 128, 512, 2048) for nr in (1, 4)]
+    for st, c, ql, nr in pts:
+        if run.out_of_time("extend"):
+            return
+        T = nr * ql
+        q = rnd(T, n_q, d, dtype=run.dtype)
+        kn, vn = rnd(T, n_kv, d, dtype=run.dtype), rnd(T, n_kv, d, dtype=run.dtype)
+        qo = i32([i * ql for i in range(nr + 1)])
+        out, lse = torch.empty_like(q), torch.empty(T, n_q, device=DEV)
+        kvbytes = nr * c * n_kv * d * 2 * pool.k.element_size()
+        k = copies_for(kvbytes + 3 * q.numel() * q.element_size())
+        fns = []
+        for _ in range(k):
+            kv = pool.layout(st, nr, c)
+            fns.append(lambda kv=kv: extend_attention(q=q, k_new=kn, v_new=vn, qo_indptr=qo, k_cache=pool.k,
+                                                      v_cache=pool.v, prefix=kv, out=out, lse=lse, check=False,
+                                                      max_qo_len=ql))
+        t = time_calls(fns, min_reps=3)
+        fl = 4 * d * n_q * nr * (ql * c + ql * (ql + 1) / 2)
+        r = dict(family="extend", kernel="extend", storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv, d=d,
+                 B=nr, L=c, M_eff=ql * G, n_req=nr, q_len=ql, T=T, block_m=64, block_n=64, num_warps=4, n_splits=1,
+                 chunk=c, programs=triton.cdiv(ql * G, 64) * n_kv * nr, launches=1,
+                 bytes=kvbytes + T * n_kv * d * 2 * 2 + 2 * q.numel() * 2, flops=fl, **t)
+        run.row("attention.csv", ATTN_FIELDS, r)
+        _print_attn(r)

@@ -64,8 +64,8 @@ def main() -> None:
     source = Source("measured", date=raw[names[0]]["date"],
                     command=f"scripts/engine_h200.py validate (H200, commit {meta.get('commit', '?')}); "
                             f"python scripts/validation_report.py {args.run}"
-                            + "".join(f" --fit-runs {r}" for r in args.fit_runs[:1])
-                            + "".join(f" {r}" for r in args.fit_runs[1:]) + " --profile-out ...",
+                            + (" --fit-runs " + " ".join(map(str, args.fit_runs)) if args.fit_runs else "")
+                            + " --profile-out ...",
                     note="granisim.calibration.engine fit on the real engine's validation runs "
                          f"({', '.join(names)}): key time = scale * model + offset per launch; "
                          "overhead per step + per request + per KV token + per prefix pass")

@@ -39,13 +39,14 @@ import math
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from granisim.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
                                    OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
                                    ProfileError, Source)
+from granisim.profile_schema import ExtrapolatedSource, ProfileModel, PublishedSource
 
 # granisim.hardware is the profiles' public module: the catalogue and data classes are importable from here too
 __all__ = ["COEFFICIENTS", "OPTIONAL_COEFFICIENTS", "FORM2_COEFFICIENTS", "KERNEL_TABLE_COLS", "KERNEL_FAMILIES",
@@ -56,68 +57,7 @@ SCHEMA = "granikv-hardware-profile/1"
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DATA_DIR = Path(__file__).with_name("data")
 
-
-# ---- validation (pydantic for shapes and types; ranges and names checked below) ---------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _Measured(_Strict):
-    kind: Literal["measured"]
-    date: str = Field(min_length=1)
-    command: str = Field(min_length=1)
-    gpu: str | None = None
-    commit: str | None = None
-    versions: str | None = None
-    note: str | None = None
-
-
-class _Published(_Strict):
-    kind: Literal["published"]
-    citation: str = Field(min_length=1)
-    note: str | None = None
-
-
-class _Extrapolated(_Strict):
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    kind: Literal["extrapolated"]
-    from_: str = Field(alias="from", min_length=1)
-    how: str = Field(min_length=1)
-    note: str | None = None
-
-
-_SourceModel = Union[_Measured, _Published, _Extrapolated]
-
-
-class _CoefModel(_Strict):
-    value: float
-    unit: str
-    source: _SourceModel = Field(discriminator="kind")
-
-
-class _TableModel(_Strict):
-    file: str = Field(min_length=1)
-    model: dict[str, int]
-    scaling: str = Field(min_length=1)
-    source: _SourceModel = Field(discriminator="kind")
-
-
-class _KernelTableModel(_Strict):
-    file: str = Field(min_length=1)
-    model: dict[str, int]
-    source: _SourceModel = Field(discriminator="kind")
-
-
-class _ProfileModel(_Strict):
-    schema_: Literal["granikv-hardware-profile/1"] = Field(alias="schema")
-    name: str = Field(min_length=1)
-    gpu: str = Field(min_length=1)
-    notes: str = ""
-    linear_table: _TableModel | None = None
-    kernel_table: _KernelTableModel | None = None
-    coefficients: dict[str, _CoefModel]
-
-
+# the file's shapes and types: granisim.profile_schema (pydantic); ranges, names and tables: checked below
 _TABLE_MODEL_KEYS = ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "dtype_bytes")
 _TABLE_OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
               "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
@@ -140,9 +80,9 @@ def _lookup(data: Any, loc: tuple) -> Any:
 
 
 def _source(m: BaseModel) -> Source:
-    if isinstance(m, _Published):
+    if isinstance(m, PublishedSource):
         return Source("published", citation=m.citation, note=m.note)
-    if isinstance(m, _Extrapolated):
+    if isinstance(m, ExtrapolatedSource):
         return Source("extrapolated", from_=m.from_, how=m.how, note=m.note)
     extra = {k: getattr(m, k) for k in ("gpu", "commit", "versions") if getattr(m, k)}
     return Source("measured", date=m.date, command=m.command, note=m.note, extra=MappingProxyType(extra))
@@ -197,7 +137,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: field (file): value line {e.lineno} col {e.colno}: invalid JSON ({e.msg})") from None
     try:
-        m = _ProfileModel.model_validate(raw)
+        m = ProfileModel.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in ("measured", "published", "extrapolated")))

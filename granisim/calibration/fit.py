@@ -10,7 +10,7 @@ Order (later stages hold the earlier ones fixed): ceilings (meta) -> merge, KV w
 cascade, dense, decode on slab rows -> storage gather efficiencies (page 1, page 16) on the
 non-slab decode / cascade rows -> prefill (extend) -> linear operators (roofline per family; the
 measured table itself is what the measured profile uses) -> per-step overhead. The linear and
-host-time pieces live in fit_linear.py, the shared error and fold helpers in fitting.py.
+host-time pieces live in fit_linear.py; the shared error and fold helpers and the solver in fitting.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from granisim.coefficients import KERNEL_MODEL_COEFFICIENTS
 from granisim.models import ModelShape, get_model
 
 from .fit_linear import fit_linear, host_bound, host_floor, step_overhead, vidur_table
-from .fitting import folds_of, rel_err, summary
-from .raw import Raw, kernel_table_of, predict_attention, prepare_rows
+from .fitting import folds_of, lm_fit, rel_err, summary
+from .raw import Raw, hbm_ceiling, kernel_table_of, predict_attention, prepare_rows
 
 # (name, lower, upper) of each fitted parameter; an efficiency is at most 1
 EFF = (1e-3, 1.0)
@@ -63,40 +63,6 @@ KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.casca
                 "attn.cascade.balance_chunk": 1024, "attn.cascade.balance_skew": 2,
                 "attn.dense.m_tile": 128, "attn.dense.max_splits": 16, "attn.dense.launches": 2,
                 "storage.slab_eff": 1.0, "attn.form": 2}
-
-
-# ---- optimiser ---------------------------------------------------------------------------------------
-def lm_fit(resid, x0, lo, hi, iters: int = 40):
-    """Minimise ||resid(x)||^2 over lo <= x <= hi (box by clipping) by Levenberg-Marquardt with a
-    forward-difference Jacobian. Returns (x, cost)."""
-    x = np.clip(np.asarray(x0, float), lo, hi)
-    r = resid(x)
-    cost = float(r @ r)
-    lam = 1e-2
-    for _ in range(iters):
-        J = np.empty((r.size, x.size))
-        for j in range(x.size):
-            h = 1e-4 * max(1.0, abs(x[j]))
-            xj = x.copy()
-            xj[j] = xj[j] + h if xj[j] + h <= hi[j] else xj[j] - h
-            J[:, j] = (resid(xj) - r) / (xj[j] - x[j])
-        A, g = J.T @ J, J.T @ r
-        improved = False
-        for _ in range(12):
-            step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
-            xn = np.clip(x + step, lo, hi)
-            rn = resid(xn)
-            cn = float(rn @ rn)
-            if np.isfinite(cn) and cn < cost:
-                done = cost - cn < 1e-12 * max(cost, 1e-30) or np.max(np.abs(xn - x)) < 1e-9
-                x, r, cost = xn, rn, cn
-                lam = max(lam / 3.0, 1e-9)
-                improved = True
-                break
-            lam *= 4.0
-        if not improved or done:
-            break
-    return x, cost
 
 
 def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape):
@@ -294,21 +260,6 @@ def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
             bad.append(f"{r.family} {r.storage} L={r.L} B={r.B}: model {int(np.asarray(n).ravel()[0])}, "
                        f"kernel {int(float(r.n_splits))}")
     return {"rows": total, "agree": agree, "examples": bad}
-
-
-def hbm_ceiling(raw: Raw) -> tuple[float, str]:
-    """The fastest HBM stream of the run: the copy ceiling (bytes read + written) or the fastest
-    KV-streaming attention row (bytes read / time), whichever is larger. (A copy captured in a CUDA
-    graph runs on the copy engines, below what the SMs stream: the H200 run read 2.76 TB/s there.)"""
-    a = raw.attention
-    bw = (a["bytes"] / (a["median_us"] * 1e-6)) if "bytes" in a.columns and len(a) else pd.Series([0.0])
-    i = bw.idxmax()
-    copy = float((raw.meta.get("ceilings") or {}).get("copy_Bps") or 0.0)
-    if copy >= bw[i]:
-        return copy, f"device-to-device copy {copy / 1e12:.2f} TB/s (bytes read + written)"
-    r = a.loc[i]
-    return float(bw[i]), (f"fastest KV stream of the run: {r.family} over {r.storage}, B={int(r.B)}, L={int(r.L)}: "
-                          f"{bw[i] / 1e12:.2f} TB/s read (the copy ceiling read {copy / 1e12:.2f} TB/s)")
 
 
 def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5) -> FitResult:

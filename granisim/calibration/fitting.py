@@ -1,4 +1,5 @@
-"""Shared pieces of the calibration fits: relative errors, their summary, and seeded folds.
+"""Shared pieces of the calibration fits: relative errors, their summary, seeded folds, and a bounded
+Levenberg-Marquardt solver.
 
 Each fitted family holds out its own rows (per-family seeds), so families with equally many
 rows do not hold out the same positions.
@@ -41,3 +42,36 @@ def folds_of(df: pd.DataFrame, folds: int, seed: int, frac: float = 0.2) -> np.n
             perm = np.random.default_rng(fam_seed(seed, fam)).permutation(len(idx))
             out[idx[perm]] = np.arange(len(idx)) % folds
     return out
+
+
+def lm_fit(resid, x0, lo, hi, iters: int = 40):
+    """Minimise ||resid(x)||^2 over lo <= x <= hi (box by clipping) by Levenberg-Marquardt with a
+    forward-difference Jacobian. Returns (x, cost)."""
+    x = np.clip(np.asarray(x0, float), lo, hi)
+    r = resid(x)
+    cost = float(r @ r)
+    lam = 1e-2
+    for _ in range(iters):
+        J = np.empty((r.size, x.size))
+        for j in range(x.size):
+            h = 1e-4 * max(1.0, abs(x[j]))
+            xj = x.copy()
+            xj[j] = xj[j] + h if xj[j] + h <= hi[j] else xj[j] - h
+            J[:, j] = (resid(xj) - r) / (xj[j] - x[j])
+        A, g = J.T @ J, J.T @ r
+        improved = False
+        for _ in range(12):
+            step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+            xn = np.clip(x + step, lo, hi)
+            rn = resid(xn)
+            cn = float(rn @ rn)
+            if np.isfinite(cn) and cn < cost:
+                done = cost - cn < 1e-12 * max(cost, 1e-30) or np.max(np.abs(xn - x)) < 1e-9
+                x, r, cost = xn, rn, cn
+                lam = max(lam / 3.0, 1e-9)
+                improved = True
+                break
+            lam *= 4.0
+        if not improved or done:
+            break
+    return x, cost

@@ -45,10 +45,10 @@ def _git(*args) -> str:
 
 
 def single_core() -> dict:
-    from granisim.cli import _demo_scenario
+    from granisim.compare import demo_scenario
     from granisim.sweep import simulate_scenario
 
-    sc, _ = _demo_scenario()
+    sc, _ = demo_scenario()
     out = {}
     for pol in ("granikv", "token", "paged16"):
         s = sc.with_changes(**{"policy.name": pol})

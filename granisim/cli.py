@@ -1,99 +1,34 @@
-"""The `granisim` command: run, compare, demo, sweep, capacity, paper, fuzz, bench, profile."""
+"""The `granisim` command: run, validate, compare, demo, sweep, capacity, paper, fuzz, bench, profile, calibrate
+(the policy comparison and demo scenario live in granisim.compare)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 
-from granisim.scenario import Scenario, ScenarioError, load_scenario
-
-DEMO_POLICIES = "granikv,token,paged16"
-
-
-def _demo_scenario() -> tuple[Scenario, str]:
-    ref = resources.files("granisim.scenarios").joinpath("demo.toml")
-    with resources.as_file(ref) as p:
-        return load_scenario(p), str(p)
-
-
-def _run_one(scenario: Scenario, source: str, out: Path, progress: bool = True, device: str | None = None) -> dict:
-    """Simulate (or, with ``device``, run on the real engine) one scenario and write its outputs."""
-    from granisim.simulate import prepare, simulate, write_outputs
-
-    setup = prepare(scenario, source)
-    executor = _gpu_executor(setup, device) if device else None
-    return write_outputs(setup, simulate(setup, executor, progress=progress), out)
-
-
-def _table(rows: dict[str, dict]) -> str:
-    cols = [("throughput_rps", "req/s", "{:.3f}"), ("output_tok_s", "out tok/s", "{:.0f}"),
-            ("ttft_p50_s", "TTFT p50", "{:.3f}"), ("ttft_p99_s", "TTFT p99", "{:.3f}"),
-            ("tpot_p50_s", "TPOT p50", "{:.4f}"), ("tpot_p99_s", "TPOT p99", "{:.4f}"),
-            ("completed", "done", "{}"), ("rejected", "rej", "{}"), ("preemptions", "preempt", "{}"),
-            ("mean_batch", "batch", "{:.1f}"), ("prefix_hit_rate", "hit", "{:.2f}")]
-    first = next(iter(rows.values()))
-    base = first["throughput_rps"] if first["throughput_rps"] else None
-    head = f"{'policy':<10}" + "".join(f"{h:>11}" for _, h, _ in cols) + f"{'vs first':>10}"
-    lines = [head, "-" * len(head)]
-    for name, s in rows.items():
-        cells = "".join(f"{fmt.format(s[k]):>11}" for k, _, fmt in cols)
-        ratio = f"{s['throughput_rps'] / base:.2f}x" if base else "-"
-        lines.append(f"{name:<10}{cells}{ratio:>10}")
-    return "\n".join(lines)
-
-
-def _gpu_executor(setup, device: str, **options):
-    """The real engine's executor (gpu_backend); a clear error where torch or a GPU is missing."""
-    try:
-        import torch
-
-        from gpu_backend.engine import GpuExecutor
-    except ImportError as err:
-        raise ScenarioError(f"--executor gpu needs torch and triton (pip install '.[gpu]'): {err}") from None
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ScenarioError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
-                            "for a tiny model)")
-    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed, **options)
-
+from granisim.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
+from granisim.scenario import ScenarioError, load_scenario
 
 def cmd_run(args) -> int:
     scenario = load_scenario(args.scenario)
     out = Path(args.out or f"out/{scenario.name}")
-    summary = _run_one(scenario, args.scenario, out, device=args.device if args.executor == "gpu" else None)
-    print(_table({scenario.policy.name: summary}))
+    summary = run_one(scenario, args.scenario, out, device=args.device if args.executor == "gpu" else None)
+    print(summary_table({scenario.policy.name: summary}))
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
     return 0
 
 
 def cmd_validate(args) -> int:
-    from granisim.simulate import prepare
+    from granisim.simulate import gpu_executor, prepare
     from granisim.validate import validate
 
     scenario = load_scenario(args.scenario)
     setup = prepare(scenario, args.scenario)
-    report = validate(setup, _gpu_executor(setup, args.device), Path(args.out))
+    report = validate(setup, gpu_executor(setup, args.device), Path(args.out))
     print((Path(args.out) / "validation.md").read_text())
     return 0 if report["steps"] else 1
-
-
-def compare(scenario: Scenario, source: str, policies: list[str], out: Path, progress: bool = True) -> dict:
-    import pandas as pd
-
-    from granisim.report import plot_compare
-
-    summaries, reqs = {}, {}
-    for pol in policies:
-        sc = scenario.with_changes(**{"policy.name": pol})
-        summaries[pol] = _run_one(sc, source, out / pol, progress)
-        reqs[pol] = pd.read_parquet(out / pol / "requests.parquet")
-    (out / "compare.json").write_text(json.dumps(summaries, indent=2, sort_keys=True))
-    table = _table(summaries)
-    (out / "compare.txt").write_text(table + "\n")
-    plot_compare(summaries, reqs, out, title=f"{scenario.name}: {', '.join(policies)}")
-    return summaries
 
 
 def cmd_compare(args) -> int:
@@ -103,13 +38,13 @@ def cmd_compare(args) -> int:
         raise ScenarioError("--policies: give at least one policy, e.g. granikv,token,paged16")
     out = Path(args.out or f"out/{scenario.name}-compare")
     summaries = compare(scenario, args.scenario, policies, out)
-    print(_table(summaries))
+    print(summary_table(summaries))
     print(f"\nwrote {out}/")
     return 0
 
 
 def cmd_demo(args) -> int:
-    scenario, source = _demo_scenario()
+    scenario, source = demo_scenario()
     out = Path(args.out)
     from granisim.simulate import prepare
 
@@ -121,7 +56,7 @@ def cmd_demo(args) -> int:
           f"{scenario.hardware.mem_fraction} - {setup.model.weight_bytes / 1e9:.1f} GB weights - "
           f"{scenario.hardware.reserve_gb} GB reserve; {setup.model.kv_bytes_per_token} B/token); M_sat = {setup.m_sat}")
     summaries = compare(scenario, source, DEMO_POLICIES.split(","), out)
-    print(_table(summaries))
+    print(summary_table(summaries))
     g = summaries["granikv"]["throughput_rps"]
     print("\ngranikv throughput: " + ", ".join(f"{g / s['throughput_rps']:.2f}x {name}"
                                               for name, s in summaries.items() if name != "granikv"))

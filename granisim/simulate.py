@@ -96,3 +96,17 @@ def write_outputs(setup: Setup, result, out: Path, plots: bool = True) -> dict:
         plot_run(reqs, steps, out, title=f"{setup.scenario.name} ({setup.scenario.policy.name})")
         perfetto_trace(steps, out / "trace.json")
     return summary
+
+
+def gpu_executor(setup: Setup, device: str, **options):
+    """The real engine's executor (gpu_backend); a clear error where torch or a GPU is missing."""
+    try:
+        import torch
+
+        from gpu_backend.engine import GpuExecutor
+    except ImportError as err:
+        raise ScenarioError(f"--executor gpu needs torch and triton (pip install '.[gpu]'): {err}") from None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
+                            "for a tiny model)")
+    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed, **options)

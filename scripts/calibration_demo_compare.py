@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from granisim.cli import DEMO_POLICIES, _demo_scenario, _table, compare  # noqa: E402
+from granisim.compare import DEMO_POLICIES, compare, demo_scenario, summary_table  # noqa: E402
 
 PROFILES = {"extrapolated": str(ROOT / "calibration" / "profiles" / "h200-extrapolated.json"),
             "measured": str(ROOT / "granisim" / "profiles" / "h200.json")}
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=0, help="requests per run (0: the demo's own)")
     ap.add_argument("--rate", type=float, default=0.0, help="arrival rate, req/s (0: the demo's own)")
     args = ap.parse_args()
-    scenario, source = _demo_scenario()
+    scenario, source = demo_scenario()
     out = ROOT / "reports" / "calibration" / ("demo" if not args.rate else f"demo_rate{args.rate:g}")
     out.mkdir(parents=True, exist_ok=True)
     result = {}
@@ -52,7 +52,7 @@ def main() -> None:
                 cols = [c for c in st.columns if c.startswith("t_") or c in ("duration_s",)]
                 n = float(st["num_steps"].sum())  # fast-forwarded rows cover several steps
                 steps[pol] = {c: float(st[c].sum()) / n for c in cols} | {"steps": n}
-        table = _table(summaries)
+        table = summary_table(summaries)
         print(f"== h200 {name}\n{table}\n")
         (out / f"{name}.txt").write_text(table + "\n")
         result[name] = {pol: {k: s.get(k) for k in KEYS} | {"step_means": steps[pol]} for pol, s in summaries.items()}

@@ -33,7 +33,7 @@ def main() -> None:
     from engine_h200 import validation_scenario
 
     from gpu_backend.engine import timing
-    from granisim.cli import _gpu_executor
+    from granisim.simulate import gpu_executor
     from granisim.engine import Engine
     from granisim.simulate import prepare
 
@@ -47,7 +47,7 @@ def main() -> None:
 
     timing.PartTimer.switch = recording_switch
     setup = prepare(validation_scenario(args.workload, args.requests, "h200"))
-    ex = _gpu_executor(setup, "cuda")
+    ex = gpu_executor(setup, "cuda")
     rows = []
     execute = ex.execute
 

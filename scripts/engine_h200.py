@@ -75,12 +75,12 @@ def _done(name: str, out: Path, done: Path | None) -> bool:
 
 def _burst(pol: str, lp: int, k: int, requests: int, profile: str, graphs: bool, hold_gc: bool = True):
     """One speedup unit on the GPU -> (executor, result)."""
-    from granisim.cli import _gpu_executor
+    from granisim.simulate import gpu_executor
     from granisim.simulate import prepare, simulate
 
     setup = prepare(burst_scenario(pol, lp, k, requests, profile))
     _free_gpu()
-    ex = _gpu_executor(setup, "cuda", graphs=graphs, hold_gc=hold_gc)
+    ex = gpu_executor(setup, "cuda", graphs=graphs, hold_gc=hold_gc)
     return ex, simulate(setup, ex, progress=False)
 
 
@@ -128,7 +128,7 @@ def speedup(args) -> None:
 
 
 def validate_all(args) -> None:
-    from granisim.cli import _gpu_executor
+    from granisim.simulate import gpu_executor
     from granisim.simulate import prepare
     from granisim.validate import validate
 
@@ -142,7 +142,7 @@ def validate_all(args) -> None:
         setup = prepare(validation_scenario(name, args.requests, args.profile))
         ex = None
         _free_gpu()
-        ex = _gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
+        ex = gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
                            **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
         rep = validate(setup, ex, args.out / (name + tag), progress=False)
         rep["executor"] = ex.stats()

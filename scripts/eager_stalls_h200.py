@@ -47,7 +47,7 @@ def main() -> None:
 
     timing.PartTimer.switch = recording_switch
     setup = prepare(validation_scenario(args.workload, args.requests, "h200"))
-    ex = gpu_executor(setup, "cuda")
+    ex = gpu_executor(setup, "cuda", watch_allocs=True)
     rows = []
     execute = ex.execute
 

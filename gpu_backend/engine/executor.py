@@ -54,7 +54,7 @@ class GpuExecutor:
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512,
-                 hold_gc: bool = True):
+                 hold_gc: bool = True, watch_allocs: bool = False):
         self.shape = shape
         self.device = torch.device(device)
         self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
@@ -78,7 +78,7 @@ class GpuExecutor:
         CompileWatch.install()
         GcWatch.install()
         self._gc_start = dict(GcWatch.totals)
-        self._allocs = AllocWatch(self.device)
+        self._allocs = AllocWatch(self.device, watch_allocs)  # a diagnostic: two memory_stats() reads a step
 
     def stats(self) -> dict:
         g = self.graphs

@@ -129,10 +129,11 @@ class GcWatch:
 class AllocWatch:
     """Device allocations the CUDA caching allocator made inside steps (cudaMalloc calls, and retries after
     freeing its cache: both stall the host), counted per step from torch.cuda.memory_stats (read outside
-    the step's clock). Eager steps allocate their activations; graph replays allocate nothing."""
+    the step's clock). Eager steps allocate their activations; graph replays allocate nothing. Off by
+    default (GpuExecutor(watch_allocs=True) turns it on): it adds host time between steps."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.cuda = enabled and device.type == "cuda"
         self.steps_with_allocs: list[int] = []
         self.mallocs = self.retries = 0
 
@@ -156,5 +157,7 @@ class AllocWatch:
             self.retries += r1 - r0
 
     def stats(self) -> dict:
+        if not self.cuda:
+            return {}
         return dict(step_mallocs=self.mallocs, step_alloc_retries=self.retries,
                     steps_with_allocs=len(self.steps_with_allocs), alloc_steps=list(self.steps_with_allocs))

@@ -24,6 +24,11 @@ class StepPricing:
             return np.where(t > 0, np.maximum(a * t + b * launches, floor), 0.0)
         return max(a * t + b * launches, floor) if t > 0 else 0.0
 
+    def _host(self, requests: int, kv_tokens, passes: int):
+        """Host overhead of a step (``kv_tokens`` may be an array: one value per fast-forwarded step)."""
+        return (self.step_overhead + self.overhead_req * requests + self.overhead_tok * kv_tokens
+                + self.overhead_pass * passes)
+
     def step(self, plan: BatchPlan) -> StepResult:
         page_size = plan.page_size
         if self.corr:
@@ -101,8 +106,7 @@ class StepPricing:
             kv_copy = ctok * self.copy_tok + self.copy_launch
         else:
             kv_copy = 0.0
-        overhead = (self.step_overhead + self.overhead_req * len(plan.requests) + self.overhead_tok * tok
-                    + self.overhead_pass * len(passes))
+        overhead = self._host(len(plan.requests), tok, len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
             linear, lm_head, attn_prefill, merge, kv_write = (
@@ -138,9 +142,7 @@ class StepPricing:
         # decode fast-forward
         copy = np.zeros(n)
         copy[0] = kv_copy
-        # the slot lists grow by a token per request (summed as the single step sums it: bit-identical)
-        host = (self.step_overhead + self.overhead_req * len(plan.requests)
-                + self.overhead_tok * (tok + n_dec * np.arange(n)) + self.overhead_pass * len(passes))
+        host = self._host(len(plan.requests), tok + n_dec * np.arange(n), len(passes))  # slot lists grow a token a step
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0

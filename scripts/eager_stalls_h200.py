@@ -33,9 +33,8 @@ def main() -> None:
     from engine_h200 import validation_scenario
 
     from gpu_backend.engine import timing
-    from granisim.simulate import gpu_executor
     from granisim.engine import Engine
-    from granisim.simulate import prepare
+    from granisim.simulate import gpu_executor, prepare
 
     host_marks: dict[int, list] = {}  # id(timer) -> [(key, perf_counter)]
     switch = timing.PartTimer.switch

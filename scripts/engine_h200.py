@@ -75,8 +75,7 @@ def _done(name: str, out: Path, done: Path | None) -> bool:
 
 def _burst(pol: str, lp: int, k: int, requests: int, profile: str, graphs: bool, hold_gc: bool = True):
     """One speedup unit on the GPU -> (executor, result)."""
-    from granisim.simulate import gpu_executor
-    from granisim.simulate import prepare, simulate
+    from granisim.simulate import gpu_executor, prepare, simulate
 
     setup = prepare(burst_scenario(pol, lp, k, requests, profile))
     _free_gpu()
@@ -128,8 +127,7 @@ def speedup(args) -> None:
 
 
 def validate_all(args) -> None:
-    from granisim.simulate import gpu_executor
-    from granisim.simulate import prepare
+    from granisim.simulate import gpu_executor, prepare
     from granisim.validate import validate
 
     t0 = time.time()

@@ -58,8 +58,8 @@ class MetaArena:
         return dev
 
     def upload(self, step: HostStep) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-        """(views of the fixed-size fields in order, whole buffer of each variable-length field)."""
-        self.reserve(step)  # a no-op after the executor's own reserve
+        """(views of the fixed-size fields in order, whole buffer of each variable-length field); the
+        buffers must fit `step` (`reserve` first)."""
         flat = np.concatenate(step.small)
         dev = self._put("small", flat)
         views, at = [], 0

@@ -35,15 +35,10 @@ import torch.nn.functional as F
 from granisim.models import ModelShape
 from granisim.plan import BatchPlan, StepResult
 
-from ..kernels.cascade import cascade_prefix_attention
-from ..kernels.decode import decode_attention
-from ..kernels.dense import dense_prefix_attention
-from ..kernels.extend import extend_attention
-from ..kernels.kv_write import write_kv
-from ..kernels.merge import merge_states
 from . import metadata, rows
 from .arena import MetaArena
 from .graphs import GraphCache
+from .launches import StepLaunches
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
 from .timing import AllocWatch, CompileWatch, GcWatch, PartTimer, elapsed
 
@@ -151,6 +146,7 @@ class GpuExecutor:
     def _forward(self, m: metadata.StepMeta, timer: PartTimer) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable)."""
         w = self.w
+        run = StepLaunches(m, self.shape, w.dtype, self.device)  # host work once per step (launches.py)
         timer.switch("linear")
         x = F.embedding(m.tokens, w.embed)
         rot = rope_tables(m.positions, w.inv_freq, w.dtype)
@@ -158,8 +154,8 @@ class GpuExecutor:
             timer.switch("linear")
             q, k, v = qkv_proj(w, layer, x, rot)
             timer.switch("kv_write")
-            write_kv(k_cache=self.k_cache[li], v_cache=self.v_cache[li], k=k, v=v, slots=m.new_slots, check=False)
-            attn = self._attention(m, q, k, v, li, timer)
+            run.write(self.k_cache[li], self.v_cache[li], k, v, m.new_slots)
+            attn = self._attention(run, m.shape, q, k, v, li, timer)
             timer.switch("linear")
             x = attn_out_and_mlp(layer, x, attn)
         x = rms_norm(torch.index_select(x, 0, m.sample_rows), w.final_norm)
@@ -169,40 +165,27 @@ class GpuExecutor:
         timer.switch(None)
         return nxt, (lg if self.keep_logits else None)  # a graph's outputs stay allocated: keep them small
 
-    def _attention(self, m: metadata.StepMeta, q, k, v, li: int, timer: PartTimer) -> torch.Tensor:
-        s = m.shape
-        kc, vc = self.k_cache[li], self.v_cache[li]
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        # check=False: rows.build checked every slot id on the host; grids come from the shape's maxima
+    def _attention(self, run: StepLaunches, s: rows.StepShape, q, k, v, li: int, timer: PartTimer) -> torch.Tensor:
+        """Attention by region into `run.out` (rows.py: extend rows, decode rows, then grouped rows)."""
+        kc, vc, out = self.k_cache[li], self.v_cache[li], run.out
         a, b = 0, s.ext_rows
-        if s.ext_rows:
+        if run.extend:
             timer.switch("attn_prefill")
-            extend_attention(q=q[a:b], k_new=k[a:b], v_new=v[a:b], qo_indptr=m.extend_indptr, k_cache=kc,
-                             v_cache=vc, prefix=m.extend_prefix, max_qo_len=s.ext_max_qo, out=out[a:b], check=False)
+            run.extend(q[a:b], k[a:b], v[a:b], kc, vc, out[a:b], run.ext_lse)
         a, b = b, b + s.dec_rows
-        if s.dec_rows:
+        if run.decode:
             timer.switch("attn_decode")
-            decode_attention(q=q[a:b], k_cache=kc, v_cache=vc, kv=m.decode_kv, max_kv_len=s.dec_max_kv,
-                             mean_kv_len=s.dec_mean_kv, out=out[a:b], check=False)
-        if not s.passes:
+            run.decode(q[a:b], kc, vc, out[a:b], run.dec_lse)
+        if not run.passes:
             return out
         a, b = b, b + s.grouped_rows
-        pre_o = torch.empty((b - a, *q.shape[1:]), dtype=q.dtype, device=q.device)
-        pre_lse = torch.empty((b - a, q.shape[1]), dtype=torch.float32, device=q.device)
         timer.switch("attn_prefix")
-        for p in m.passes:
-            dense = p.shape.path == "dense"
-            fn = dense_prefix_attention if dense else cascade_prefix_attention
-            mean = {} if dense else {"mean_kv_len": p.shape.mean_prefix}
-            lo, hi = p.row0 - a, p.row0 - a + p.shape.rows
-            fn(q=q[p.row0: p.row0 + p.shape.rows], k_cache=kc, v_cache=vc, group_indptr=p.group_indptr,
-               prefix=p.prefix, max_group_size=p.shape.max_group, max_kv_len=p.shape.max_prefix,
-               out=pre_o[lo:hi], lse=pre_lse[lo:hi], check=False, **mean)
+        for p in run.passes:
+            p.launch(q[a + p.lo: a + p.hi], kc, vc, run.pre_o[p.lo:p.hi], run.pre_lse[p.lo:p.hi])
         timer.switch("attn_decode")
-        so, slse = decode_attention(q=q[a:b], k_cache=kc, v_cache=vc, kv=m.suffix_kv, max_kv_len=s.suffix_max_kv,
-                                    mean_kv_len=s.suffix_mean_kv, check=False)
+        run.suffix(q[a:b], kc, vc, run.suf_o, run.suf_lse)
         timer.switch("merge")
-        merge_states(o1=pre_o, lse1=pre_lse, o2=so, lse2=slse, out=out[a:b])
+        run.merge(run.pre_o, run.pre_lse, run.suf_o, run.suf_lse, out[a:b], run.merged_lse)
         return out
 
     # ---- compaction copies ---------------------------------------------------------------------

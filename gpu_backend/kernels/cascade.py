@@ -7,16 +7,16 @@ prefix half of each query's attention; merge it with the suffix half (`merge.mer
 from __future__ import annotations
 
 import torch
-import triton
 
 from .. import checks
 from .. import layout as L
 from . import split_kv
+from .grid import next_pow2
 
 
 def block_m_for(rows: int) -> int:
     """Smallest power-of-two row tile >= rows, between 16 (tl.dot minimum) and 128."""
-    return max(16, min(128, triton.next_power_of_2(max(rows, 1))))
+    return max(16, min(128, next_pow2(max(rows, 1))))
 
 
 def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
@@ -46,6 +46,21 @@ def prepare(*, q, k_cache, v_cache, group_indptr, kv, out, lse, sm_scale, check,
     return out, lse, split_kv.default_scale(d, sm_scale), max_rows, max_kv_len, mean_kv_len
 
 
+def cascade_launch(*, rows: int, n_q: int, n_kv: int, d: int, group_indptr: torch.Tensor, prefix: L.KVLayout,
+                   max_group_size: int, max_kv_len: int, device, mean_kv_len: int | None = None,
+                   sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+                   num_warps: int | None = None, num_stages: int = 3,
+                   kv_chunk: int | None = None) -> split_kv.SplitKvLaunch:
+    """The cascade launch prepared once; call it with (q, k_cache, v_cache, out, lse). No checks:
+    `cascade_prefix_attention` checks."""
+    bm = block_m or block_m_for(max_group_size * (n_q // n_kv))
+    return split_kv.SplitKvLaunch(
+        rows_total=rows, n_q=n_q, n_kv=n_kv, d=d, group_indptr=group_indptr, kv=prefix,
+        scale=split_kv.default_scale(d, sm_scale), max_rows=max_group_size, max_kv_len=max_kv_len, block_m=bm,
+        block_n=block_n or (64 if bm <= 64 else 128), num_warps=num_warps or (4 if bm <= 64 else 8),
+        num_stages=num_stages, kv_chunk=kv_chunk, device=device, mean_kv_len=mean_kv_len)
+
+
 def cascade_prefix_attention(
     *, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     group_indptr: torch.Tensor, prefix: L.KVLayout,
@@ -66,10 +81,9 @@ def cascade_prefix_attention(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
         kv_name="prefix", mean_kv_len=mean_kv_len, balance=True)
-    G = q.shape[1] // k_cache.shape[1]
-    bm = block_m or block_m_for(max_rows * G)
-    return split_kv.launch(
-        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
-        lse=lse, sm_scale=scale, max_rows=max_rows, max_kv_len=max_kv_len, block_m=bm,
-        block_n=block_n or (64 if bm <= 64 else 128), num_warps=num_warps or (4 if bm <= 64 else 8),
-        num_stages=num_stages, kv_chunk=kv_chunk, mean_kv_len=mean_kv_len)
+    launch = cascade_launch(
+        rows=q.shape[0], n_q=q.shape[1], n_kv=k_cache.shape[1], d=q.shape[2], group_indptr=group_indptr,
+        prefix=prefix, max_group_size=max_rows, max_kv_len=max_kv_len, mean_kv_len=mean_kv_len, sm_scale=scale,
+        device=q.device, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+        kv_chunk=kv_chunk)
+    return launch(q, k_cache, v_cache, out, lse)

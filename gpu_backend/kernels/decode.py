@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from .. import layout as L
-from . import split_kv
 from .cascade import block_m_for, prepare
+from .split_kv import SplitKvLaunch, default_scale
 
 _ARANGE: dict = {}
 
@@ -19,6 +19,18 @@ def _one_per_group(b: int, device) -> torch.Tensor:
     if key not in _ARANGE:
         _ARANGE[key] = torch.arange(b + 1, dtype=torch.int32, device=device)
     return _ARANGE[key]
+
+
+def decode_launch(*, rows: int, n_q: int, n_kv: int, d: int, kv: L.KVLayout, max_kv_len: int, device,
+                  mean_kv_len: int | None = None, sm_scale: float | None = None, block_n: int = 64,
+                  num_warps: int = 4, num_stages: int = 3, kv_chunk: int | None = None) -> SplitKvLaunch:
+    """The decode launch for `rows` requests (sequence b of `kv` is request b's KV), prepared once;
+    call it with (q, k_cache, v_cache, out, lse). No checks: `decode_attention` checks."""
+    return SplitKvLaunch(
+        rows_total=rows, n_q=n_q, n_kv=n_kv, d=d, group_indptr=_one_per_group(rows, device), kv=kv,
+        scale=default_scale(d, sm_scale), max_rows=1, max_kv_len=max_kv_len, block_m=block_m_for(n_q // n_kv),
+        block_n=block_n, num_warps=num_warps, num_stages=num_stages, kv_chunk=kv_chunk, device=device,
+        mean_kv_len=mean_kv_len)
 
 
 def decode_attention(
@@ -36,13 +48,11 @@ def decode_attention(
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be a 3-D tensor [B, n_q, d], got {getattr(q, 'shape', q)!r}")
     B = q.shape[0]
-    gptr = _one_per_group(B, q.device)
     out, lse, scale, _, max_kv_len, mean_kv_len = prepare(
-        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=gptr, kv=kv, out=out, lse=lse,
+        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=_one_per_group(B, q.device), kv=kv, out=out, lse=lse,
         sm_scale=sm_scale, check=check, max_rows=1, max_kv_len=max_kv_len, kv_name="kv", mean_kv_len=mean_kv_len,
         balance=True)
-    G = q.shape[1] // k_cache.shape[1]
-    return split_kv.launch(
-        q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=gptr, kv=kv, out=out, lse=lse,
-        sm_scale=scale, max_rows=1, max_kv_len=max_kv_len, block_m=block_m_for(G),
-        block_n=block_n, num_warps=num_warps, num_stages=num_stages, kv_chunk=kv_chunk, mean_kv_len=mean_kv_len)
+    launch = decode_launch(rows=B, n_q=q.shape[1], n_kv=k_cache.shape[1], d=q.shape[2], kv=kv,
+                           max_kv_len=max_kv_len, mean_kv_len=mean_kv_len, sm_scale=scale, device=q.device,
+                           block_n=block_n, num_warps=num_warps, num_stages=num_stages, kv_chunk=kv_chunk)
+    return launch(q, k_cache, v_cache, out, lse)

@@ -13,10 +13,12 @@ import triton
 import triton.language as tl
 
 from .. import layout as L
+from ..checks import num_sms
+from . import split_kv
 from .cascade import prepare
 from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
-from ..checks import num_sms
-from .split_kv import combine, plan_splits
+from .grid import cdiv
+from .split_kv import Combine, plan_splits
 
 
 @triton.jit
@@ -93,9 +95,9 @@ def _dense_splits(base: int, max_kv_len: int, block_n: int, device, kv_chunk):
     sms = num_sms(device)
     best = None
     for s in range(1, 17):
-        chunk = triton.cdiv(triton.cdiv(max_kv_len, s), block_n) * block_n
-        n = triton.cdiv(max_kv_len, chunk)
-        waves = triton.cdiv(base * n, sms)
+        chunk = cdiv(cdiv(max_kv_len, s), block_n) * block_n
+        n = cdiv(max_kv_len, chunk)
+        waves = cdiv(base * n, sms)
         cost = waves * (chunk + block_n) + 0.02 * n * max_kv_len / 8
         if best is None or cost < best[0]:
             best = (cost, n, chunk)
@@ -108,6 +110,55 @@ def _descriptor(cache: torch.Tensor, block_n: int):
     if cache.stride(1) != d or cache.stride(2) != 1:
         raise ValueError("use_tma needs each slot's [n_kv, d] row contiguous")
     return TensorDescriptor(cache, [n, h * d], [cache.stride(0), 1], [block_n, d])
+
+
+class DenseLaunch:
+    """One dense launch with its host work done once (splits, grid, scratch partials): call it per
+    layer with (q, k_cache, v_cache, out, lse). No checks: `dense_prefix_attention` checks."""
+
+    def __init__(self, *, rows: int, n_q: int, n_kv: int, d: int, group_indptr: torch.Tensor, prefix: L.Slabs,
+                 max_group_size: int, max_kv_len: int, device, sm_scale: float | None = None,
+                 block_m: int = 128, block_n: int = 128, num_warps: int = 8, num_stages: int = 3,
+                 kv_chunk: int | None = None, use_tma: bool | None = None):
+        G = n_q // n_kv
+        n_groups = group_indptr.shape[0] - 1
+        self.empty = rows == 0 or n_groups == 0
+        m_tiles = max(1, cdiv(max_group_size * G, block_m))
+        n_splits, chunk = _dense_splits(m_tiles * n_kv * n_groups, max_kv_len, block_n, device, kv_chunk)
+        R = rows * n_q
+        split = n_splits > 1
+        self.partials = (torch.empty((n_splits, R, d), dtype=torch.float32, device=device),
+                         torch.empty((n_splits, R), dtype=torch.float32, device=device)) if split else None
+        self.combine = Combine(n_splits, R, d) if split else None
+        if use_tma is None:
+            use_tma = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+        self.use_tma, self.block_n = use_tma, block_n
+        self.grid = (m_tiles, n_kv * n_splits, n_groups)
+        self.meta = (group_indptr, prefix.start, prefix.length, split_kv.default_scale(d, sm_scale) * LOG2E,
+                     chunk, n_kv, n_q, R)
+        self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, USE_TMA=use_tma,
+                           num_warps=num_warps, num_stages=num_stages)
+
+    def __call__(self, q, k_cache, v_cache, out, lse) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.empty:
+            return out, lse
+        op, lsep = self.partials or (out, lse)
+        if self.use_tma:
+            self._launch(q, k_cache, v_cache, out, lse, op, lsep,
+                         _descriptor(k_cache, self.block_n), _descriptor(v_cache, self.block_n))
+        else:
+            with warnings.catch_warnings():  # triton 3.7 deprecates block pointers; they are still measured here
+                warnings.filterwarnings("ignore", message=".*make_block_ptr is deprecated.*")
+                self._launch(q, k_cache, v_cache, out, lse, op, lsep, k_cache, v_cache)
+        if self.combine:
+            self.combine(op, lsep, out, lse)
+        return out, lse
+
+    def _launch(self, q, k_cache, v_cache, out, lse, op, lsep, kd, vd) -> None:
+        _dense_kernel[self.grid](
+            q, k_cache, v_cache, out, lse, op, lsep, kd, vd, *self.meta,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), **self.consts)
 
 
 def dense_prefix_attention(
@@ -128,34 +179,8 @@ def dense_prefix_attention(
         q=q, k_cache=k_cache, v_cache=v_cache, group_indptr=group_indptr, kv=prefix, out=out,
         lse=lse, sm_scale=sm_scale, check=check, max_rows=max_group_size, max_kv_len=max_kv_len,
         kv_name="prefix")
-    T, n_q, D = q.shape
-    n_kv = k_cache.shape[1]
-    G = n_q // n_kv
-    n_groups = group_indptr.shape[0] - 1
-    if T == 0 or n_groups == 0:
-        return out, lse
-    m_tiles = max(1, triton.cdiv(max_rows * G, block_m))
-    n_splits, chunk = _dense_splits(m_tiles * n_kv * n_groups, max_kv_len, block_n, q.device, kv_chunk)
-    R = T * n_q
-    split = n_splits > 1
-    if split:
-        op = torch.empty((n_splits, R, D), dtype=torch.float32, device=q.device)
-        lsep = torch.empty((n_splits, R), dtype=torch.float32, device=q.device)
-    else:
-        op, lsep = out, lse
-    if use_tma is None:
-        use_tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
-    kd, vd = (_descriptor(k_cache, block_n), _descriptor(v_cache, block_n)) if use_tma else (k_cache, v_cache)
-    with warnings.catch_warnings():  # triton 3.7 deprecates block pointers; they are still measured here
-        warnings.filterwarnings("ignore", message=".*make_block_ptr is deprecated.*")
-        _dense_kernel[(m_tiles, n_kv * n_splits, n_groups)](
-            q, k_cache, v_cache, out, lse, op, lsep, kd, vd, group_indptr, prefix.start, prefix.length,
-            scale * LOG2E, chunk, n_kv, n_q, R,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-            G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, USE_TMA=use_tma,
-            num_warps=num_warps, num_stages=num_stages,
-        )
-    if split:
-        combine(op, lsep, out, lse, n_splits)
-    return out, lse
+    launch = DenseLaunch(rows=q.shape[0], n_q=q.shape[1], n_kv=k_cache.shape[1], d=q.shape[2],
+                         group_indptr=group_indptr, prefix=prefix, max_group_size=max_rows, max_kv_len=max_kv_len,
+                         device=q.device, sm_scale=scale, block_m=block_m, block_n=block_n, num_warps=num_warps,
+                         num_stages=num_stages, kv_chunk=kv_chunk, use_tma=use_tma)
+    return launch(q, k_cache, v_cache, out, lse)

@@ -17,6 +17,7 @@ import triton.language as tl
 from .. import checks
 from .. import layout as L
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
+from .grid import cdiv
 from .split_kv import default_scale
 
 
@@ -69,6 +70,28 @@ def _extend_kernel(
     store_state(O, LSE, O, LSE, o, lse, tok, qh, row_ok, 0, n_q, 0, stride_ot, stride_oh, D, False)
 
 
+class ExtendLaunch:
+    """The extend launch with its host work done once: call it per layer with (q, k_new, v_new,
+    k_cache, v_cache, out, lse). No checks: `extend_attention` checks."""
+
+    def __init__(self, *, n_q: int, n_kv: int, d: int, qo_indptr: torch.Tensor, prefix: L.KVLayout,
+                 max_qo_len: int, sm_scale: float | None = None, block_m: int = 64, block_n: int = 64,
+                 num_warps: int = 4, num_stages: int = 2):
+        G = n_q // n_kv
+        mode, A, B, C, page = L.kernel_args(prefix)
+        self.grid = (max(1, cdiv(max_qo_len * G, block_m)), n_kv, qo_indptr.shape[0] - 1)
+        self.meta = (qo_indptr, A, B, C, default_scale(d, sm_scale) * LOG2E, n_kv, n_q)
+        self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page,
+                           num_warps=num_warps, num_stages=num_stages)
+
+    def __call__(self, q, k_new, v_new, k_cache, v_cache, out, lse) -> None:
+        _extend_kernel[self.grid](
+            q, k_new, v_new, k_cache, v_cache, out, lse, *self.meta,
+            q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            out.stride(0), out.stride(1), **self.consts)
+
+
 def extend_attention(
     *, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, qo_indptr: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: L.KVLayout,
@@ -81,7 +104,7 @@ def extend_attention(
     Returns o [T, n_q, d], lse [T, n_q] fp32."""
     num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
     dev = k_cache.device
-    G = checks.queries("q", q, n_kv=n_kv, d=d, dtype=k_cache.dtype, device=dev)
+    checks.queries("q", q, n_kv=n_kv, d=d, dtype=k_cache.dtype, device=dev)
     T, n_q, _ = q.shape
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         checks.tensor(name, t, dim=3, dtypes=(k_cache.dtype,), device=dev)
@@ -100,15 +123,8 @@ def extend_attention(
     if max_qo_len is None:
         p = qo_indptr.cpu().long()
         max_qo_len = int((p[1:] - p[:-1]).max())
-    mode, A, B, C, page = L.kernel_args(prefix)
-    grid = (max(1, triton.cdiv(max_qo_len * G, block_m)), n_kv, n_req)
-    _extend_kernel[grid](
-        q, k_new, v_new, k_cache, v_cache, out, lse, qo_indptr, A, B, C,
-        default_scale(d, sm_scale) * LOG2E, n_kv, n_q,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0), out.stride(1),
-        G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    launch = ExtendLaunch(n_q=n_q, n_kv=n_kv, d=d, qo_indptr=qo_indptr, prefix=prefix, max_qo_len=max_qo_len,
+                          sm_scale=sm_scale, block_m=block_m, block_n=block_n, num_warps=num_warps,
+                          num_stages=num_stages)
+    launch(q, k_new, v_new, k_cache, v_cache, out, lse)
     return out, lse

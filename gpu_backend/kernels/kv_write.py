@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from .. import checks
+from .grid import cdiv, next_pow2
 
 
 @triton.jit
@@ -31,6 +32,23 @@ def _rows(name: str, t: torch.Tensor) -> None:
     if t.shape[0] and (t.stride(2) != 1 or t.stride(1) != t.shape[2]):
         raise ValueError(f"{name} must hold each token's [n_kv, d] row contiguously "
                          f"(strides {t.stride()})")
+
+
+class KvWriteLaunch:
+    """The write of `tokens` rows of `hd` = n_kv * d elements, sized once: call it per layer with
+    (k_cache, v_cache, k, v, slots). No checks: `write_kv` checks."""
+
+    def __init__(self, tokens: int, hd: int):
+        hd_p2 = next_pow2(hd)
+        block_t = max(1, 4096 // hd_p2)
+        self.grid = (cdiv(tokens, block_t),)
+        self.tokens = tokens
+        self.consts = dict(HD=hd, HD_P2=hd_p2, BLOCK_T=block_t, num_warps=4)
+
+    def __call__(self, k_cache, v_cache, k, v, slots) -> None:
+        if self.tokens:
+            _kv_write_kernel[self.grid](k, v, k_cache, v_cache, slots, self.tokens, k.stride(0), v.stride(0),
+                                        k_cache.stride(0), v_cache.stride(0), **self.consts)
 
 
 def write_kv(*, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -61,9 +79,4 @@ def write_kv(*, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v
         u, counts = torch.unique(s, return_counts=True)
         if bool((counts > 1).any()):
             raise ValueError(f"slots repeats slot id {int(u[counts > 1][0])}")
-    hd = n_kv * d
-    hd_p2 = triton.next_power_of_2(hd)
-    block_t = max(1, 4096 // hd_p2)
-    _kv_write_kernel[(triton.cdiv(T, block_t),)](
-        k, v, k_cache, v_cache, slots, T, k.stride(0), v.stride(0), k_cache.stride(0),
-        v_cache.stride(0), HD=hd, HD_P2=hd_p2, BLOCK_T=block_t, num_warps=4)
+    KvWriteLaunch(T, n_kv * d)(k_cache, v_cache, k, v, slots)

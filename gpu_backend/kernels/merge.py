@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import checks
+from .grid import cdiv
 
 
 @triton.jit
@@ -41,6 +42,21 @@ def _merge_kernel(
     tl.store(LO + rows, tl.where(empty, float("-inf"), m + tl.log(tot_safe)), mask=ok)
 
 
+class MergeLaunch:
+    """The merge of `rows` states of head size `d`, sized once: call it per layer with
+    (o1, lse1, o2, lse2, out, out_lse). No checks: `merge_states` checks."""
+
+    def __init__(self, rows: int, d: int, block_r: int | None = None):
+        br = block_r or max(1, min(64, 8192 // d))
+        self.grid = (cdiv(rows, br),)
+        self.rows = rows
+        self.consts = dict(D=d, BLOCK_R=br, num_warps=4)
+
+    def __call__(self, o1, lse1, o2, lse2, out, out_lse) -> None:
+        if self.rows:
+            _merge_kernel[self.grid](o1, lse1, o2, lse2, out, out_lse, self.rows, **self.consts)
+
+
 def merge_states(
     *, o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor,
     out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None, block_r: int | None = None,
@@ -67,7 +83,5 @@ def merge_states(
     R = lse1.numel()
     if R == 0:
         return out, out_lse
-    br = block_r or max(1, min(64, 8192 // d))
-    _merge_kernel[(triton.cdiv(R, br),)](o1, lse1, o2, lse2, out, out_lse, R, D=d, BLOCK_R=br,
-                                         num_warps=4)
+    MergeLaunch(R, d, block_r)(o1, lse1, o2, lse2, out, out_lse)
     return out, out_lse

@@ -18,6 +18,7 @@ import triton.language as tl
 from .. import layout as L
 from ..checks import num_sms
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
+from .grid import cdiv, next_pow2
 
 # How far to split along KV (H200 runs, reports/kernels/h200.md "Defaults"):
 # - gathered storages (slot lists, pages) with row tiles <= 64: about 2 programs per SM, rounded up
@@ -108,12 +109,18 @@ def _combine_kernel(
     tl.store(LSE + row, lse)
 
 
-def combine(op, lsep, out, lse, n_splits: int) -> None:
-    """Reduce split partials [S, R, D] into out [T, n_q, D] / lse [T, n_q]."""
-    R, D = op.shape[1], op.shape[2]
-    bs = triton.next_power_of_2(n_splits)
-    _combine_kernel[(R,)](op, lsep, out, lse, R, n_splits, out.shape[1], out.stride(0), out.stride(1),
-                          D=D, BLOCK_S=bs, num_warps=4 if bs * D <= 2048 else 8)
+class Combine:
+    """Reduce split partials [S, R, D] into out [T, n_q, D] / lse [T, n_q]; sized once, run per layer."""
+
+    def __init__(self, n_splits: int, rows_total: int, d: int):
+        bs = next_pow2(n_splits)
+        self.grid = (rows_total,)
+        self.args = (rows_total, n_splits)
+        self.consts = dict(D=d, BLOCK_S=bs, num_warps=4 if bs * d <= 2048 else 8)
+
+    def __call__(self, op, lsep, out, lse) -> None:
+        _combine_kernel[self.grid](op, lsep, out, lse, *self.args, out.shape[1], out.stride(0), out.stride(1),
+                                   **self.consts)
 
 
 def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
@@ -125,7 +132,7 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
     if kv_chunk is not None:
         if kv_chunk <= 0 or kv_chunk % block_n:
             raise ValueError(f"kv_chunk = {kv_chunk} must be a positive multiple of block_n={block_n}")
-        n = max(1, triton.cdiv(max_kv_len, kv_chunk))
+        n = max(1, cdiv(max_kv_len, kv_chunk))
         if n > MAX_SPLITS:
             raise ValueError(f"kv_chunk = {kv_chunk} gives {n} splits of max_kv_len={max_kv_len}; "
                              f"at most {MAX_SPLITS}")
@@ -134,12 +141,12 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
         return 1, block_n
     target = (ctas_per_sm or CTAS_PER_SM) * num_sms(device)
     base = max(base_programs, 1)
-    want = triton.cdiv(target, base) if round_up else max(1, int(target // base))
+    want = cdiv(target, base) if round_up else max(1, int(target // base))
     if max_chunk:
-        want = max(want, triton.cdiv(max_kv_len, max_chunk))
-    n_splits = max(1, min(want, triton.cdiv(max_kv_len, MIN_CHUNK), MAX_SPLITS))
-    chunk = triton.cdiv(triton.cdiv(max_kv_len, n_splits), block_n) * block_n
-    return triton.cdiv(max_kv_len, chunk), chunk
+        want = max(want, cdiv(max_kv_len, max_chunk))
+    n_splits = max(1, min(want, cdiv(max_kv_len, MIN_CHUNK), MAX_SPLITS))
+    chunk = cdiv(cdiv(max_kv_len, n_splits), block_n) * block_n
+    return cdiv(max_kv_len, chunk), chunk
 
 
 def balance_cap(max_kv_len: int, mean_kv_len: int | None) -> int:
@@ -150,42 +157,45 @@ def balance_cap(max_kv_len: int, mean_kv_len: int | None) -> int:
     return max(BALANCE_CHUNK, int(mean_kv_len))
 
 
-def launch(*, q, k_cache, v_cache, group_indptr, kv: L.KVLayout, out, lse, sm_scale,
-           max_rows: int, max_kv_len: int, block_m: int, block_n: int, num_warps: int,
-           num_stages: int, kv_chunk: int | None, mean_kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch with arguments already checked (by decode.py / cascade.py)."""
-    T, n_q, D = q.shape
-    n_kv = k_cache.shape[1]
-    G = n_q // n_kv
-    n_groups = group_indptr.shape[0] - 1
-    if T == 0 or n_groups == 0:
+class SplitKvLaunch:
+    """One split-KV launch with its host work done once (splits, grid, scratch partials): call it per
+    layer with that layer's tensors. `rows_total` query rows of `n_q` heads; group g owns rows
+    group_indptr[g]:group_indptr[g+1] (at most `max_rows`) and reads sequence g of `kv`."""
+
+    def __init__(self, *, rows_total: int, n_q: int, n_kv: int, d: int, group_indptr, kv: L.KVLayout,
+                 scale: float, max_rows: int, max_kv_len: int, block_m: int, block_n: int, num_warps: int,
+                 num_stages: int, kv_chunk: int | None, device, mean_kv_len: int | None = None):
+        G = n_q // n_kv
+        n_groups = group_indptr.shape[0] - 1
+        self.empty = rows_total == 0 or n_groups == 0
+        m_tiles = max(1, cdiv(max_rows * G, block_m))
+        mode, A, B, C, page = L.kernel_args(kv)
+        gather = mode != L.MODE_SLAB and block_m <= 64
+        n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
+                                      block_n=block_n, device=device, kv_chunk=kv_chunk,
+                                      ctas_per_sm=2 if gather else 1, round_up=gather,
+                                      max_chunk=balance_cap(max_kv_len, mean_kv_len))
+        R = rows_total * n_q
+        split = n_splits > 1
+        self.partials = (torch.empty((n_splits, R, d), dtype=torch.float32, device=device),
+                         torch.empty((n_splits, R), dtype=torch.float32, device=device)) if split else None
+        self.combine = Combine(n_splits, R, d) if split else None
+        self.grid = (m_tiles, n_kv * n_splits, n_groups)
+        self.meta = (group_indptr, A, B, C, scale * LOG2E, chunk, n_kv, n_q, R)
+        self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page, SPLIT=split,
+                           num_warps=num_warps, num_stages=num_stages)
+
+    def __call__(self, q, k_cache, v_cache, out, lse) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.empty:
+            return out, lse
+        op, lsep = self.partials or (out, lse)
+        _split_kv_kernel[self.grid](
+            q, k_cache, v_cache, out, lse, op, lsep, *self.meta,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), **self.consts)
+        if self.combine:
+            self.combine(op, lsep, out, lse)
         return out, lse
-    m_tiles = max(1, triton.cdiv(max_rows * G, block_m))
-    mode, A, B, C, page = L.kernel_args(kv)
-    gather = mode != L.MODE_SLAB and block_m <= 64
-    n_splits, chunk = plan_splits(base_programs=m_tiles * n_kv * n_groups, max_kv_len=max_kv_len,
-                                  block_n=block_n, device=q.device, kv_chunk=kv_chunk,
-                                  ctas_per_sm=2 if gather else 1, round_up=gather,
-                                  max_chunk=balance_cap(max_kv_len, mean_kv_len))
-    R = T * n_q
-    split = n_splits > 1
-    if split:
-        op = torch.empty((n_splits, R, D), dtype=torch.float32, device=q.device)
-        lsep = torch.empty((n_splits, R), dtype=torch.float32, device=q.device)
-    else:
-        op, lsep = out, lse
-    grid = (m_tiles, n_kv * n_splits, n_groups)
-    _split_kv_kernel[grid](
-        q, k_cache, v_cache, out, lse, op, lsep, group_indptr, A, B, C,
-        sm_scale * LOG2E, chunk, n_kv, n_q, R,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page, SPLIT=split,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    if split:
-        combine(op, lsep, out, lse, n_splits)
-    return out, lse
 
 
 def default_scale(d: int, sm_scale: float | None) -> float:

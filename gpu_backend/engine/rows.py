@@ -16,6 +16,7 @@ All slot ids are checked here against the KV buffers, so no launch needs a devic
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -116,6 +117,26 @@ def _exact(n: int) -> int:
     return max(n, 0)
 
 
+class GroupPrefix(NamedTuple):
+    """A group's shared prefix as its first member holds it: one slab (start, size) or listed slot ids."""
+
+    slab: bool
+    start: int
+    size: int
+    ids: np.ndarray | None  # None for a slab: no list to build (a 16K prefix is 16K ids per group per step)
+
+
+def _group_prefix(layout, n: int, checked) -> GroupPrefix:
+    seg = layout.segments[0] if layout.segments else None
+    if n and seg is not None and seg.slab is not None and seg.slab[1] >= n:  # the allocator marked the run
+        start = seg.slab[0]
+        checked(np.array([start, start + n - 1]))
+        return GroupPrefix(True, start, n, None)
+    ids = checked(layout.slots()[:n])
+    slab = bool(ids.size) and bool((np.diff(ids) == 1).all())
+    return GroupPrefix(slab, int(ids[0]) if slab else 0, int(ids.size), ids)
+
+
 def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     """Row regions, metadata and shape of one plan, padded to buckets (`pad`, for graph replays) or
     exact (eager steps); ValueError before any launch on a bad id."""
@@ -187,11 +208,10 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         if g.path not in ("cascade", "dense"):
             continue
         i0 = g.members[0]
-        first = checked(i0, reqs[i0].layout.slots()[: g.prefix_len])
-        slab = bool(first.size) and bool((np.diff(first) == 1).all())
-        if g.path == "dense" and not slab:
+        first = _group_prefix(reqs[i0].layout, g.prefix_len, lambda s: checked(i0, s))
+        if g.path == "dense" and not first.slab:
             raise ValueError(f"plan step {plan.step}: dense group {g.key} is not one contiguous slab")
-        by_pass.setdefault((g.path, slab), []).append((g, first))
+        by_pass.setdefault((g.path, first.slab), []).append((g, first))
     passes, suffix = [], []
     next_sample = ext_reqs + dec_rows
     for n, key in enumerate(k for k in PASS_ORDER if k in by_pass):
@@ -207,10 +227,10 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         small.append(_csr_ptr([len(g.members) for g, _ in groups], shape.groups))
         firsts = [f for _, f in groups]
         if key[1]:
-            small += [_pad([f[0] for f in firsts], shape.groups, 0), _pad([f.size for f in firsts], shape.groups, 0)]
+            small += [_pad([f.start for f in firsts], shape.groups, 0), _pad([f.size for f in firsts], shape.groups, 0)]
         else:
             small.append(_csr_ptr([f.size for f in firsts], shape.groups))
-            big[f"pass{n}"] = _cat(firsts)
+            big[f"pass{n}"] = _cat([f.ids for f in firsts])
         suffix += [suffix_of[i] for g, _ in groups for i in g.members]
         suffix += [np.empty(0, np.int64)] * (shape.rows - len(members))
     grouped_rows = sum(p.rows for p in passes)

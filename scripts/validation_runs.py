@@ -31,11 +31,14 @@ from validation_report import _setup  # noqa: E402
 METRICS = ("throughput_rps", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
 
-def _runs(root: Path) -> dict[str, Path]:
-    """Run folder name -> folder holding its validation_*.json (the run itself or its h200_run/)."""
+def _runs(root: Path, only: list[str] | None = None) -> dict[str, Path]:
+    """Run folder name -> folder holding its validation_*.json (the run itself or its h200_run/); with
+    `only`, the runs whose folder is one of these or lies under one (e.g. one engine version's runs)."""
     found = {}
     for js in sorted(root.rglob("validation_*.json")):
-        found.setdefault(str(js.parent.relative_to(root)), js.parent)
+        name = str(js.parent.relative_to(root))
+        if only is None or any(name == o or name.startswith(o + "/") for o in only):
+            found.setdefault(name, js.parent)
     return found
 
 
@@ -66,9 +69,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--sensitivity", type=float, nargs="*", default=[0.99, 1.01],
                     help="step-duration factors to simulate beside 1.0")
+    ap.add_argument("--runs", nargs="*", help="only these run folders under ROOT (default: every run)")
     args = ap.parse_args()
     rows, measured = [], {}
-    for run, folder in _runs(args.root).items():
+    for run, folder in _runs(args.root, args.runs).items():
         for js in sorted(folder.glob("validation_*.json")):
             name = js.stem[len("validation_"):]
             base = next((w for w in VALIDATION if name == w or name.startswith(w + "_")), None)

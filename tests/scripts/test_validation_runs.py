@@ -44,3 +44,11 @@ def test_table_sets_the_runs_spread_beside_the_prediction(tmp_path, monkeypatch)
     assert t["error_vs_median"] == pytest.approx(t["predicted"] / 0.0061 - 1)
     assert set(s["steps_x1.01"]) == set(V.METRICS) and s["steps_x1.01"]["tpot_p50_s"] != 0.0
     assert "every step x0.99" in out.with_suffix(".md").read_text()
+
+
+def test_runs_option_keeps_only_the_named_run_folders(tmp_path):
+    for name, tpot in (("run9", 0.006), ("run10", 0.007), ("run10b", 0.0061), ("run10/old", 0.008)):
+        _run(tmp_path, name, tpot)
+    assert set(V._runs(tmp_path, ["run10"])) == {"run10", "run10/old"}  # not run10b
+    assert set(V._runs(tmp_path, ["run9"])) == {"run9"}
+    assert set(V._runs(tmp_path)) == {"run9", "run10", "run10b", "run10/old"}

@@ -1,0 +1,59 @@
+"""The issue's validation targets for two runs of one device call, as a markdown table.
+
+    python scripts/validation_targets.py 10 10b [--root reports/validation]
+
+Reads ROOT/runA/h200.json and ROOT/runB/h200.json (validation_report.py, each made with
+`--check-profile` pointing at the other run's fit) and prints, per target, the errors for multi-agent /
+control / Azure: each run held out (engine coefficients fitted on the other two workloads), and each
+run judged by the other run's fit. Misses are bold.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+WORKLOADS = ("multi_agent_16k", "control_short", "azure_replay")
+TARGETS = {  # metric -> (label, bound in %)
+    "step": ("per-step median <= 3%", 3.0),
+    "throughput_rps": ("throughput <= 5%", 5.0),
+    "tpot_p50_s": ("TPOT p50 <= 5%", 5.0),
+    "tpot_p99_s": ("TPOT p99 <= 5%", 5.0),
+    "ttft_p99_s": ("TTFT p99 <= 10%", 10.0),
+}
+
+
+def errors(report: dict, variant: str, metric: str) -> list[float]:
+    """Absolute errors in % per workload."""
+    out = []
+    for w in WORKLOADS:
+        v = report["workloads"][w][variant]
+        e = v["step_errors"]["total"]["median"] if metric == "step" else v["end_to_end"][metric]["error"]
+        out.append(abs(e) * 100)
+    return out
+
+
+def table(root: Path, a: str, b: str) -> str:
+    reps = {r: json.loads((root / f"run{r}" / "h200.json").read_text()) for r in (a, b)}
+    cols = [(a, "engine_calibrated_held_out"), (b, "engine_calibrated_held_out"), (a, "check_profile"),
+            (b, "check_profile")]
+    lines = [f"| target | run {a} held out | run {b} held out | run {a}, fit on run {b} | run {b}, fit on run {a} |",
+             "|---|---|---|---|---|"]
+    for metric, (label, bound) in TARGETS.items():
+        cells = [" / ".join(f"**{x:.1f}**" if x > bound else f"{x:.1f}" for x in errors(reps[r], v, metric)) + "%"
+                 for r, v in cols]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_a")
+    ap.add_argument("run_b")
+    ap.add_argument("--root", type=Path, default=Path("reports/validation"))
+    args = ap.parse_args()
+    print(table(args.root, args.run_a, args.run_b))
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,7 @@ Policies (one class, three configurations — see :func:`make_allocator`):
   caching are floored to whole pages.
 
 ``KVAllocator`` is assembled from pieces that each hold one concept: this module keeps
-admission, growth, caching/release and eviction; :mod:`granisim.kv.hot_slabs` the HOT
+admission, growth and caching/release; :mod:`granisim.kv.eviction` eviction; :mod:`granisim.kv.hot_slabs` the HOT
 slab placement, compaction and the adaptive HOT boundary (``granikv`` only);
 :mod:`granisim.kv.views` the layouts and reports; :mod:`granisim.kv.sequence` the
 per-request record.
@@ -29,6 +29,7 @@ import numpy as np
 
 from granisim.kv.cold_pool import ColdPool
 from granisim.kv.elastic import ElasticColdPool, ElasticHotPool
+from granisim.kv.eviction import Eviction
 from granisim.kv.hot_pool import HotPool, KVCopy
 from granisim.kv.hot_slabs import DEMAND_WINDOW, HOT_HEADROOM, HotSlabs
 from granisim.kv.paged_pool import PagedPool
@@ -46,7 +47,7 @@ class OutOfKVMemory(RuntimeError):
     """Not enough free or evictable KV slots; the scheduler should have asked first."""
 
 
-class KVAllocator(HotSlabs, AllocatorViews):
+class KVAllocator(HotSlabs, Eviction, AllocatorViews):
     def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
                  demand_window: int = DEMAND_WINDOW):
         if policy not in POLICIES:
@@ -263,35 +264,6 @@ class KVAllocator(HotSlabs, AllocatorViews):
             self.store.release(seq.priv)
         self.radix.unlock(seq.node)
         del self._seqs[rid]
-
-    # ---- memory pressure ------------------------------------------------------------------
-    def _free_node(self, node: RadixNode) -> None:
-        if node.pool == "hot":
-            del self._slab_owner[node.slab]
-            self.hot.release(node.slab)
-        else:
-            self.store.release(node.value)
-        self._n["evictions"] += 1
-        self._n["evicted_tokens"] += len(node)
-
-    def _evict(self, pool: str, n: int) -> int:
-        return self.radix.evict(n, pool, self._free_node)
-
-    def evict(self, n: int) -> int:
-        """Evict up to ``n`` cached private-pool tokens (LRU); returns tokens freed."""
-        return self._evict(self.store.name, n)
-
-    def clear_cache(self) -> int:
-        """Evict every unlocked cached node in every pool; returns tokens freed."""
-        freed = 0
-        for node in list(self.radix.root.children.values()):
-            freed += self._evict_unlocked(node)
-        return freed
-
-    def _evict_unlocked(self, node: RadixNode) -> int:
-        if node.lock_ref == 0:
-            return self.radix.evict_subtree(node, self._free_node)
-        return sum(self._evict_unlocked(c) for c in list(node.children.values()))
 
     # ---- lookups --------------------------------------------------------------------------
     def _seq(self, rid: int) -> _Seq:

@@ -1,7 +1,7 @@
 """Device metadata of one step: the launch arguments of every attention region, as views of
 the metadata arena, plus the host integers (from the step's `StepShape`) that size the grids.
 
-Storage follows the plan: page tables for the `paged` policy's decode reads, slabs for
+Storage follows the plan: page tables for the `paged` policy's extend and decode reads, slabs for
 prefix groups whose prefix is one HOT run, slot lists otherwise.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ class StepMeta:
     new_slots: torch.Tensor  # [T] KV write targets (pads: the scratch slot)
     sample_rows: torch.Tensor  # rows whose logits are computed
     extend_indptr: torch.Tensor
-    extend_prefix: L.SlotLists
+    extend_prefix: L.KVLayout
     decode_kv: L.KVLayout
     passes: list[PrefixPass]
     suffix_kv: L.SlotLists
@@ -46,11 +46,12 @@ def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
     it = iter(small)
     tokens, positions, new_slots, sample = next(it), next(it), next(it), next(it)
     ext_ptr = next(it)
-    ext_prefix = L.SlotLists(next(it), big["ext"])
-    if s.page_size:
-        decode_kv = L.PageTable(next(it), big["dec"], next(it), s.page_size)
-    else:
-        decode_kv = L.SlotLists(next(it), big["dec"])
+    def storage(name: str) -> L.KVLayout:  # rows._storage's fields, in its order
+        if s.page_size:
+            return L.PageTable(next(it), big[name], next(it), s.page_size)
+        return L.SlotLists(next(it), big[name])
+
+    ext_prefix, decode_kv = storage("ext"), storage("dec")
     passes, row0 = [], s.ext_rows + s.dec_rows
     for n, p in enumerate(s.passes):
         gptr = next(it)

@@ -117,6 +117,16 @@ def _exact(n: int) -> int:
     return max(n, 0)
 
 
+def _storage(seqs: list[np.ndarray], n_padded: int, page_size: int, small: list[np.ndarray]) -> np.ndarray:
+    """Sequences' slot ids as a page table (page_size > 0: page indptr and lengths appended to `small`,
+    page ids returned; each sequence starts on a page boundary) or as slot lists (indptr appended, ids returned)."""
+    if page_size:
+        small += [_csr_ptr([-(-s.size // page_size) for s in seqs], n_padded), _pad([s.size for s in seqs], n_padded, 0)]
+        return _cat([s[::page_size] // page_size for s in seqs])
+    small.append(_csr_ptr([s.size for s in seqs], n_padded))
+    return _cat(seqs)
+
+
 class GroupPrefix(NamedTuple):
     """A group's shared prefix as its first member holds it: one slab (start, size) or listed slot ids."""
 
@@ -187,21 +197,16 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     ext_sizes = [reqs[i].num_new for i in ext]
     ext_rows, ext_reqs = bucket_n(sum(ext_sizes)), bucket_n(len(ext))
     region(ext, ext_rows, 0)
+    # the `paged` policy's own contexts are read through its page table, as vLLM's kernels read them
+    ps = plan.page_size if plan.policy == "paged" else 0
     ext_prefix = [slots[i][: reqs[i].context_len] for i in ext]
-    small += [_csr_ptr(ext_sizes, ext_reqs), _csr_ptr([p.size for p in ext_prefix], ext_reqs)]
-    big["ext"] = _cat(ext_prefix)
+    small.append(_csr_ptr(ext_sizes, ext_reqs))
+    big["ext"] = _storage(ext_prefix, ext_reqs, ps, small)
     # decode: every request outside a prefix pass reads its whole context
     dec_rows = bucket_n(len(dec))
     region(dec, dec_rows, ext_reqs)
     dec_kv = [slots[i] for i in dec]
-    if plan.policy == "paged":
-        ps = plan.page_size
-        small += [_csr_ptr([-(-s.size // ps) for s in dec_kv], dec_rows), _pad([s.size for s in dec_kv], dec_rows, 0)]
-        big["dec"] = _cat([s[::ps] // ps for s in dec_kv])
-    else:
-        ps = 0
-        small.append(_csr_ptr([s.size for s in dec_kv], dec_rows))
-        big["dec"] = _cat(dec_kv)
+    big["dec"] = _storage(dec_kv, dec_rows, ps, small)
     # prefix passes: one launch per (path, storage), groups stacked; then one suffix pass over all
     by_pass: dict[tuple[str, bool], list] = {}
     for g in plan.groups:

@@ -53,8 +53,9 @@ def recorded(request):
 
 def _sizes_from_shape(s: R.StepShape) -> list[int]:
     """The fixed-size fields' sizes as a function of the shape alone (the graph-replay contract)."""
-    out = [s.num_rows] * 3 + [s.sample_rows, s.ext_reqs + 1, s.ext_reqs + 1, s.dec_rows + 1]
-    out += [s.dec_rows] if s.page_size else []
+    lens = 1 if s.page_size else 0  # page tables (the paged policy) add a length per sequence
+    out = [s.num_rows] * 3 + [s.sample_rows, s.ext_reqs + 1, s.ext_reqs + 1] + [s.ext_reqs] * lens
+    out += [s.dec_rows + 1] + [s.dec_rows] * lens
     for p in s.passes:
         out += [p.groups + 1] + ([p.groups, p.groups] if p.slab else [p.groups + 1])
     return out + [s.grouped_rows + 1]
@@ -98,6 +99,23 @@ def test_grouped_rows_read_their_own_suffix(recorded):
             else:
                 r = by_slot[slot]
                 assert n == r.kv_len - plan.groups[r.group].prefix_len, (plan.step, r.rid)
+
+
+def test_paged_contexts_are_read_through_the_page_table(recorded):
+    """paged policy: each extend request's cached context, rebuilt from its page ids and length, is exactly
+    its first context_len slots (the extend kernel reads it page by page, as decode does)."""
+    plan0 = recorded.steps[0][0]
+    if plan0.policy != "paged":
+        pytest.skip("page tables are the paged policy's")
+    ps, seen = plan0.page_size, 0
+    for plan, host in recorded.steps:
+        page_ptr, lens, pages = host.small[5], host.small[6], host.big["ext"]
+        for n, r in enumerate(r for r in plan.requests if r.is_prefill):
+            ids = pages[page_ptr[n]: page_ptr[n + 1]]
+            rebuilt = (ids[:, None] * ps + np.arange(ps)).ravel()[: lens[n]]
+            assert np.array_equal(rebuilt, r.layout.slots()[: r.context_len]), (plan.step, r.rid)
+            seen += r.context_len > 0
+    assert seen  # some chunk had a cached context
 
 
 def test_eager_steps_are_not_padded(recorded):

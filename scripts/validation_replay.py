@@ -1,0 +1,72 @@
+"""TPOT on the measured schedule: is a TPOT error the cost model's or the schedule's?
+
+    python scripts/validation_replay.py reports/validation/run10 reports/validation/run10b [--profile h200-engine]
+
+For each validation run and workload, the stored plans are priced with PROFILE step by step and
+each request's TPOT is recomputed on the measured schedule (the same steps, in the same order,
+each lasting its predicted instead of its measured time). Beside the measured TPOT
+p50 this isolates the cost model's error; what the simulator adds beyond it, running the
+scenario on its own clock, is the schedule's (validation_runs.py shows how sensitive that is).
+"""
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from granisim.hardware import get_profile  # noqa: E402
+from granisim.models import get_model  # noqa: E402
+from granisim.validate import reprice  # noqa: E402
+
+WORKLOADS = ("multi_agent_16k", "control_short", "azure_replay")
+
+
+def tpot_p50(plans, durations: np.ndarray, prompt_len: dict[int, int]) -> float:
+    """Median TPOT with step i lasting durations[i]. A request yields a token in each step that covers its
+    prompt's end (its last prefill chunk, then every decode step); the engine never idles while a request
+    is running, so step ends are the running sum of the durations."""
+    end = np.cumsum(durations)
+    first, last, count = {}, {}, {}
+    for i, plan in enumerate(plans):
+        for r in plan.requests:
+            if r.context_len + r.num_new < prompt_len[r.rid]:
+                continue
+            first.setdefault(r.rid, end[i])
+            last[r.rid] = end[i]
+            count[r.rid] = count.get(r.rid, 0) + 1
+    return float(np.median([(last[k] - first[k]) / (count[k] - 1) for k in count if count[k] > 1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs", type=Path, nargs="+", help="run folders holding h200_run/<workload>/")
+    ap.add_argument("--profile", default="h200-engine")
+    ap.add_argument("--model", default="llama-3.1-8b")
+    args = ap.parse_args()
+    prof, model = get_profile(args.profile), get_model(args.model)
+    print(f"| run | workload | TPOT p50 measured | on the measured schedule, {args.profile} |")
+    print("|---|---|---|---|")
+    for run in args.runs:
+        for w in WORKLOADS:
+            d = run / "h200_run" / w
+            if not (d / "plans.pkl").exists():
+                continue
+            plans = pickle.loads((d / "plans.pkl").read_bytes())
+            steps = reprice(pd.read_parquet(d / "steps.parquet"), plans, prof, model)
+            reqs = pd.read_parquet(d / "measured_requests.parquet")
+            plen = dict(zip(reqs.rid, reqs.prompt_len))
+            meas = steps.measured_s.to_numpy(float)
+            m = tpot_p50(plans, meas, plen)
+            p = tpot_p50(plans, steps.predicted_s.to_numpy(float), plen)
+            print(f"| {run.name} | {w} | {m * 1e3:.2f} ms | {p * 1e3:.2f} ms ({(p / m - 1) * 100:+.1f}%) |")
+
+
+if __name__ == "__main__":
+    main()

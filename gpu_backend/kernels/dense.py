@@ -18,7 +18,7 @@ from . import split_kv
 from .cascade import prepare
 from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
 from .grid import cdiv
-from .split_kv import Combine, plan_splits
+from .split_kv import plan_splits, split_scratch
 
 
 @triton.jit
@@ -127,9 +127,7 @@ class DenseLaunch:
         n_splits, chunk = _dense_splits(m_tiles * n_kv * n_groups, max_kv_len, block_n, device, kv_chunk)
         R = rows * n_q
         split = n_splits > 1
-        self.partials = (torch.empty((n_splits, R, d), dtype=torch.float32, device=device),
-                         torch.empty((n_splits, R), dtype=torch.float32, device=device)) if split else None
-        self.combine = Combine(n_splits, R, d) if split else None
+        self.partials, self.combine = split_scratch(n_splits, R, d, device)
         if use_tma is None:
             use_tma = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
         self.use_tma, self.block_n = use_tma, block_n

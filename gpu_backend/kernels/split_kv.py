@@ -123,6 +123,14 @@ class Combine:
                                    **self.consts)
 
 
+def split_scratch(n_splits: int, rows_total: int, d: int, device):
+    """(fp32 partials [S, R, D] and [S, R], their Combine) for a launch cut into `n_splits`; (None, None) unsplit."""
+    if n_splits <= 1:
+        return None, None
+    return ((torch.empty((n_splits, rows_total, d), dtype=torch.float32, device=device),
+             torch.empty((n_splits, rows_total), dtype=torch.float32, device=device)), Combine(n_splits, rows_total, d))
+
+
 def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
                 kv_chunk: int | None = None, ctas_per_sm: float | None = None,
                 round_up: bool = False, max_chunk: int = 0) -> tuple[int, int]:
@@ -177,9 +185,7 @@ class SplitKvLaunch:
                                       max_chunk=balance_cap(max_kv_len, mean_kv_len))
         R = rows_total * n_q
         split = n_splits > 1
-        self.partials = (torch.empty((n_splits, R, d), dtype=torch.float32, device=device),
-                         torch.empty((n_splits, R), dtype=torch.float32, device=device)) if split else None
-        self.combine = Combine(n_splits, R, d) if split else None
+        self.partials, self.combine = split_scratch(n_splits, R, d, device)
         self.grid = (m_tiles, n_kv * n_splits, n_groups)
         self.meta = (group_indptr, A, B, C, scale * LOG2E, chunk, n_kv, n_q, R)
         self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page, SPLIT=split,

@@ -46,6 +46,7 @@ def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
     it = iter(small)
     tokens, positions, new_slots, sample = next(it), next(it), next(it), next(it)
     ext_ptr = next(it)
+
     def storage(name: str) -> L.KVLayout:  # rows._storage's fields, in its order
         if s.page_size:
             return L.PageTable(next(it), big[name], next(it), s.page_size)

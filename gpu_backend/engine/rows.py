@@ -137,6 +137,7 @@ class GroupPrefix(NamedTuple):
 
 
 def _group_prefix(layout, n: int, checked) -> GroupPrefix:
+    """The first `n` tokens of `layout` (range-checked by `checked`) as a GroupPrefix."""
     seg = layout.segments[0] if layout.segments else None
     if n and seg is not None and seg.slab is not None and seg.slab[1] >= n:  # the allocator marked the run
         start = seg.slab[0]

@@ -88,7 +88,7 @@ def stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh,
 @triton.jit
 def store_state(O, LSE, OP, LSEP, o, lse, tok, qh, row_ok, s, n_q, n_rows_total, stride_ot, stride_oh,
                 D: tl.constexpr, SPLIT: tl.constexpr):
-    """Write a tile's (o, lse): to O/LSE, or as split s's fp32 partial to OP/LSEP (see split_kv.combine)."""
+    """Write a tile's (o, lse): to O/LSE, or as split s's fp32 partial to OP/LSEP (see split_kv.Combine)."""
     offs_d = tl.arange(0, D)
     row = tok * n_q + qh                                                           # flat (token, head)
     if SPLIT:

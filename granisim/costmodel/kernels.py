@@ -63,7 +63,7 @@ class KernelForms:
         return np.full_like(np.asarray(m, float), p["attn.dense.m_tile"])
 
     def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None):
-        """(n_splits, chunk) of gpu_backend.kernels.split_kv.launch / plan_splits: split along KV until
+        """(n_splits, chunk) of gpu_backend.kernels.split_kv.SplitKvLaunch / plan_splits: split along KV until
         about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
         ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True), and
         (given the batch's ``mean_len``, and a longest ``kv_len`` over ``balance_skew`` x it) until no

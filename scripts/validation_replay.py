@@ -20,12 +20,14 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from engine_h200 import VALIDATION  # noqa: E402
 from granisim.hardware import get_profile  # noqa: E402
 from granisim.models import get_model  # noqa: E402
 from granisim.validate import reprice  # noqa: E402
 
-WORKLOADS = ("multi_agent_16k", "control_short", "azure_replay")
+WORKLOADS = tuple(VALIDATION)  # the validation workloads, in engine_h200.py's order
 
 
 def tpot_p50(plans, durations: np.ndarray, prompt_len: dict[int, int]) -> float:

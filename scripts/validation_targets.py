@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-WORKLOADS = ("multi_agent_16k", "control_short", "azure_replay")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_h200 import VALIDATION  # noqa: E402
+
+WORKLOADS = tuple(VALIDATION)  # the validation workloads, in engine_h200.py's order
 TARGETS = {  # metric -> (label, bound in %)
     "step": ("per-step median <= 3%", 3.0),
     "throughput_rps": ("throughput <= 5%", 5.0),

@@ -14,11 +14,10 @@ import triton.language as tl
 
 from .. import layout as L
 from ..checks import num_sms
-from . import split_kv
 from .cascade import prepare
 from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
 from .grid import cdiv
-from .split_kv import plan_splits, split_scratch
+from .split_kv import default_scale, plan_splits, split_scratch
 
 
 @triton.jit
@@ -132,7 +131,7 @@ class DenseLaunch:
             use_tma = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
         self.use_tma, self.block_n = use_tma, block_n
         self.grid = (m_tiles, n_kv * n_splits, n_groups)
-        self.meta = (group_indptr, prefix.start, prefix.length, split_kv.default_scale(d, sm_scale) * LOG2E,
+        self.meta = (group_indptr, prefix.start, prefix.length, default_scale(d, sm_scale) * LOG2E,
                      chunk, n_kv, n_q, R)
         self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, USE_TMA=use_tma,
                            num_warps=num_warps, num_stages=num_stages)

@@ -87,6 +87,7 @@ FORM2_DEFAULTS: dict[str, tuple[str, str, float]] = {
     "attn.cascade.max_splits": ("splits", "int", 64),
     "attn.dense.max_splits": ("splits", "int", 1),
 }
+LINEAR_KNOTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tokens; up to the engine's CUDA-graph limit
 ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # the real engine's in-situ time per breakdown key vs the microbenchmark-fitted model:
     # key time = scale * model time + offset per launch of the key (CUDA-graph gaps, in-graph timing marks;
@@ -99,6 +100,10 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
        for k in ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
        for c, u, r, d in (("scale", "", "pos", 1.0), ("offset_s", "s", "nonneg", 0.0))},
     "engine.graph_max_tokens": ("tokens", "nonneg", 0),
+    # graph-replayed steps' linear offset by step size (knots in tokens, log-linear between them; where a
+    # profile has them they replace engine.linear.offset_s): in the engine cuBLAS runs 1-token steps as a
+    # GEMV, about 3% faster than the microbenchmark's, and 2-32-token steps 1-2% slower
+    **{f"engine.linear.offset_t{n}_s": ("s", "nonneg", 0.0) for n in LINEAR_KNOTS},
     # decode over a shared prefix that every member of a group re-reads in the same launch (the baselines):
     # the members after the first cost this fraction of a first read (their reads hit L2); 1 = no reuse
     "attn.decode.shared_reread": ("", "frac", 1.0),

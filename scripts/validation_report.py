@@ -67,7 +67,7 @@ def main() -> None:
                             + (" --fit-runs " + " ".join(map(str, args.fit_runs)) if args.fit_runs else "")
                             + " --profile-out ...",
                     note="granisim.calibration.engine fit on the real engine's validation runs "
-                         f"({', '.join(names)}): key time = scale * model + offset per launch; "
+                         f"({', '.join(names)}): key time = scale * model + offset per launch (linear: by step size); "
                          "overhead per step + per request + per KV token + per prefix pass")
     report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"]},
               "targets": TARGETS, "workloads": {}}

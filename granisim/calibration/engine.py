@@ -5,7 +5,8 @@ breakdown key also pays what isolation hides (in-graph timing marks and gaps per
 padding, the suffix pass's short contexts). From validation runs (``steps.parquet``: the same
 plan priced and measured) this fits, per key, ``measured = scale * predicted + offset * launches``
 (least squares on relative error, offset >= 0; launches: the key's kernel launches in the step, 1-2
-for attn_decode, one per prefix pass for attn_prefix, else 1), and the per-step host overhead as
+for attn_decode, one per prefix pass for attn_prefix, else 1; the graph steps' linear offset by step
+size, at LINEAR_KNOTS), and the per-step host overhead as
 ``step_s + per_request_s * requests + per_kv_token_s * kv_tokens + per_pass_s * passes`` (steps need
 ``kv_tokens``, ``passes`` and ``decode_launches`` columns: `host_work`). `with_engine` returns a profile
 carrying them (granisim.costmodel applies them). Fit on some workloads, judge on the others.
@@ -17,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from granisim.coefficients import LINEAR_KNOTS
 from granisim.costmodel import ENGINE_KEYS
 from granisim.hardware import OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, Source
 
@@ -73,6 +75,24 @@ def _floored_lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return best[1], best[2], best[3]
 
 
+def _knot_offsets(tokens: np.ndarray, x: np.ndarray, y: np.ndarray, scale: float, prior: float) -> np.ndarray:
+    """Offsets at LINEAR_KNOTS (>= 0) minimising sum(((scale x + b(tokens) - y) / y)^2), b log-linear in tokens
+    between the knots (flat beyond them), plus one pseudo-step per knot at ``prior``: a knot without steps
+    near it keeps the flat offset."""
+    k = np.log2(LINEAR_KNOTS)
+    t = np.clip(np.log2(np.maximum(tokens, 1)), k[0], k[-1])
+    i = np.clip(np.searchsorted(k, t, side="right") - 1, 0, len(k) - 2)
+    f = (t - k[i]) / (k[i + 1] - k[i])
+    basis = np.zeros((len(t), len(k)))
+    np.add.at(basis, (np.arange(len(t)), i), 1 - f)
+    np.add.at(basis, (np.arange(len(t)), i + 1), f)
+    w = 1.0 / y
+    pw = float(w.mean())
+    A = np.vstack([basis * w[:, None], pw * np.eye(len(k))])
+    b = np.concatenate([(y - scale * x) * w, np.full(len(k), prior * pw)])
+    return np.maximum(np.linalg.lstsq(A, b, rcond=None)[0], 0.0)
+
+
 def _host_offset_lsq(x: np.ndarray, y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     """(1, b >= 0) minimising sum((x + b n - y)^2): the model's device time plus a mean host excess per launch,
     stalls included. The scale stays 1: these keys' times barely follow the model's in the validation runs,
@@ -106,6 +126,12 @@ def fit(steps: list[pd.DataFrame], graph_max: int = GRAPH_MAX_TOKENS) -> dict[st
     df = pd.concat(steps, ignore_index=True)
     eager = df["tokens"] > graph_max
     out = _fit_keys(df[~eager], "engine.")
+    if "engine.linear.scale" in out:  # the graph steps' linear offset by step size
+        g = df[~eager & (df["measured_linear"] > 0) & (df["predicted_linear"] > 0)]
+        knots = _knot_offsets(g["tokens"].to_numpy(float), g["predicted_linear"].to_numpy(float),
+                              g["measured_linear"].to_numpy(float), out["engine.linear.scale"],
+                              out["engine.linear.offset_s"])
+        out.update({f"engine.linear.offset_t{n}_s": float(v) for n, v in zip(LINEAR_KNOTS, knots)})
     fitted = _fit_keys(df[eager], "engine.eager.")
     for k in ENGINE_KEYS:  # too few eager points for a key: the graph set stands in
         for c in ("scale", "offset_s"):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from granisim.plan import BatchPlan, StepResult
@@ -14,15 +16,24 @@ from .operators import BREAKDOWN_KEYS
 class StepPricing:
     """CostTables.step (needs the table's part times: linear, prefill, prefix pass, decode, merge, ...)."""
 
-    def _in_engine(self, key: str, t, eager: bool = False, launches: int = 1):
+    def _in_engine(self, key: str, t, eager: bool = False, launches: int = 1, offset: float | None = None):
         """Model time -> the real engine's time for one breakdown key (graph-replayed or eager step): scale
         times the model's, plus the offset once per launch of the key (attn_decode: the whole-context and
-        the suffix decode are two launches; attn_prefix: one launch per prefix pass; the others one)."""
+        the suffix decode are two launches; attn_prefix: one launch per prefix pass; the others one);
+        ``offset`` replaces the key's offset (the linear part's offset by step size)."""
         a, b = (self.engine_eager if eager else self.engine)[key]
+        b = b if offset is None else offset
         floor = self.eager_floor.get(key, 0.0) if eager else 0.0  # host-bound eager launches
         if isinstance(t, np.ndarray):
             return np.where(t > 0, np.maximum(a * t + b * launches, floor), 0.0)
         return max(a * t + b * launches, floor) if t > 0 else 0.0
+
+    def _linear_offset(self, tokens: int) -> float | None:
+        """A graph-replayed step's linear offset at its size (log-linear between the profile's knots, flat
+        beyond them); None without knots (engine.linear.offset_s stands)."""
+        if self.linear_knots is None:
+            return None
+        return float(np.interp(math.log2(max(tokens, 1)), *self.linear_knots))
 
     def _host(self, requests: int, kv_tokens, passes: int):
         """Host overhead of a step (``kv_tokens`` may be an array: one value per fast-forwarded step)."""
@@ -109,10 +120,10 @@ class StepPricing:
         overhead = self._host(len(plan.requests), tok, len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
-            linear, lm_head, attn_prefill, merge, kv_write = (
-                self._in_engine(k, v, eager) for k, v in (("linear", linear), ("lm_head", lm_head),
-                                                   ("attn_prefill", attn_prefill), ("merge", merge),
-                                                   ("kv_write", kv_write)))
+            linear = self._in_engine("linear", linear, eager, offset=None if eager else self._linear_offset(T))
+            lm_head, attn_prefill, merge, kv_write = (
+                self._in_engine(k, v, eager) for k, v in (("lm_head", lm_head), ("attn_prefill", attn_prefill),
+                                                          ("merge", merge), ("kv_write", kv_write)))
             prefix = self._in_engine("attn_prefix", prefix, eager, len(passes))
         # attn_decode of each step (step s: every context grown by s)
         steps_ = np.arange(max(n, 1), dtype=float)

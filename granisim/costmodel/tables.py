@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from granisim.coefficients import LINEAR_KNOTS
 from granisim.hardware import HardwareProfile
 from granisim.models import ModelShape
 
@@ -43,6 +44,9 @@ class CostTables(KernelForms, StepPricing):
         self.engine = engine if any(v != (1.0, 0.0) for v in (*engine.values(), *eager.values())) else {}
         self.engine_eager = eager if self.graph_max else engine
         self.eager_floor = {"linear": p["engine.eager.linear_floor_s"]}  # per key: at least this long
+        knots = [n for n in LINEAR_KNOTS if f"engine.linear.offset_t{n}_s" in p.coefficients]
+        self.linear_knots = (np.log2(knots), np.array([p[f"engine.linear.offset_t{n}_s"] for n in knots])) \
+            if knots else None
         self.fam = {f: (p[f"linear.{f}.launch_s"],
                         p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
                         p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}

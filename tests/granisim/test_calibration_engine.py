@@ -110,3 +110,32 @@ def test_host_bound_eager_attention_is_fitted_to_its_mean():
     a, b = v["engine.eager.attn_decode.scale"], v["engine.eager.attn_decode.offset_s"]
     priced = a * eager.predicted_attn_decode + b
     assert priced.sum() == pytest.approx(eager.measured_attn_decode.sum(), rel=0.02)
+
+
+def test_the_linear_offset_follows_the_step_size():
+    """In the engine cuBLAS runs a 1-token step as a GEMV, faster than the microbenchmark's, and 2-32-token
+    steps slower: one flat offset misprices both. Offsets at knots of step size fit each; a size between two
+    knots is priced log-linearly between them."""
+    rng = np.random.default_rng(2)
+    truth = {1: 3e-4, 2: 5e-4, 4: 5e-4, 8: 5e-4, 16: 5e-4, 32: 5e-4, 64: 2.5e-4, 512: 9e-4}
+    frames = []
+    for t, b in truth.items():
+        df = _steps(rng, 60, t, lambda p: p)
+        pred = rng.uniform(4.9e-3, 5.1e-3, 60)  # decode steps' linear part: about 5 ms whatever the size
+        frames.append(df.assign(predicted_linear=pred, measured_linear=(pred + b) * rng.normal(1.0, 0.002, 60)))
+    v = fit(frames)
+    for t, b in truth.items():
+        assert v[f"engine.linear.offset_t{t}_s"] == pytest.approx(b, abs=3e-5)
+    prof, model = get_profile("h200"), get_model("llama-3.1-8b")
+    eng = with_engine(prof, v, Source("measured"))
+
+    def extra(tokens):
+        plan = BatchPlan(0, "token", 1, (PlannedRequest(0, 0, tokens, True),))
+        return step_cost(plan, eng, model).breakdown["linear"] - step_cost(plan, prof, model).breakdown["linear"]
+
+    assert extra(1) == pytest.approx(v["engine.linear.offset_t1_s"])
+    f = np.log2(45) - 5  # 45 tokens: between the knots at 32 and 64
+    assert extra(45) == pytest.approx((1 - f) * v["engine.linear.offset_t32_s"] + f * v["engine.linear.offset_t64_s"])
+    # an eager step keeps its own flat offset (no eager steps here: the graph steps' flat offset stands in)
+    assert extra(2000) == pytest.approx(v["engine.eager.linear.offset_s"])
+    assert extra(512) == pytest.approx(9e-4, abs=3e-5) and extra(2000) < 6e-4

@@ -23,10 +23,11 @@ def test_tpot_counts_from_each_request_first_token():
     plans, plen = _plans(), {0: 8, 1: 2}
     meas = np.array([1.0, 1.0, 0.5, 0.5, 0.5])
     # request 0: tokens at the ends of steps 1, 2, 3 -> (3.0 - 2.0) / 2; request 1: steps 1..4 -> 1.5 / 3
-    assert V.tpot_p50(plans, meas, plen) == pytest.approx(np.median([0.5, 0.5]))
+    assert V.tpot_percentiles(plans, meas, plen)[0] == pytest.approx(np.median([0.5, 0.5]))
     slow = meas.copy()
     slow[3] = 1.5  # one decode step 1 s longer: both requests' windows grow by 1 s
-    assert V.tpot_p50(plans, slow, plen) == pytest.approx(np.median([2.0 / 2, 2.5 / 3]))
+    assert V.tpot_percentiles(plans, slow, plen) == pytest.approx((np.median([2.0 / 2, 2.5 / 3]),
+                                                                   2.5 / 3 + 0.99 * (2.0 / 2 - 2.5 / 3)))
     slow_chunk = meas.copy()
     slow_chunk[0] = 5.0  # a prefill chunk before request 0's first token: no TPOT moves
-    assert V.tpot_p50(plans, slow_chunk, plen) == pytest.approx(0.5)
+    assert V.tpot_percentiles(plans, slow_chunk, plen)[0] == pytest.approx(0.5)

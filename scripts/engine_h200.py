@@ -156,7 +156,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int,
+                    help="speedup: requests per burst (default 64); validate: each workload's cap (default 96, "
+                         "its own size: at 64 the multi-agent TPOT p50 is ill-conditioned, reports/validation/h200.md)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
     ap.add_argument("--gc-in-steps", action="store_true",
                     help="let Python's garbage collector run inside timed steps (the engine's old behaviour; "
@@ -167,6 +169,8 @@ def main() -> None:
                     help="speedup: policies, NAME or NAME-DISPATCH (e.g. granikv-auto)")
     ap.add_argument("--reps", type=int, default=1, help="speedup: passes over the grid (rep r > 0 adds _repR)")
     args = ap.parse_args()
+    if args.requests is None:
+        args.requests = 64 if args.what == "speedup" else 96
     args.out.mkdir(parents=True, exist_ok=True)
     (speedup if args.what == "speedup" else validate_all)(args)
 

@@ -39,6 +39,23 @@ def _setup(name: str, requests: int, profile: str):
     return prepare(validation_scenario(name, requests, profile))
 
 
+def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int:
+    """The request count a validation run measured for workload ``base`` (its folder ``workload_dir``): the
+    simulator must run the same scenario. Every request is in measured_requests.parquet; a --requests that
+    disagrees with it is an error, not a silent prediction of another scenario."""
+    path = workload_dir / "measured_requests.parquet"
+    if not path.exists():
+        if given is None:
+            raise SystemExit(f"error: {path}: missing, and no --requests given (the request count of the run)")
+        return given
+    n = len(pd.read_parquet(path, columns=["rid"]))
+    asked = min(VALIDATION[base]["workload"]["num_requests"], given) if given is not None else n
+    if asked != n:
+        raise SystemExit(f"error: {path}: the run measured {n} requests, --requests {given} would simulate {asked}; "
+                         "leave --requests out to use the run's own count")
+    return n
+
+
 def _e2e(setup, measured: dict) -> dict:
     res = simulate(setup, progress=False)
     return end_to_end({k: v["measured"] for k, v in measured.items()},
@@ -50,7 +67,7 @@ def main() -> None:
     ap.add_argument("run", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--profile-out", type=Path)
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, help="the run's request cap (default: as the run measured)")
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--check-profile", help="also judge this profile as it stands (fitted on another run)")
     ap.add_argument("--fit-runs", type=Path, nargs="*", default=[],
@@ -71,7 +88,7 @@ def main() -> None:
                          "overhead per step + per request + per KV token + per prefix pass")
     report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"]},
               "targets": TARGETS, "workloads": {}}
-    setups = {n: _setup(n, args.requests, args.profile) for n in names}
+    setups = {n: _setup(n, run_requests(args.run / n, n, args.requests), args.profile) for n in names}
     base = {n: reprice(steps[n], plans[n], setups[n].profile, setups[n].model) for n in names}
     kept = _kept(args.profile_out)
     pooled = list(base.values())

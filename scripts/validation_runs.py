@@ -26,7 +26,7 @@ from engine_h200 import VALIDATION  # noqa: E402
 from granisim.executor import CostExecutor  # noqa: E402
 from granisim.metrics import requests_frame, summarize  # noqa: E402
 from granisim.simulate import simulate  # noqa: E402
-from validation_report import _setup  # noqa: E402
+from validation_report import _setup, run_requests  # noqa: E402
 
 METRICS = ("throughput_rps", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -65,24 +65,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("root", type=Path)
     ap.add_argument("--profile", default="h200-engine")
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, help="the runs' request cap (default: as the runs measured)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--sensitivity", type=float, nargs="*", default=[0.99, 1.01],
                     help="step-duration factors to simulate beside 1.0")
     ap.add_argument("--runs", nargs="*", help="only these run folders under ROOT (default: every run)")
     args = ap.parse_args()
-    rows, measured = [], {}
+    rows, measured, sizes = [], {}, {}
     for run, folder in _runs(args.root, args.runs).items():
         for js in sorted(folder.glob("validation_*.json")):
             name = js.stem[len("validation_"):]
             base = next((w for w in VALIDATION if name == w or name.startswith(w + "_")), None)
             if base is None:
                 continue
+            sizes.setdefault(base, {})[run] = run_requests(folder / name, base, args.requests)
             e2e = json.loads(js.read_text())["end_to_end"]
             vals = {m: e2e[m]["measured"] for m in METRICS}
             rows.append({"run": run, "workload": name, **vals})
             measured.setdefault(base, []).append(vals)
-    setups = {w: _setup(w, args.requests, args.profile) for w in measured}
+    for w, by_run in sizes.items():  # one prediction per workload: its runs must be of one size
+        if len(set(by_run.values())) > 1:
+            raise SystemExit(f"error: {w}: the runs measured different request counts ({by_run}); "
+                             "pass --runs with runs of one size")
+    setups = {w: _setup(w, next(iter(sizes[w].values())), args.profile) for w in measured}
     predicted = {w: _simulated(st) for w, st in setups.items()}
     scaled = {w: {f: _simulated(st, f) for f in args.sensitivity} for w, st in setups.items()}
     lines = [f"| run | workload | {' | '.join(METRICS)} |", "|---" * (2 + len(METRICS)) + "|"]

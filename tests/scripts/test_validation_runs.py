@@ -52,3 +52,15 @@ def test_runs_option_keeps_only_the_named_run_folders(tmp_path):
     assert set(V._runs(tmp_path, ["run10"])) == {"run10", "run10/old"}  # not run10b
     assert set(V._runs(tmp_path, ["run9"])) == {"run9"}
     assert set(V._runs(tmp_path)) == {"run9", "run10", "run10b", "run10/old"}
+
+
+def test_runs_of_different_sizes_are_not_set_beside_one_prediction(tmp_path, monkeypatch):
+    import pandas as pd
+
+    for name, n in (("runA", 64), ("runB", 96)):
+        _run(tmp_path, name, 0.006)
+        (tmp_path / name / "azure_replay").mkdir()
+        pd.DataFrame({"rid": range(n)}).to_parquet(tmp_path / name / "azure_replay" / "measured_requests.parquet")
+    monkeypatch.setattr(sys, "argv", ["validation_runs.py", str(tmp_path), "--out", str(tmp_path / "t")])
+    with pytest.raises(SystemExit, match="different request counts"):
+        V.main()

@@ -1,0 +1,32 @@
+"""scripts/validation_report.py: the simulator re-runs the scenario the real engine measured."""
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import validation_report as V  # noqa: E402
+
+
+def _measured(folder: Path, n: int) -> Path:
+    folder.mkdir(parents=True)
+    pd.DataFrame({"rid": range(n)}).to_parquet(folder / "measured_requests.parquet")
+    return folder
+
+
+def test_the_request_count_is_the_runs_own(tmp_path):
+    d = _measured(tmp_path / "control_short", 96)
+    assert V.run_requests(d, "control_short") == 96
+    assert V.run_requests(d, "control_short", 96) == 96
+    assert V.run_requests(d, "control_short", 500) == 96  # a cap above the workload's size (96) asks for 96
+
+
+def test_a_requests_option_that_disagrees_with_the_run_is_an_error(tmp_path):
+    d = _measured(tmp_path / "control_short", 96)
+    with pytest.raises(SystemExit, match=r"measured_requests.parquet: the run measured 96 requests, --requests 64"):
+        V.run_requests(d, "control_short", 64)
+    with pytest.raises(SystemExit, match="missing, and no --requests given"):
+        V.run_requests(tmp_path / "azure_replay", "azure_replay")
+    assert V.run_requests(tmp_path / "azure_replay", "azure_replay", 12) == 12  # no record: the option stands

@@ -113,9 +113,9 @@ def test_host_bound_eager_attention_is_fitted_to_its_mean():
 
 
 def test_the_linear_offset_follows_the_step_size():
-    """In the engine cuBLAS runs a 1-token step as a GEMV, faster than the microbenchmark's, and 2-32-token
-    steps slower: one flat offset misprices both. Offsets at knots of step size fit each; a size between two
-    knots is priced log-linearly between them."""
+    """In the engine a 1-token step's linear part runs under the microbenchmark's plus one flat offset, and
+    2-32-token steps over it: one flat offset misprices both. Offsets at knots of step size fit each; a size
+    between two knots is priced log-linearly between them."""
     rng = np.random.default_rng(2)
     truth = {1: 3e-4, 2: 5e-4, 4: 5e-4, 8: 5e-4, 16: 5e-4, 32: 5e-4, 64: 2.5e-4, 512: 9e-4}
     frames = []

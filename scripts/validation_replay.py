@@ -11,7 +11,6 @@ scenario on its own clock, is the schedule's (validation_runs.py shows how sensi
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 from pathlib import Path
 
@@ -22,12 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from engine_h200 import VALIDATION  # noqa: E402
 from granisim.hardware import get_profile  # noqa: E402
 from granisim.models import get_model  # noqa: E402
 from granisim.validate import reprice  # noqa: E402
-
-WORKLOADS = tuple(VALIDATION)  # the validation workloads, in engine_h200.py's order
+from validation_report import _load  # noqa: E402
 
 
 def tpots(plans, durations: np.ndarray, prompt_len: dict[int, int]) -> np.ndarray:
@@ -62,16 +59,13 @@ def main() -> None:
           f"| TPOT p99 measured | on the measured schedule, {args.profile} |")
     print("|---|---|---|---|---|---|")
     for run in args.runs:
-        for w in WORKLOADS:
-            d = run / "h200_run" / w
-            if not (d / "plans.pkl").exists():
-                continue
-            plans = pickle.loads((d / "plans.pkl").read_bytes())
-            steps = reprice(pd.read_parquet(d / "steps.parquet"), plans, prof, model)
-            reqs = pd.read_parquet(d / "measured_requests.parquet")
+        names, runs_steps, runs_plans = _load(run / "h200_run")
+        for w in names:
+            plans = runs_plans[w]
+            steps = reprice(runs_steps[w], plans, prof, model)
+            reqs = pd.read_parquet(run / "h200_run" / w / "measured_requests.parquet")
             plen = dict(zip(reqs.rid, reqs.prompt_len))
-            meas = steps.measured_s.to_numpy(float)
-            measured = tpot_percentiles(plans, meas, plen)
+            measured = tpot_percentiles(plans, steps.measured_s.to_numpy(float), plen)
             priced = tpot_percentiles(plans, steps.predicted_s.to_numpy(float), plen)
             cells = [f"{m * 1e3:.2f} ms | {p * 1e3:.2f} ms ({(p / m - 1) * 100:+.1f}%)" for m, p in zip(measured, priced)]
             print(f"| {run.name} | {w} | {' | '.join(cells)} |")

@@ -80,12 +80,9 @@ def _knot_offsets(tokens: np.ndarray, x: np.ndarray, y: np.ndarray, scale: float
     between the knots (flat beyond them), plus one pseudo-step per knot at ``prior``: a knot without steps
     near it keeps the flat offset."""
     k = np.log2(LINEAR_KNOTS)
-    t = np.clip(np.log2(np.maximum(tokens, 1)), k[0], k[-1])
-    i = np.clip(np.searchsorted(k, t, side="right") - 1, 0, len(k) - 2)
-    f = (t - k[i]) / (k[i + 1] - k[i])
-    basis = np.zeros((len(t), len(k)))
-    np.add.at(basis, (np.arange(len(t)), i), 1 - f)
-    np.add.at(basis, (np.arange(len(t)), i + 1), f)
+    t = np.log2(np.maximum(tokens, 1))
+    # column j: the weight of knot j in each step's offset, interpolated as the cost model prices it (np.interp)
+    basis = np.stack([np.interp(t, k, e) for e in np.eye(len(k))], axis=1)
     w = 1.0 / y
     pw = float(w.mean())
     A = np.vstack([basis * w[:, None], pw * np.eye(len(k))])

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from granisim.coefficients import LINEAR_KNOTS
 from granisim.plan import BatchPlan, StepResult
 
 from .correction import storage_class
@@ -33,7 +34,11 @@ class StepPricing:
         beyond them); None without knots (engine.linear.offset_s stands)."""
         if self.linear_knots is None:
             return None
-        return float(np.interp(math.log2(max(tokens, 1)), *self.linear_knots))
+        n = min(max(tokens, 1), LINEAR_KNOTS[-1])  # flat beyond the last knot: at most 512 memo entries
+        v = self._memo_lin_off.get(n)  # the step loop prices the same few sizes over and over
+        if v is None:
+            v = self._memo_lin_off[n] = float(np.interp(math.log2(n), *self.linear_knots))
+        return v
 
     def _host(self, requests: int, kv_tokens, passes: int):
         """Host overhead of a step (``kv_tokens`` may be an array: one value per fast-forwarded step)."""

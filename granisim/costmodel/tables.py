@@ -47,6 +47,7 @@ class CostTables(KernelForms, StepPricing):
         knots = [n for n in LINEAR_KNOTS if f"engine.linear.offset_t{n}_s" in p.coefficients]
         self.linear_knots = (np.log2(knots), np.array([p[f"engine.linear.offset_t{n}_s"] for n in knots])) \
             if knots else None
+        self._memo_lin_off: dict[int, float] = {}
         self.fam = {f: (p[f"linear.{f}.launch_s"],
                         p[f"linear.{f}.flop_eff"] if f in GEMM_FAMILIES else 1.0,
                         p[f"linear.{f}.mem_eff"]) for f in GEMM_FAMILIES + ELEMENTWISE_FAMILIES}

@@ -12,8 +12,10 @@ output projection and the SwiGLU MLP. Finally norm, LM head on each request's la
 
 Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
 shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
-eagerly. Mixed steps of ~1K prefill rows plus decodes launched eagerly can be host-bound on a
-slow host; a 2048-row limit was measured and not kept (reports/validation/h200.md).
+eagerly. The limit is 2048 rows: launched eagerly, a mixed step of ~1K prefill rows plus decodes
+is host-bound (~1,000 launches), and its time then follows the host's speed, which drifts within
+a run; from ~2K rows the GEMMs keep the GPU ahead of the host (reports/validation/h200.md,
+session 9).
 
 A step's duration is CUDA-event time from before its metadata is built to after
 its last kernel: host metadata work and the GPU work, not the scheduler, and none of the
@@ -48,7 +50,7 @@ class GpuExecutor:
     max_steps_per_plan = 1
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 512,
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 2048,
                  hold_gc: bool = True, watch_allocs: bool = False):
         self.shape = shape
         self.device = torch.device(device)

@@ -34,7 +34,7 @@ class StepPricing:
         beyond them); None without knots (engine.linear.offset_s stands)."""
         if self.linear_knots is None:
             return None
-        n = min(max(tokens, 1), LINEAR_KNOTS[-1])  # flat beyond the last knot: at most 512 memo entries
+        n = min(max(tokens, 1), LINEAR_KNOTS[-1])  # flat beyond the last knot: at most 2048 memo entries
         v = self._memo_lin_off.get(n)  # the step loop prices the same few sizes over and over
         if v is None:
             v = self._memo_lin_off[n] = float(np.interp(math.log2(n), *self.linear_knots))

@@ -56,6 +56,28 @@ def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int
     return n
 
 
+def graph_limit(run: Path, names: list[str], steps: dict[str, pd.DataFrame]) -> int:
+    """The CUDA-graph row limit a run's executor had (steps of more tokens ran eagerly): its stats' ``graph_max_rows``,
+    or, in runs from before the stats carried it, the limit among those the engine has had (512, 2048) that
+    leaves exactly the run's eager steps. Every workload of the run must agree."""
+    limits = set()
+    for n in names:
+        path = run / f"validation_{n}.json"
+        stats = json.loads(path.read_text()).get("executor") or {}
+        if "graph_max_rows" in stats:
+            limits.add(int(stats["graph_max_rows"]))
+            continue
+        tokens = steps[n]["tokens"]
+        match = [g for g in (512, 2048) if int((tokens > g).sum()) == stats.get("eager_steps")]
+        if len(match) != 1:
+            raise SystemExit(f"error: {path}: executor.graph_max_rows missing, and eager_steps = "
+                             f"{stats.get('eager_steps')} fits {len(match)} of the known limits (512, 2048)")
+        limits.add(match[0])
+    if len(limits) != 1:
+        raise SystemExit(f"error: {run}: workloads ran with different graph limits {sorted(limits)}")
+    return limits.pop()
+
+
 def _e2e(setup, measured: dict) -> dict:
     res = simulate(setup, progress=False)
     return end_to_end({k: v["measured"] for k, v in measured.items()},
@@ -75,6 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     variants = VARIANTS + ((("check_profile", f"{args.check_profile} as it stands"),) if args.check_profile else ())
     names, steps, plans = _load(args.run)
+    limit = graph_limit(args.run, names, steps)
     raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
     meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
             if (args.run.parent / f"{k}.txt").exists()}
@@ -94,8 +117,11 @@ def main() -> None:
     pooled = list(base.values())
     for run in args.fit_runs:
         more_names, more_steps, more_plans = _load(run)
+        if graph_limit(run, more_names, more_steps) != limit:
+            raise SystemExit(f"error: {run}: another CUDA-graph limit than {args.run}'s ({limit} rows): "
+                             "its steps cannot join one fit")
         pooled += [reprice(more_steps[n], more_plans[n], setups[n].profile, setups[n].model) for n in more_names]
-    report["fit_all"] = fit(pooled)
+    report["fit_all"] = fit(pooled, limit)
     if args.fit_runs:
         report["fit_all_runs"] = [str(args.run), *map(str, args.fit_runs)]
     frames = []
@@ -108,7 +134,7 @@ def main() -> None:
                                                              "end_to_end": _e2e(setup, measured)}}
         for label, on in (("engine_calibrated_held_out", [o for o in names if o != n]),
                           ("engine_calibrated_in_sample", names)):
-            vals = fit([base[o] for o in on])
+            vals = fit([base[o] for o in on], limit)
             prof = with_engine(setup.profile, vals, source)
             cal = reprice(steps[n], plans[n], prof, setup.model)
             report["workloads"][n][label] = {"fitted_on": on, "coefficients": vals, "step_errors": step_errors(cal),

@@ -79,7 +79,8 @@ class GpuExecutor:
 
     def stats(self) -> dict:
         g = self.graphs
-        return dict(eager_steps=self.eager_steps, reruns=self.reruns, graph_replays=g.replays if g else 0,
+        return dict(graph_max_rows=self.graph_max_rows if g else 0, eager_steps=self.eager_steps, reruns=self.reruns,
+                    graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats())

@@ -139,3 +139,16 @@ def test_the_linear_offset_follows_the_step_size():
     # an eager step keeps its own flat offset (no eager steps here: the graph steps' flat offset stands in)
     assert extra(2000) == pytest.approx(v["engine.eager.linear.offset_s"])
     assert extra(512) == pytest.approx(9e-4, abs=3e-5) and extra(2000) < 6e-4
+
+
+def test_prefill_attention_keeps_the_microbenchmark_scale():
+    """A prefill scale fitted on some workloads' chunk shapes does not carry to another's (run 13: 1.10 on 2-4K-token
+    chunks, 0.97 with 8K chunks over a 16K prefix): attn_prefill keeps scale 1, graph and eager, plus its offset."""
+    rng = np.random.default_rng(2)
+    graph = _steps(rng, 200, 64, lambda p: 1.1 * p + 3e-4)
+    eager = _steps(rng, 80, 4096, lambda p: 1.1 * p + 3e-4)
+    v = fit([graph, eager])
+    for s in ("", "eager."):
+        assert v[f"engine.{s}attn_prefill.scale"] == 1.0
+        assert v[f"engine.{s}attn_prefill.offset_s"] > 3e-4  # the best offset for scale 1 takes up part of the 10%
+        assert v[f"engine.{s}lm_head.scale"] == pytest.approx(1.1, rel=0.02)  # other keys keep a fitted scale

@@ -30,3 +30,26 @@ def test_a_requests_option_that_disagrees_with_the_run_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="missing, and no --requests given"):
         V.run_requests(tmp_path / "azure_replay", "azure_replay")
     assert V.run_requests(tmp_path / "azure_replay", "azure_replay", 12) == 12  # no record: the option stands
+
+
+def _run_stats(run: Path, stats: dict, tokens: list[int]) -> dict:
+    import json
+
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "validation_control_short.json").write_text(json.dumps({"executor": stats}))
+    return {"control_short": pd.DataFrame({"tokens": tokens})}
+
+
+def test_the_graph_limit_is_the_runs_own(tmp_path):
+    """Steps over the run's CUDA-graph limit are fitted as eager steps: the limit comes from the run, stated or
+    (runs from before it was stated) the known limit that leaves exactly the run's eager steps."""
+    tokens = [1, 600, 1000, 3000, 8192]
+    steps = _run_stats(tmp_path / "a", {"graph_max_rows": 2048, "eager_steps": 2}, tokens)
+    assert V.graph_limit(tmp_path / "a", ["control_short"], steps) == 2048
+    steps = _run_stats(tmp_path / "b", {"eager_steps": 4}, tokens)
+    assert V.graph_limit(tmp_path / "b", ["control_short"], steps) == 512
+    steps = _run_stats(tmp_path / "c", {"eager_steps": 2}, tokens)
+    assert V.graph_limit(tmp_path / "c", ["control_short"], steps) == 2048
+    steps = _run_stats(tmp_path / "d", {"eager_steps": 3}, tokens)
+    with pytest.raises(SystemExit, match=r"validation_control_short.json: executor.graph_max_rows missing"):
+        V.graph_limit(tmp_path / "d", ["control_short"], steps)

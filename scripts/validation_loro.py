@@ -20,8 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from validation_targets import LABELS, errors  # noqa: E402
-from granisim.validate import TARGETS  # noqa: E402
+from validation_targets import target_table  # noqa: E402
 
 REPORT = [sys.executable, str(HERE / "validation_report.py")]
 
@@ -38,15 +37,8 @@ def _run_all(commands: list[list[str]]) -> None:
 
 
 def table(out: Path, runs: list[str]) -> str:
-    reps = {r: json.loads((out / f"run{r}" / "h200.json").read_text()) for r in runs}
-    lines = ["| target | " + " | ".join(f"run {r}, fit on the others" for r in runs) + " |",
-             "|---" * (len(runs) + 1) + "|"]
-    for metric, label in LABELS.items():
-        bound = TARGETS[metric] * 100
-        cells = [" / ".join(f"**{x:.1f}**" if x > bound else f"{x:.1f}" for x in errors(reps[r], "check_profile",
-                                                                                    metric)) + "%" for r in runs]
-        lines.append(f"| {label} <= {bound:g}% | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    reps = [json.loads((out / f"run{r}" / "h200.json").read_text()) for r in runs]
+    return target_table([f"run {r}, fit on the others" for r in runs], [(rep, "check_profile") for rep in reps]) + "\n"
 
 
 def main() -> None:

@@ -35,18 +35,22 @@ def errors(report: dict, variant: str, metric: str) -> list[float]:
     return out
 
 
-def table(root: Path, a: str, b: str) -> str:
-    reps = {r: json.loads((root / f"run{r}" / "h200.json").read_text()) for r in (a, b)}
-    cols = [(a, "engine_calibrated_held_out"), (b, "engine_calibrated_held_out"), (a, "check_profile"),
-            (b, "check_profile")]
-    lines = [f"| target | run {a} held out | run {b} held out | run {a}, fit on run {b} | run {b}, fit on run {a} |",
-             "|---|---|---|---|---|"]
+def target_table(headers: list[str], cols: list[tuple[dict, str]]) -> str:
+    """One row per target, one column per (report, variant): the workloads' errors, misses bold."""
+    lines = ["| target | " + " | ".join(headers) + " |", "|---" * (len(cols) + 1) + "|"]
     for metric, label in LABELS.items():
         bound = TARGETS[metric] * 100
-        cells = [" / ".join(f"**{x:.1f}**" if x > bound else f"{x:.1f}" for x in errors(reps[r], v, metric)) + "%"
-                 for r, v in cols]
+        cells = [" / ".join(f"**{x:.1f}**" if x > bound else f"{x:.1f}" for x in errors(rep, v, metric)) + "%"
+                 for rep, v in cols]
         lines.append(f"| {label} <= {bound:g}% | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table(root: Path, a: str, b: str) -> str:
+    reps = {r: json.loads((root / f"run{r}" / "h200.json").read_text()) for r in (a, b)}
+    headers = [f"run {a} held out", f"run {b} held out", f"run {a}, fit on run {b}", f"run {b}, fit on run {a}"]
+    return target_table(headers, [(reps[a], "engine_calibrated_held_out"), (reps[b], "engine_calibrated_held_out"),
+                                  (reps[a], "check_profile"), (reps[b], "check_profile")])
 
 
 def main() -> None:

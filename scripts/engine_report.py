@@ -1,6 +1,6 @@
 """Speedup table from a real-engine grid run (``scripts/engine_h200.py speedup --out RUN``), no GPU needed.
 
-    python scripts/engine_report.py reports/engine/h200_run --out reports/engine/h200
+    python scripts/engine_report.py reports/engine/h200_run_s9 --out reports/engine/h200_s9
 
 Writes OUT.json (every point: per-policy figures per repetition, granikv / baseline throughput
 ratios per repetition) and OUT_table.md (the table quoted in reports/engine/h200.md). A ratio is

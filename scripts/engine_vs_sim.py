@@ -1,7 +1,7 @@
 """The simulator against the real engine's speedup grid, unit by unit (no GPU needed).
 
-    python scripts/engine_vs_sim.py reports/engine/h200_run --profiles h200,h200-engine --out reports/engine/sim_vs_measured
-    python scripts/engine_vs_sim.py reports/engine/h200_run --fit granisim/profiles/h200-engine.json --out ...
+    python scripts/engine_vs_sim.py reports/engine/h200_run_s9 --profiles h200,h200-engine --out reports/engine/sim_vs_measured_s9
+    python scripts/engine_vs_sim.py reports/engine/h200_run_s9 --fit granisim/profiles/h200-engine.json --out ...
 
 Each grid unit (``scripts/engine_h200.py speedup``) is simulated with the same scenario and seed under
 each profile; the table sets throughput and the decode-step median (steps with no prefill) side by

@@ -158,6 +158,9 @@ def s_extend(run):
         pts = [("slab", 0, q, nr) for q in (16, 128, 512, 2048, 8192) for nr in (1, 4) if q * nr <= 8192]
         pts += [(st, c, q, nr) for st in ("pages16", "slots", "slab") for c in (1024, 4096, 16384)
                 for q in (16, 128, 512, 2048) for nr in (1, 4)]
+        # 8K-token chunks over a long cached prefix (a 16K prompt's later chunks): beyond 2K query tokens the model
+        # extrapolated and priced them 2-8% over the real engine (reports/validation/h200.md, session 9)
+        pts += [(st, c, 8192, 1) for st in ("slots", "slab") for c in (8192, 16384)]
     for st, c, ql, nr in pts:
         if run.out_of_time("extend"):
             return

@@ -87,7 +87,10 @@ FORM2_DEFAULTS: dict[str, tuple[str, str, float]] = {
     "attn.cascade.max_splits": ("splits", "int", 64),
     "attn.dense.max_splits": ("splits", "int", 1),
 }
-LINEAR_KNOTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # tokens; up to the engine's CUDA-graph limit
+# the real engine's CUDA-graph limit (gpu_backend GpuExecutor's default graph_max_rows): steps of more tokens run
+# eagerly, and the engine calibration fits them apart
+GRAPH_MAX_TOKENS = 2048
+LINEAR_KNOTS = tuple(1 << i for i in range(GRAPH_MAX_TOKENS.bit_length()))  # tokens: 1, 2, 4 ... the graph limit
 ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # the real engine's in-situ time per breakdown key vs the microbenchmark-fitted model:
     # key time = scale * model time + offset per launch of the key (CUDA-graph gaps, in-graph timing marks;

@@ -12,8 +12,9 @@ output projection and the SwiGLU MLP. Finally norm, LM head on each request's la
 
 Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
 shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
-eagerly. The limit is 2048 rows: launched eagerly, a mixed step of ~1K prefill rows plus decodes
-is host-bound (~1,000 launches), and its time then follows the host's speed, which drifts within
+eagerly. The limit is 2048 rows (granisim.coefficients.GRAPH_MAX_TOKENS, shared with the
+engine calibration): launched eagerly, a mixed step of ~1K prefill rows plus decodes is
+host-bound (~1,000 launches), and its time then follows the host's speed, which drifts within
 a run; from ~2K rows the GEMMs keep the GPU ahead of the host (reports/validation/h200.md,
 session 9).
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from granisim.coefficients import GRAPH_MAX_TOKENS
 from granisim.models import ModelShape
 from granisim.plan import BatchPlan, StepResult
 
@@ -50,7 +52,7 @@ class GpuExecutor:
     max_steps_per_plan = 1
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = 2048,
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_TOKENS,
                  hold_gc: bool = True, watch_allocs: bool = False):
         self.shape = shape
         self.device = torch.device(device)

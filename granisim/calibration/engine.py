@@ -19,14 +19,11 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from granisim.coefficients import LINEAR_KNOTS
+from granisim.coefficients import GRAPH_MAX_TOKENS, LINEAR_KNOTS
 from granisim.costmodel import ENGINE_KEYS
 from granisim.hardware import OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, Source
 
 MIN_POINTS = 10
-# gpu_backend's GpuExecutor(graph_max_rows=2048): steps of more tokens run eagerly (a launch per operator,
-# no CUDA graph) and get their own coefficient set (tests/gpu_backend checks the two agree)
-GRAPH_MAX_TOKENS = 2048
 SCALE_RANGE = (0.5, 2.0)  # the engine runs the same kernels: a scale outside this is a fit artefact
 # A scale is fitted only where the model's times span at least this ratio (p90 / p10): over a narrow range
 # scale and offset cannot be told apart, and a scale fitted there (e.g. on the control run's 64-token prefix

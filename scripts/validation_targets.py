@@ -1,11 +1,14 @@
 """The issue's validation targets for two runs of one device call, as a markdown table.
 
     python scripts/validation_targets.py 10 10b [--root reports/validation]
+    python scripts/validation_targets.py 16 16b --profile-check shipped
+
 
 Reads ROOT/runA/h200.json and ROOT/runB/h200.json (validation_report.py, each made with
 `--check-profile` pointing at the other run's fit) and prints, per target, the errors for multi-agent /
 control / Azure: each run held out (engine coefficients fitted on the other two workloads), and each
-run judged by the other run's fit. Misses are bold.
+run judged by the other run's fit. Misses are bold. With ``--profile-check SUB`` it prints instead each run
+judged by the profile its ROOT/runX/SUB/h200.json checked (e.g. the shipped profile, on runs it was not fitted on).
 """
 from __future__ import annotations
 
@@ -53,13 +56,23 @@ def table(root: Path, a: str, b: str) -> str:
                                   (reps[a], "check_profile"), (reps[b], "check_profile")])
 
 
+def profile_check_table(root: Path, runs: list[str], sub: str) -> str:
+    reps = [json.loads((root / f"run{r}" / sub / "h200.json").read_text()) for r in runs]
+    name = reps[0]["workloads"][WORKLOADS[0]]["check_profile"]["profile"]
+    return target_table([f"run {r}, {Path(name).stem}" for r in runs], [(rep, "check_profile") for rep in reps])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_a")
     ap.add_argument("run_b")
     ap.add_argument("--root", type=Path, default=Path("reports/validation"))
+    ap.add_argument("--profile-check", metavar="SUB", help="judge each run by the profile ROOT/runX/SUB/h200.json checked")
     args = ap.parse_args()
-    print(table(args.root, args.run_a, args.run_b))
+    if args.profile_check:
+        print(profile_check_table(args.root, [args.run_a, args.run_b], args.profile_check))
+    else:
+        print(table(args.root, args.run_a, args.run_b))
 
 
 if __name__ == "__main__":

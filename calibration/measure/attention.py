@@ -149,9 +149,6 @@ def s_prefix(run, path):
 
 def s_extend(run):
     """Prefill / extend: n_req requests, q_len new tokens each, over c cached tokens (storage) + causal chunk."""
-    pool, m = run.pool, run.model
-    n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
-    n_q = n_kv * G
     if run.args.smoke:
         pts = [("slots", 0, 20, 2), ("pages16", 100, 20, 1), ("slab", 100, 40, 2)]
     else:
@@ -161,15 +158,38 @@ def s_extend(run):
         # 8K-token chunks over a long cached prefix (a 16K prompt's later chunks): beyond 2K query tokens the model
         # extrapolated and priced them 2-8% over the real engine (reports/validation/h200.md, session 9)
         pts += [(st, c, 8192, 1) for st in ("slots", "slab") for c in (8192, 16384)]
+    _extend_points(run, pts, "extend", "attention.csv")
+
+
+def s_extend_shapes(run):
+    """Prefill chunks as the engine's multi-agent steps are shaped, for the model's next terms (not fitted yet:
+    extend_shapes.csv): one request's chunk of 2-6K tokens over a 16K prefix, and several requests over ONE shared
+    prefix, read as a contiguous slot run (a HOT slab listed slot by slot, as the engine's extend reads it) or as
+    random slots; the same shapes over distinct random contexts ('slots') beside them."""
+    if run.args.smoke:
+        pts = [(st, 100, 20, 2) for st in ("slotrun", "shared_slotrun", "shared_slots")]
+    else:
+        shapes = [(q, 1) for q in (256, 1024, 2048, 3072, 4096, 6144)] + [(q, 4) for q in (256, 1024, 2048)]
+        shapes += [(q, 8) for q in (256, 1024)]
+        pts = [(st, 16384, q, nr) for q, nr in shapes for st in ("slots", "slotrun", "shared_slotrun", "shared_slots")
+               if nr > 1 or not st.startswith("shared")]
+    _extend_points(run, pts, "extend_shapes", "extend_shapes.csv")
+
+
+def _extend_points(run, pts, section: str, csv_name: str) -> None:
+    """Time extend_attention at each (storage, cached tokens, chunk tokens, requests) point; a row each."""
+    pool, m = run.pool, run.model
+    n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
+    n_q = n_kv * G
     for st, c, ql, nr in pts:
-        if run.out_of_time("extend"):
+        if run.out_of_time(section):
             return
         T = nr * ql
         q = rnd(T, n_q, d, dtype=run.dtype)
         kn, vn = rnd(T, n_kv, d, dtype=run.dtype), rnd(T, n_kv, d, dtype=run.dtype)
         qo = i32([i * ql for i in range(nr + 1)])
         out, lse = torch.empty_like(q), torch.empty(T, n_q, device=DEV)
-        kvbytes = nr * c * n_kv * d * 2 * pool.k.element_size()
+        kvbytes = (1 if st.startswith("shared") else nr) * c * n_kv * d * 2 * pool.k.element_size()  # distinct KV
         k = copies_for(kvbytes + 3 * q.numel() * q.element_size())
         fns = []
         for _ in range(k):
@@ -179,9 +199,9 @@ def s_extend(run):
                                                       max_qo_len=ql))
         t = time_calls(fns, min_reps=3)
         fl = 4 * d * n_q * nr * (ql * c + ql * (ql + 1) / 2)
-        r = dict(family="extend", kernel="extend", storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv, d=d,
+        r = dict(family="extend", kernel="extend", storage=st, page_size=PAGE.get(st, 1), G=G, n_q=n_q, n_kv=n_kv, d=d,
                  B=nr, L=c, M_eff=ql * G, n_req=nr, q_len=ql, T=T, block_m=64, block_n=64, num_warps=4, n_splits=1,
                  chunk=c, programs=triton.cdiv(ql * G, 64) * n_kv * nr, launches=1,
                  bytes=kvbytes + T * n_kv * d * 2 * 2 + 2 * q.numel() * 2, flops=fl, **t)
-        run.row("attention.csv", ATTN_FIELDS, r)
+        run.row(csv_name, ATTN_FIELDS, r)
         _print_attn(r)

@@ -20,7 +20,7 @@ from gpu_backend.checks import num_sms
 from granisim.models import get_model
 
 from . import common
-from .attention import s_decode, s_extend, s_prefix
+from .attention import s_decode, s_extend, s_extend_shapes, s_prefix
 from .common import CUDA, DEV, Pool, Run
 from .linear import s_ceilings, s_linear
 from .overhead import s_overhead
@@ -30,7 +30,7 @@ from .small_kernels import s_small
 SECTIONS = [("ceilings", s_ceilings, 0.03), ("dense", lambda r: s_prefix(r, "dense"), 0.14),
             ("cascade", lambda r: s_prefix(r, "cascade"), 0.24), ("decode", s_decode, 0.14),
             ("linear", s_linear, 0.14), ("small", s_small, 0.06), ("extend", s_extend, 0.12),
-            ("overhead", s_overhead, 0.08)]
+            ("overhead", s_overhead, 0.08), ("extend_shapes", s_extend_shapes, 0.02)]
 
 
 def meta(args, model):

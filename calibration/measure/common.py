@@ -123,7 +123,8 @@ class Pool:
 
     def layout(self, storage: str, n: int, length: int) -> L.KVLayout:
         """n sequences of `length` tokens: 'slab' (back to back from a random start), 'slots' (page
-        size 1, random slots anywhere in the pool), 'pages16' (random pages of 16)."""
+        size 1, random slots anywhere in the pool), 'pages16' (random pages of 16); slot lists of a contiguous
+        run each ('slotrun'), or one list all n share ('shared_slotrun', 'shared_slots')."""
         if storage == "slab":
             total = n * length
             assert total <= self.S, (n, length, self.S)
@@ -131,6 +132,16 @@ class Pool:
             return L.Slabs(i32([base + b * length for b in range(n)]), i32([length] * n))
         if storage == "slots":
             return L.SlotLists(i32([b * length for b in range(n + 1)]), self.randint(self.S, n * length))
+        if storage in ("slotrun", "shared_slotrun", "shared_slots"):
+            # slot lists: each sequence a contiguous run ('slotrun'), or all n sequences one shared list
+            shared = storage.startswith("shared")
+            m = length if shared else n * length
+            if storage == "shared_slots":
+                ids = self.randint(self.S, m)
+            else:
+                base = int(torch.randint(0, self.S - m + 1, (1,), generator=self.gen, device=DEV).item())
+                ids = torch.arange(base, base + m, device=DEV, dtype=torch.int32)
+            return L.SlotLists(i32([b * length for b in range(n + 1)]), ids.repeat(n) if shared else ids)
         if storage.startswith("pages"):
             ps = int(storage[5:])
             per = -(-length // ps)

@@ -226,3 +226,32 @@ def test_measure_smoke(tmp_path):
     assert meta["smoke"] and "torch" in meta and not meta["errors"]
     att = pd.read_csv(tmp_path / "attention.csv")
     assert {"merge", "kv_write", "kv_copy"} <= set(att["family"]) and (att["median_us"] > 0).all()
+
+
+def test_measure_extend_shapes_smoke(tmp_path):
+    """The prefill-shape probe writes its own file (the fit does not read it) with every layout it names."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure import main as measure
+
+    assert measure(["--smoke", "--only", "extend_shapes", "--out", str(tmp_path)]) == 0
+    rows = pd.read_csv(tmp_path / "extend_shapes.csv")
+    assert set(rows["storage"]) == {"slotrun", "shared_slotrun", "shared_slots"} and (rows["median_us"] > 0).all()
+    assert not (tmp_path / "attention.csv").exists()
+
+
+def test_pool_layouts_of_the_shape_probe():
+    """'slotrun': each sequence a contiguous run; 'shared_*': every sequence lists the same slots."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure.common import Pool
+
+    pool = Pool(4096, 2, 8, torch.float32)
+    run = pool.layout("slotrun", 3, 50)
+    ids = run.indices.view(3, 50)
+    assert (ids.diff(dim=1) == 1).all() and (ids[1:, 0] == ids[:-1, -1] + 1).all()
+    for st in ("shared_slotrun", "shared_slots"):
+        lay = pool.layout(st, 3, 50)
+        ids = lay.indices.view(3, 50)
+        assert (ids == ids[0]).all() and (lay.indptr.tolist() == [0, 50, 100, 150])
+    assert (pool.layout("shared_slotrun", 2, 50).indices[:50].diff() == 1).all()

@@ -1,7 +1,7 @@
 """The issue's validation targets for two runs of one device call, as a markdown table.
 
     python scripts/validation_targets.py 10 10b [--root reports/validation]
-    python scripts/validation_targets.py 16 16b --profile-check shipped
+    python scripts/validation_targets.py 16 16b 17 --profile-check shipped
 
 
 Reads ROOT/runA/h200.json and ROOT/runB/h200.json (validation_report.py, each made with
@@ -64,15 +64,16 @@ def profile_check_table(root: Path, runs: list[str], sub: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("run_a")
-    ap.add_argument("run_b")
+    ap.add_argument("runs", nargs="+", help="two runs of one device call (with --profile-check: any runs)")
     ap.add_argument("--root", type=Path, default=Path("reports/validation"))
     ap.add_argument("--profile-check", metavar="SUB", help="judge each run by the profile ROOT/runX/SUB/h200.json checked")
     args = ap.parse_args()
     if args.profile_check:
-        print(profile_check_table(args.root, [args.run_a, args.run_b], args.profile_check))
+        print(profile_check_table(args.root, args.runs, args.profile_check))
+    elif len(args.runs) != 2:
+        ap.error(f"runs: value {' '.join(args.runs)!r}: give two runs of one device call (or --profile-check SUB)")
     else:
-        print(table(args.root, args.run_a, args.run_b))
+        print(table(args.root, *args.runs))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
     python scripts/validation_targets.py 10 10b [--root reports/validation]
     python scripts/validation_targets.py 16 16b 17 --profile-check shipped
 
-
 Reads ROOT/runA/h200.json and ROOT/runB/h200.json (validation_report.py, each made with
 `--check-profile` pointing at the other run's fit) and prints, per target, the errors for multi-agent /
 control / Azure: each run held out (engine coefficients fitted on the other two workloads), and each

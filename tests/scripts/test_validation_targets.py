@@ -24,3 +24,19 @@ def test_misses_are_bold_and_signs_do_not_hide_them(tmp_path):
     tpot = rows["TPOT p50 <= 5%"].split(" | ")
     assert tpot[1] == "**6.2** / **6.2** / **6.2**%" and tpot[2] == "4.9 / 4.9 / 4.9%"
     assert "**" not in rows["per-step median <= 3%"]
+
+
+def test_profile_check_table_reads_each_runs_subfolder(tmp_path):
+    """--profile-check SUB: one column per run, read from runX/SUB/h200.json, named by the profile it checked."""
+    for run, err in (("1", 0.03), ("2", 0.07)):
+        _report(tmp_path, run, err)
+        report = json.loads((tmp_path / f"run{run}" / "h200.json").read_text())
+        for w in T.WORKLOADS:
+            report["workloads"][w]["check_profile"]["profile"] = "granisim/profiles/h200-engine.json"
+        (tmp_path / f"run{run}" / "shipped").mkdir()
+        (tmp_path / f"run{run}" / "shipped" / "h200.json").write_text(json.dumps(report))
+        (tmp_path / f"run{run}" / "h200.json").write_text("{}")  # the run's own report is not read
+    lines = T.profile_check_table(tmp_path, ["1", "2"], "shipped").splitlines()
+    assert lines[0] == "| target | run 1, h200-engine | run 2, h200-engine |"
+    tpot = next(line for line in lines if line.startswith("| TPOT p50")).split(" | ")
+    assert tpot[1] == "3.0 / 3.0 / 3.0%" and tpot[2] == "**7.0** / **7.0** / **7.0**% |"

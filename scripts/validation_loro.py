@@ -11,7 +11,6 @@ the targets table (multi-agent / control / Azure per cell, misses bold). No GPU 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from validation_targets import target_table  # noqa: E402
+from validation_targets import profile_check_table  # noqa: E402
 
 REPORT = [sys.executable, str(HERE / "validation_report.py")]
 
@@ -37,8 +36,7 @@ def _run_all(commands: list[list[str]]) -> None:
 
 
 def table(out: Path, runs: list[str]) -> str:
-    reps = [json.loads((out / f"run{r}" / "h200.json").read_text()) for r in runs]
-    return target_table([f"run {r}, fit on the others" for r in runs], [(rep, "check_profile") for rep in reps]) + "\n"
+    return profile_check_table(out, runs, ".", "fit on the others") + "\n"
 
 
 def main() -> None:

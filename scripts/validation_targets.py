@@ -55,10 +55,12 @@ def table(root: Path, a: str, b: str) -> str:
                                   (reps[a], "check_profile"), (reps[b], "check_profile")])
 
 
-def profile_check_table(root: Path, runs: list[str], sub: str) -> str:
+def profile_check_table(root: Path, runs: list[str], sub: str, label: str | None = None) -> str:
+    """Each run judged by the profile its ROOT/runX/SUB/h200.json checked; columns 'run X, LABEL' (default: the
+    checked profile's name)."""
     reps = [json.loads((root / f"run{r}" / sub / "h200.json").read_text()) for r in runs]
-    name = reps[0]["workloads"][WORKLOADS[0]]["check_profile"]["profile"]
-    return target_table([f"run {r}, {Path(name).stem}" for r in runs], [(rep, "check_profile") for rep in reps])
+    label = label or Path(reps[0]["workloads"][WORKLOADS[0]]["check_profile"]["profile"]).stem
+    return target_table([f"run {r}, {label}" for r in runs], [(rep, "check_profile") for rep in reps])
 
 
 def main() -> None:

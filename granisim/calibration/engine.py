@@ -14,7 +14,6 @@ carrying them (granisim.costmodel applies them). Fit on some workloads, judge on
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -98,9 +97,9 @@ def _host_offset_lsq(x: np.ndarray, y: np.ndarray, n: np.ndarray) -> tuple[float
     return 1.0, max(0.0, float(((y - x) * n).sum() / (n * n).sum()))
 
 
-def _offset_lsq(x: np.ndarray, y: np.ndarray, n: np.ndarray, scale: float) -> tuple[float, float]:
-    """(scale, b >= 0) minimising sum(((scale x + b n - y) / y)^2): the scale given."""
-    return scale, max(0.0, _best_offset(x, y, n, scale))
+def _offset_lsq(x: np.ndarray, y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+    """(1, b >= 0) minimising sum(((x + b n - y) / y)^2): the model's time as it stands plus an offset."""
+    return 1.0, max(0.0, _best_offset(x, y, n, 1.0))
 
 
 LAUNCHES = {"attn_decode": "decode_launches", "attn_prefix": "passes"}  # keys launched more than once a step
@@ -128,7 +127,7 @@ def _fit_keys(df: pd.DataFrame, prefix: str) -> dict[str, float]:
         if prefix == "engine.eager." and k in HOST_BOUND_EAGER:
             lsq = _host_offset_lsq
         elif k in UNIT_SCALE:
-            lsq = partial(_offset_lsq, scale=1.0)
+            lsq = _offset_lsq
         else:
             lsq = _relative_lsq
         out[f"{prefix}{k}.scale"], out[f"{prefix}{k}.offset_s"] = lsq(p[ok], m[ok], n[ok])

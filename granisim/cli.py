@@ -1,5 +1,5 @@
 """The `granisim` command: run, validate, compare, demo, sweep, capacity, paper, fuzz, bench, profile, calibrate
-(the policy comparison and demo scenario live in granisim.compare)."""
+(the policy comparison and demo scenario live in granisim.experiments.compare)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,31 @@ import json
 import sys
 from pathlib import Path
 
-from granisim.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
-from granisim.scenario import ScenarioError, load_scenario
+from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
+from granisim.config.scenario import ScenarioError, load_scenario
+
+def gpu_executor(setup, device: str):
+    """The real engine's executor (gpu_backend); a clear error where torch or a GPU is missing."""
+    try:
+        from gpu_backend.executor import for_setup
+    except ImportError as err:
+        raise ScenarioError(f"--executor gpu needs torch and triton (pip install '.[gpu]'): {err}") from None
+    return for_setup(setup, device)
+
 
 def cmd_run(args) -> int:
     scenario = load_scenario(args.scenario)
     out = Path(args.out or f"out/{scenario.name}")
-    summary = run_one(scenario, args.scenario, out, device=args.device if args.executor == "gpu" else None)
+    make = (lambda setup: gpu_executor(setup, args.device)) if args.executor == "gpu" else None
+    summary = run_one(scenario, args.scenario, out, make_executor=make)
     print(summary_table({scenario.policy.name: summary}))
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
     return 0
 
 
 def cmd_validate(args) -> int:
-    from granisim.simulate import gpu_executor, prepare
-    from granisim.validate import validate
+    from granisim.experiments.run import prepare
+    from granisim.validation.validate import validate
 
     scenario = load_scenario(args.scenario)
     setup = prepare(scenario, args.scenario)
@@ -46,7 +56,7 @@ def cmd_compare(args) -> int:
 def cmd_demo(args) -> int:
     scenario, source = demo_scenario()
     out = Path(args.out)
-    from granisim.simulate import prepare
+    from granisim.experiments.run import prepare
 
     setup = prepare(scenario, source)
     wl = scenario.workload
@@ -65,9 +75,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from granisim.sweep import run_sweep
-    from granisim.sweepfile import load_sweep
-    from granisim.sweepplots import write_plots
+    from granisim.experiments.sweep import run_sweep
+    from granisim.experiments.sweep_file import load_sweep
+    from granisim.experiments.sweep_plots import write_plots
 
     spec = load_sweep(args.sweep)
     out = Path(args.out or f"out/sweep-{spec.name}")
@@ -95,13 +105,13 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_capacity(args) -> int:
-    from granisim.capacity import capacity_cli
+    from granisim.experiments.capacity import capacity_cli
 
     return capacity_cli(args)
 
 
 def cmd_paper(args) -> int:
-    from granisim.paper import paper_cli
+    from granisim.experiments.paper import paper_cli
 
     return paper_cli(args)
 
@@ -110,7 +120,7 @@ def cmd_fuzz(args) -> int:
     import hypothesis
     from hypothesis.stateful import run_state_machine_as_test
 
-    from granisim.fuzz import allocator_machine, default_factory, fuzz_settings
+    from granisim.experiments.fuzz import allocator_machine, default_factory, fuzz_settings
 
     machine = allocator_machine(default_factory(args.allocator))
     hypothesis.seed(args.seed)(machine)
@@ -140,7 +150,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from granisim.hardware import get_profile
+    from granisim.config.hardware import get_profile
 
     if args.action == "show":
         print(get_profile(args.name).describe())
@@ -168,6 +178,26 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+# `granisim validation VERB ...`: the reports built from real-engine runs (granisim.validation.<module>.main)
+VALIDATION_VERBS = {
+    "gpu-run": ("gpu_runs", "on a GPU: the validation workloads and the speedup grid on the real engine"),
+    "report": ("report", "predicted vs measured per workload from a real-engine run folder"),
+    "targets": ("targets", "the validation targets of several runs as a table"),
+    "runs": ("runs", "run-to-run spread of the measured figures beside one prediction"),
+    "replay": ("replay", "TPOT on the measured schedule (the cost model's error alone)"),
+    "loro": ("loro", "leave one run out: each run judged by a fit on all the others"),
+    "speedups": ("speedups", "speedup table from a real-engine grid run"),
+    "engine-vs-sim": ("engine_vs_sim", "the simulator against the real engine's speedup grid"),
+}
+
+
+def cmd_validation(args) -> int:
+    import importlib
+
+    module = importlib.import_module(f"granisim.validation.{VALIDATION_VERBS[args.verb][0]}")
+    return module.main(args.rest) or 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="granisim", description="GraniKV serving simulator")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -183,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default="reports/validation/run")
     v.add_argument("--device", default="cuda")
     v.set_defaults(fn=cmd_validate)
+    va = sub.add_parser("validation", help="reports from real-engine runs (granisim validation VERB --help)",
+                        description="\n".join(f"{k}: {v[1]}" for k, v in VALIDATION_VERBS.items()),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    va.add_argument("verb", choices=list(VALIDATION_VERBS))
+    va.add_argument("rest", nargs=argparse.REMAINDER, help="the verb's own arguments")
+    va.set_defaults(fn=cmd_validation)
     c = sub.add_parser("compare", help="same arrivals under several policies")
     c.add_argument("scenario")
     c.add_argument("--policies", default=DEMO_POLICIES)

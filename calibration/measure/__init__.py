@@ -4,7 +4,7 @@
     TRITON_INTERPRET=1 python -m calibration.measure --smoke --out /tmp/cal     # CPU, tiny sizes
 
 Writes DIR/meta.json (date, commit, GPU, versions, command, ceilings) and DIR/{linear,attention,
-overhead}.csv. Imports only torch, triton, gpu_backend, granisim.models (plain dataclasses) and
+overhead}.csv. Imports only torch, triton, gpu_backend, granisim.config.models (plain dataclasses) and
 the standard library, so it runs on a bare GPU image without the simulator's dependencies.
 
 What is timed (bf16, random data, CUDA-event medians with p10/p90 over graph replays):

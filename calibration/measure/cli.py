@@ -16,8 +16,8 @@ import traceback
 import torch
 import triton
 
-from gpu_backend.checks import num_sms
-from granisim.models import get_model
+from gpu_backend.kernels.checks import num_sms
+from granisim.config.models import get_model
 
 from . import common
 from .attention import s_decode, s_extend, s_extend_shapes, s_prefix

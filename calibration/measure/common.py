@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from gpu_backend import layout as L
+from gpu_backend.kernels import layout as L
 from gpu_backend.bench.timing import graph_of
 
 CUDA = torch.cuda.is_available()

@@ -8,7 +8,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpu_backend import layout as L
+from gpu_backend.kernels import layout as L
 from gpu_backend.bench.timing import graph_of
 from gpu_backend.kernels.decode import decode_attention
 from gpu_backend.kernels.kv_write import write_kv

@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from gpu_backend import layout as L
+from gpu_backend.kernels import layout as L
 from gpu_backend.bench.timing import bench
 from gpu_backend.kernels.extend import extend_attention
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import layout as L
+from ..kernels import layout as L
 
 N_KV, D = 8, 128  # Llama-3.1-8B / Qwen-2.5 KV heads and head dim
 KV_BYTES_PER_TOKEN = N_KV * D * 2 * 2  # K and V, bf16

@@ -5,8 +5,8 @@ against the reference: the program compute-sanitizer's memcheck runs (reports/ke
 """
 import torch
 
-from .. import layout as L
-from .. import reference as R
+from ..kernels import layout as L
+from ..kernels import reference as R
 from ..kernels.cascade import cascade_prefix_attention
 from ..kernels.decode import decode_attention
 from ..kernels.dense import dense_prefix_attention

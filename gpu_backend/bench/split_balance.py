@@ -26,7 +26,7 @@ import statistics
 import numpy as np
 import torch
 
-from .. import layout as L
+from ..kernels import layout as L
 from ..kernels import split_kv
 from ..kernels.cascade import cascade_prefix_attention
 from ..kernels.decode import decode_attention
@@ -43,7 +43,7 @@ CAPS = {"none": lambda longest, mean: 0,
 
 
 def trace_lengths(n: int, seed: int) -> np.ndarray:
-    from granisim.workload import load_trace
+    from granisim.core.workload import load_trace
 
     lens = load_trace()["num_prefill_tokens"].to_numpy()
     return np.random.default_rng(seed).choice(lens, n).astype(np.int64)

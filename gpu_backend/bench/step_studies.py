@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import layout as L
+from ..kernels import layout as L
 from ..kernels.cascade import cascade_prefix_attention
 from ..kernels.decode import decode_attention
 from ..kernels.dense import dense_prefix_attention

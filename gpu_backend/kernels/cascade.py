@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import checks
-from .. import layout as L
+from . import checks
+from . import layout as L
 from . import split_kv
 from .grid import next_pow2
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import layout as L
+from . import layout as L
 from .cascade import block_m_for, prepare
 from .split_kv import SplitKvLaunch, default_scale
 

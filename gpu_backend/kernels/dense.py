@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import layout as L
-from ..checks import num_sms
+from . import layout as L
+from .checks import num_sms
 from .cascade import prepare
 from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
 from .grid import cdiv

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import checks
-from .. import layout as L
+from . import checks
+from . import layout as L
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
 from .grid import cdiv
 from .split_kv import default_scale

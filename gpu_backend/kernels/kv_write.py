@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import checks
+from . import checks
 from .grid import cdiv, next_pow2
 
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import checks
+from . import checks
 from .grid import cdiv
 
 

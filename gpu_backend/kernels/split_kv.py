@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import layout as L
-from ..checks import num_sms
+from . import layout as L
+from .checks import num_sms
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
 from .grid import cdiv, next_pow2
 

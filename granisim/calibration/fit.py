@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from granisim.coefficients import KERNEL_MODEL_COEFFICIENTS
-from granisim.models import ModelShape, get_model
+from granisim.config.coefficients import KERNEL_MODEL_COEFFICIENTS
+from granisim.config.models import ModelShape, get_model
 
 from .fit_linear import fit_linear, host_bound, host_floor, step_overhead, vidur_table
 from .fitting import folds_of, lm_fit, rel_err, summary

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import GEMM_FAMILIES, Dims, fit_roofline, op_work, roofline_time
-from granisim.models import ModelShape
+from granisim.config.models import ModelShape
 
 from .fitting import folds_of, rel_err, summary
 from .raw import Raw

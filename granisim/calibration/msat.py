@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import cost_tables, m_sat_threshold
-from granisim.hardware import HardwareProfile
-from granisim.models import ModelShape
+from granisim.config.hardware import HardwareProfile
+from granisim.config.models import ModelShape
 
 A100_M_SAT = 1024  # the paper's A100 value (arXiv 2608.15584)
 
@@ -62,7 +62,7 @@ def model_crossovers(profile: HardwareProfile, model: ModelShape, Ls) -> dict:
 
 def plot(p: pd.DataFrame, profile: HardwareProfile, model: ModelShape, m_sat: int, per_L: dict, out: str | Path,
          title: str = "") -> Path:
-    from granisim.report import plt, save_figure  # report sets the Agg backend
+    from granisim.experiments.plots import plt, save_figure  # report sets the Agg backend
 
     Ls = sorted(p["L"].unique())
     fig, axes = plt.subplots(1, len(Ls), figsize=(4.2 * len(Ls), 3.8), sharey=False)

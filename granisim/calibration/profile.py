@@ -7,9 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
-from granisim.coefficients import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS
-from granisim.hardware import SCHEMA
-from granisim.models import get_model
+from granisim.config.coefficients import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS
+from granisim.config.hardware import SCHEMA
+from granisim.config.models import get_model
 
 from .fit import DISCRETE, FAMILY_PARAMS, KERNEL_RULES, FitResult
 from .raw import Raw, unit_of

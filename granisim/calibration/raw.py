@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import CostTables, op_work, Dims
-from granisim.hardware import (COEFFICIENTS, KERNEL_TABLE_COLS, OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile,
+from granisim.config.hardware import (COEFFICIENTS, KERNEL_TABLE_COLS, OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile,
                                KernelTable, ProfileError, Source)
-from granisim.models import ModelShape, get_model
+from granisim.config.models import ModelShape, get_model
 
 FILES = ("meta.json", "linear.csv", "attention.csv", "overhead.csv")
 # raw storage name -> (cost-model storage, page size)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from granisim.hardware import get_profile, load_profile
-from granisim.models import get_model
+from granisim.config.hardware import get_profile, load_profile
+from granisim.config.models import get_model
 
 from .fit import FitResult, fit
 from .msat import best_threshold, measured_crossovers, model_crossovers, paired, plot
@@ -87,7 +87,7 @@ def format_errors(res: FitResult) -> str:
 
 
 def residual_plot(res: FitResult, out) -> Path:
-    from granisim.report import plt, save_figure  # report sets the Agg backend
+    from granisim.experiments.plots import plt, save_figure  # report sets the Agg backend
 
     r = res.residuals
     if "censored" in r.columns:

@@ -60,9 +60,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from granisim.hardware import HardwareProfile
-from granisim.models import ModelShape
-from granisim.plan import BatchPlan, StepResult
+from granisim.config.hardware import HardwareProfile
+from granisim.config.models import ModelShape
+from granisim.core.contract import BatchPlan, StepResult
 
 from .correction import Correction, storage_class
 from .operators import (BREAKDOWN_KEYS, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from granisim.models import ModelShape
+from granisim.config.models import ModelShape
 
 from .correction import Correction, page_eff
 from .operators import _MEMO_MAX

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from granisim.models import ModelShape
+from granisim.config.models import ModelShape
 
 BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge",
                   "kv_write", "kv_copy", "overhead")

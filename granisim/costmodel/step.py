@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from granisim.coefficients import LINEAR_KNOTS
-from granisim.plan import BatchPlan, StepResult
+from granisim.config.coefficients import LINEAR_KNOTS
+from granisim.core.contract import BatchPlan, StepResult
 
 from .correction import storage_class
 from .operators import BREAKDOWN_KEYS

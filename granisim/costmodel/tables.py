@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from granisim.coefficients import LINEAR_KNOTS
-from granisim.hardware import HardwareProfile
-from granisim.models import ModelShape
+from granisim.config.coefficients import LINEAR_KNOTS
+from granisim.config.hardware import HardwareProfile
+from granisim.config.models import ModelShape
 
 from .correction import page_eff, storage_class
 from .kernels import KernelForms

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu_backend import layout as L
+from gpu_backend.kernels import layout as L
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_backend.engine import GpuExecutor
-from gpu_backend.engine.reference import next_token_logits
-from granisim.engine import Engine
-from granisim.scenario import parse_scenario
-from granisim.simulate import prepare
+from gpu_backend.executor import GpuExecutor
+from gpu_backend.executor.reference import next_token_logits
+from granisim.core.serving_loop import ServingLoop
+from granisim.config.scenario import parse_scenario
+from granisim.experiments.run import prepare
 
 TINY = {
     "name": "tiny-engine", "seed": 5,
@@ -26,7 +26,7 @@ def _run(policy: str, m_sat: int, device="cpu", **options):
                                               "policy.hot_fraction": 0.3})
     setup = prepare(sc)
     ex = GpuExecutor(setup.model, setup.kv_budget, device=device, seed=11, **options)
-    eng = Engine(setup, ex, progress=False, keep_outputs=True)
+    eng = ServingLoop(setup, ex, progress=False, keep_outputs=True)
     res = eng.run()
     return eng, res, ex
 
@@ -81,8 +81,8 @@ def test_greedy_tokens_match_a_full_attention_forward(runs):
 
 def test_out_of_range_slot_is_rejected_before_launch():
     from granisim.kv.layout import KVSegment, RequestLayout
-    from granisim.models import get_model
-    from granisim.plan import BatchPlan, PlannedRequest
+    from granisim.config.models import get_model
+    from granisim.core.contract import BatchPlan, PlannedRequest
 
     ex = GpuExecutor(get_model("tiny"), 64, device="cpu")
     lay = RequestLayout(0, (KVSegment("token", np.array([3, 99])),), 2, 0, None)
@@ -94,8 +94,8 @@ def test_out_of_range_slot_is_rejected_before_launch():
 
 def test_out_of_range_read_is_rejected_before_launch():
     from granisim.kv.layout import KVSegment, RequestLayout
-    from granisim.models import get_model
-    from granisim.plan import BatchPlan, PlannedRequest
+    from granisim.config.models import get_model
+    from granisim.core.contract import BatchPlan, PlannedRequest
 
     ex = GpuExecutor(get_model("tiny"), 64, device="cpu")
     lay = RequestLayout(0, (KVSegment("token", np.array([70, 5, 6])),), 3, 0, None)
@@ -107,7 +107,7 @@ def test_out_of_range_read_is_rejected_before_launch():
 def test_steps_that_build_a_kernel_are_rerun_with_the_same_result(runs, monkeypatch):
     """An eager step during which Triton built or loaded a kernel is re-run and the re-run timed:
     the re-run must write the same K/V and give the same tokens (here every other step 'builds')."""
-    from gpu_backend.engine import executor as E
+    from gpu_backend.executor import executor as E
 
     forward = E.GpuExecutor._forward
     calls = []
@@ -150,8 +150,8 @@ def test_metadata_buffer_growth_is_kept_off_the_step_clock(monkeypatch):
     import time
     from types import SimpleNamespace
 
-    from gpu_backend.engine import timing
-    from gpu_backend.engine.arena import MetaArena
+    from gpu_backend.executor import timing
+    from gpu_backend.executor.arena import MetaArena
 
     jumped = {"s": 0.0}
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + jumped["s"]))

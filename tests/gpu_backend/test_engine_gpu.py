@@ -14,10 +14,10 @@ MIN_AGREEMENT = 0.9
 
 
 def _run(policy, m_sat, graphs=True):
-    from gpu_backend.engine import GpuExecutor
-    from granisim.engine import Engine
-    from granisim.scenario import parse_scenario
-    from granisim.simulate import prepare
+    from gpu_backend.executor import GpuExecutor
+    from granisim.core.serving_loop import ServingLoop
+    from granisim.config.scenario import parse_scenario
+    from granisim.experiments.run import prepare
 
     sc = parse_scenario({
         "name": "gpu-check", "seed": 2, "model": {"name": "llama-3.1-8b"},
@@ -29,7 +29,7 @@ def _run(policy, m_sat, graphs=True):
     })
     setup = prepare(sc)
     ex = GpuExecutor(setup.model, setup.kv_budget, device="cuda", seed=3, keep_logits=True, graphs=graphs)
-    eng = Engine(setup, ex, progress=False, keep_outputs=True)
+    eng = ServingLoop(setup, ex, progress=False, keep_outputs=True)
     eng.run()
     return eng, ex
 
@@ -47,7 +47,7 @@ def test_llama_shape_paths_agree_in_bf16():
     for name in ("dense", "cascade"):
         assert runs[name][1].stats()["graph_replays"] > 0, name
 
-    from gpu_backend.engine.reference import next_token_logits
+    from gpu_backend.executor.reference import next_token_logits
 
     eng, ex = runs["dense"]
     wl = type(eng.workload)(eng.setup.scenario.workload, eng.setup.scenario.seed, eng.setup.trace,
@@ -69,7 +69,7 @@ def test_graph_replays_equal_eager_steps_bit_for_bit(monkeypatch):
     """Graph and eager run the same kernels at the same bucketed shapes: tokens must be identical. The eager
     run pads its steps as a replay would (an eager step is otherwise exact: a GEMM of other rows rounds bf16
     otherwise, and the 8 requests' ~1K-row first prefill step, a replay at the 2048-row limit, flipped a tie)."""
-    from gpu_backend.engine import rows
+    from gpu_backend.executor import rows
 
     g_eng, g_ex = _run("granikv", 4, graphs=True)
     build = rows.build

@@ -4,11 +4,11 @@ one CUDA graph replay every step of the same shape."""
 import numpy as np
 import pytest
 
-from gpu_backend.engine import rows as R
-from granisim.engine import Engine
-from granisim.plan import StepResult
-from granisim.scenario import parse_scenario
-from granisim.simulate import prepare
+from gpu_backend.executor import rows as R
+from granisim.core.serving_loop import ServingLoop
+from granisim.core.contract import StepResult
+from granisim.config.scenario import parse_scenario
+from granisim.experiments.run import prepare
 
 
 def test_buckets_cover_and_pad_less_than_half():
@@ -47,7 +47,7 @@ def recorded(request):
     })
     setup = prepare(sc)
     rec = _Recorder(setup.kv_budget)
-    Engine(setup, rec, progress=False).run()
+    ServingLoop(setup, rec, progress=False).run()
     return rec
 
 
@@ -130,13 +130,3 @@ def test_paths_seen(recorded):
     if recorded.steps[0][0].policy == "granikv":
         assert ("dense", True) in kinds and any(h.shape.ext_rows for _, h in recorded.steps)
         assert any(len(h.shape.passes) > 1 for _, h in recorded.steps)  # pads between passes
-
-
-def test_engine_calibration_knows_the_graph_limit():
-    """granisim.calibration.engine fits eager steps apart from graph replays at the executor's limit."""
-    import inspect
-
-    from gpu_backend.engine import GpuExecutor
-    from granisim.calibration.engine import GRAPH_MAX_TOKENS
-
-    assert inspect.signature(GpuExecutor.__init__).parameters["graph_max_rows"].default == GRAPH_MAX_TOKENS

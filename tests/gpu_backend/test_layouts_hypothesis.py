@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gb_util import DEV, STORAGES, close, i32, poisoned, queries, stored
-from gpu_backend import layout as L
-from gpu_backend import reference as R
+from gpu_backend.kernels import layout as L
+from gpu_backend.kernels import reference as R
 from gpu_backend.kernels.cascade import cascade_prefix_attention
 from gpu_backend.kernels.decode import decode_attention
 from gpu_backend.kernels.dense import dense_prefix_attention

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from granisim.fuzz import FUZZ_CAPACITY
+from granisim.experiments.fuzz import FUZZ_CAPACITY
 from granisim.kv.allocator import KVAllocator
 from granisim.kv.hot_pool import HotPool
 from granisim.kv.radix import RadixIndex

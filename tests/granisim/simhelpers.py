@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from granisim.engine import Engine
-from granisim.metrics import requests_frame
-from granisim.scenario import parse_scenario
-from granisim.simulate import prepare
+from granisim.core.serving_loop import ServingLoop
+from granisim.core.metrics import requests_frame
+from granisim.config.scenario import parse_scenario
+from granisim.experiments.run import prepare
 
 
 def small(**over):
@@ -23,9 +23,9 @@ def small(**over):
 def run(scenario, executor=None):
     setup = prepare(scenario)
     if executor is None:
-        from granisim.executor import CostExecutor
+        from granisim.costmodel.executor import CostExecutor
 
         executor = CostExecutor(setup.profile, setup.model)
-    eng = Engine(setup, executor, progress=False)
+    eng = ServingLoop(setup, executor, progress=False)
     res = eng.run()
     return setup, eng, res, requests_frame(res.records)

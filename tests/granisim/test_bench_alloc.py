@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from granisim import bench_alloc
+from granisim.experiments import bench_alloc
 
 
 def test_bench_alloc_writes_a_complete_report(tmp_path, capsys):

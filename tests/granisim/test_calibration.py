@@ -14,9 +14,9 @@ from granisim.calibration.profile import derive
 from granisim.calibration.raw import load_raw, predict_attention, synthetic_raw
 from granisim.cli import main
 from granisim.costmodel import Correction, step_cost
-from granisim.hardware import ProfileError, get_profile, load_profile
-from granisim.models import get_model
-from granisim.plan import BatchPlan, PlannedRequest
+from granisim.config.hardware import PROFILE_DIR, ProfileError, get_profile, load_profile
+from granisim.config.models import get_model
+from granisim.core.contract import BatchPlan, PlannedRequest
 
 LLAMA = get_model("llama-3.1-8b")
 BASE = {k: c.value for k, c in get_profile("h200").coefficients.items()}
@@ -140,7 +140,7 @@ def test_m_sat_threshold_and_crossovers():
 
 # ---- derived profiles ---------------------------------------------------------------------------------------
 def test_derive_scales_rates_by_datasheet_ratios(tmp_path):
-    doc = json.loads(open("calibration/profiles/h200.json").read())
+    doc = json.loads((PROFILE_DIR / "h200.json").read_text())
     h100 = derive(doc, "h100-sxm", source_name="h200")
     c0, c1 = doc["coefficients"], h100["coefficients"]
     assert c1["hbm_bandwidth"]["value"] == pytest.approx(c0["hbm_bandwidth"]["value"] * 3.35 / 4.8, rel=1e-5)

@@ -3,12 +3,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from granisim.calibration.engine import (ENGINE_KEYS, GRAPH_MAX_TOKENS, _floored_lsq, _relative_lsq, fit, host_work,
+from granisim.calibration.engine_fit import (ENGINE_KEYS, _floored_lsq, _relative_lsq, fit, host_work,
                                         with_engine)
 from granisim.costmodel import step_cost
-from granisim.hardware import Source, get_profile
-from granisim.models import get_model
-from granisim.plan import BatchPlan, PlannedRequest
+from granisim.config.hardware import Source, get_profile
+from granisim.config.models import get_model
+from granisim.core.contract import BatchPlan, PlannedRequest
+
+GRAPH_MAX_TOKENS = 2048  # the CUDA-graph row limit of the executor that measured the steps
 
 
 def _steps(rng, n, tokens, truth):
@@ -28,7 +30,7 @@ def test_fit_recovers_graph_and_eager_sets_and_the_floor():
     rng = np.random.default_rng(0)
     graph = _steps(rng, 200, 64, lambda p: 1.1 * p + 3e-4)
     eager = _steps(rng, 80, 4096, lambda p: np.maximum(0.9 * p, 0.03))
-    v = fit([graph, eager])
+    v = fit([graph, eager], GRAPH_MAX_TOKENS)
     assert v["engine.linear.scale"] == pytest.approx(1.1, rel=0.02)
     assert v["engine.linear.offset_s"] == pytest.approx(3e-4, rel=0.1)
     assert v["engine.eager.linear.scale"] == pytest.approx(0.9, rel=0.02)
@@ -72,7 +74,7 @@ def test_the_eager_set_prices_steps_over_the_graph_limit():
 
 def _two_launch_plan():
     """Two decode requests in a cascade group (their suffixes: one launch) and one outside it (a second)."""
-    from granisim.plan import PrefixGroup
+    from granisim.core.contract import PrefixGroup
 
     reqs = (PlannedRequest(0, 300, 1, False, 0, 256), PlannedRequest(1, 310, 1, False, 0, 256),
             PlannedRequest(2, 500, 1, False))
@@ -86,7 +88,7 @@ def test_the_decode_offset_is_paid_per_launch():
     df = _steps(rng, 300, 64, lambda p: p)
     df["decode_launches"] = rng.integers(1, 3, len(df))
     df["measured_attn_decode"] = (df.predicted_attn_decode + 1e-4 * df.decode_launches) * rng.normal(1, 0.002, len(df))
-    v = fit([df])
+    v = fit([df], GRAPH_MAX_TOKENS)
     assert v["engine.attn_decode.offset_s"] == pytest.approx(1e-4, rel=0.05)
     assert v["engine.attn_decode.scale"] == pytest.approx(1.0, rel=0.01)
     plan = _two_launch_plan()
@@ -106,7 +108,7 @@ def test_host_bound_eager_attention_is_fitted_to_its_mean():
     eager["predicted_attn_decode"] = rng.uniform(5e-4, 3e-3, len(eager))  # attention parts: ~1 ms
     stall = np.where(np.arange(len(eager)) % 8 == 0, 1e-2, 0.0)
     eager["measured_attn_decode"] = eager.predicted_attn_decode * 1.2 + 2e-4 + stall
-    v = fit([_steps(rng, 50, 64, lambda p: p), eager])
+    v = fit([_steps(rng, 50, 64, lambda p: p), eager], GRAPH_MAX_TOKENS)
     a, b = v["engine.eager.attn_decode.scale"], v["engine.eager.attn_decode.offset_s"]
     priced = a * eager.predicted_attn_decode + b
     assert priced.sum() == pytest.approx(eager.measured_attn_decode.sum(), rel=0.02)
@@ -123,7 +125,7 @@ def test_the_linear_offset_follows_the_step_size():
         df = _steps(rng, 60, t, lambda p: p)
         pred = rng.uniform(4.9e-3, 5.1e-3, 60)  # decode steps' linear part: about 5 ms whatever the size
         frames.append(df.assign(predicted_linear=pred, measured_linear=(pred + b) * rng.normal(1.0, 0.002, 60)))
-    v = fit(frames)
+    v = fit(frames, GRAPH_MAX_TOKENS)
     for t, b in truth.items():
         assert v[f"engine.linear.offset_t{t}_s"] == pytest.approx(b, abs=3e-5)
     prof, model = get_profile("h200"), get_model("llama-3.1-8b")
@@ -149,7 +151,7 @@ def test_prefill_attention_keeps_the_microbenchmark_scale():
     rng = np.random.default_rng(2)
     graph = _steps(rng, 200, 64, lambda p: 1.1 * p + 3e-4)
     eager = _steps(rng, 80, 4096, lambda p: 1.1 * p + 3e-4)
-    v = fit([graph, eager])
+    v = fit([graph, eager], GRAPH_MAX_TOKENS)
     for s in ("", "eager."):
         assert v[f"engine.{s}attn_prefill.scale"] == 1.0
         assert v[f"engine.{s}attn_prefill.offset_s"] > 3e-4  # the best offset for scale 1 takes up part of the 10%

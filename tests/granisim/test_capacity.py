@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from granisim.capacity import meets, parse_slo, search
+from granisim.experiments.capacity import meets, parse_slo, search
 from granisim.cli import main
-from granisim.scenario import ScenarioError
+from granisim.config.scenario import ScenarioError
 
 
 def test_parse_slo_units():

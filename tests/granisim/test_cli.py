@@ -76,10 +76,10 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
 
 
 def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys):
-    import granisim.fuzz
+    import granisim.experiments.fuzz
     from tests.granisim.planted_bugs import PLANTED
 
-    monkeypatch.setattr(granisim.fuzz, "default_factory", lambda policy: PLANTED["evicts_locked_node"])
+    monkeypatch.setattr(granisim.experiments.fuzz, "default_factory", lambda policy: PLANTED["evicts_locked_node"])
     assert main(["fuzz", "--allocator", "token", "--examples", "300", "--seed", "3"]) == 1
     captured = capsys.readouterr()
     text = captured.out + captured.err

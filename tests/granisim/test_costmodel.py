@@ -7,11 +7,11 @@ import pytest
 
 from granisim.costmodel import (BREAKDOWN_KEYS, cheaper_path, cost_tables, fit_roofline, group_path_cost,
                                 m_sat_crossover, op_work, roofline_time, step_cost)
-from granisim.executor import CostExecutor
-from granisim.hardware import get_profile
+from granisim.costmodel.executor import CostExecutor
+from granisim.config.hardware import get_profile
 from granisim.kv.hot_pool import KVCopy
-from granisim.models import get_model
-from granisim.plan import BatchPlan, Executor, PlannedRequest, PrefixGroup
+from granisim.config.models import get_model
+from granisim.core.contract import BatchPlan, Executor, PlannedRequest, PrefixGroup
 
 A100 = get_profile("a100-80gb")
 H200 = get_profile("h200")
@@ -279,8 +279,8 @@ def test_pass_members_and_whole_contexts_are_two_decode_launches():
 
 def test_shared_prefix_rereads_cost_a_fraction_after_the_first_member():
     """attn.decode.shared_reread: in a paged group every member after the first re-reads the prefix from L2."""
-    from granisim.calibration.engine import with_engine
-    from granisim.hardware import Source
+    from granisim.calibration.engine_fit import with_engine
+    from granisim.config.hardware import Source
 
     cheap = with_engine(H200, {"attn.decode.shared_reread": 0.25}, Source("measured"))
     one, many = group_plan(1, 16384, "paged"), group_plan(32, 16384, "paged")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from granisim.costmodel import step_cost
-from granisim.plan import BatchPlan, PlannedRequest, StepResult
+from granisim.core.contract import BatchPlan, PlannedRequest, StepResult
 from tests.granisim.simhelpers import run, small
 
 

@@ -4,7 +4,7 @@ import hypothesis
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from granisim.fuzz import allocator_machine, default_factory, fuzz_settings
+from granisim.experiments.fuzz import allocator_machine, default_factory, fuzz_settings
 from tests.granisim.planted_bugs import PLANTED
 
 CI_EXAMPLES = 2000

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from granisim.hardware import (COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, HardwareProfile, ProfileError,
+from granisim.config.hardware import (COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, HardwareProfile, ProfileError,
                                available_profiles, get_profile, load_profile)
 
 SHIPPED = ["a100-80gb", "h100-sxm", "h200", "b200"]

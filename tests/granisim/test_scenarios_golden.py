@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from granisim.metrics import requests_frame, summarize
-from granisim.scenario import load_scenario
-from granisim.simulate import prepare, simulate
+from granisim.core.metrics import requests_frame, summarize
+from granisim.config.scenario import load_scenario
+from granisim.experiments.run import prepare, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from granisim.cli import main
-from granisim.results import ResultsStore
-from granisim.sweep import run_sweep
-from granisim.sweepfile import load_sweep
+from granisim.experiments.sweep_results import ResultsStore
+from granisim.experiments.sweep import run_sweep
+from granisim.experiments.sweep_file import load_sweep
 
 BASE = """
 [base]
@@ -174,7 +174,7 @@ def test_unreachable_ray_address_is_one_line(tmp_path, capsys):
 
 
 def test_a_failing_point_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
-    import granisim.sweep as sweep_mod
+    import granisim.experiments.sweep as sweep_mod
 
     spec = load_sweep(_sweep(tmp_path, "name = 'f'\n" + BASE.format(n=6) + '[grid]\n"workload.roles" = [1, 2, 3]\n'))
     real, bad = sweep_mod.run_point, spec.points[1].pid

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from gb_util import DEV, STORAGES, close, poisoned, queries, stored
-from gpu_backend import layout as L
-from gpu_backend import reference as R
+from gpu_backend.kernels import layout as L
+from gpu_backend.kernels import reference as R
 from gpu_backend.kernels.decode import decode_attention
 
 # (G, head_dim, n_kv): G in {1, 4, 5, 8}, d in {64, 128}

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from gb_util import DEV, STORAGES, close, i32, poisoned, queries, stored
-from gpu_backend import layout as L
-from gpu_backend import reference as R
+from gpu_backend.kernels import layout as L
+from gpu_backend.kernels import reference as R
 from gpu_backend.kernels.decode import decode_attention
 from gpu_backend.kernels.extend import extend_attention
 from gpu_backend.kernels.kv_write import write_kv

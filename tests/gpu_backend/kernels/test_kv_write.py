@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from gb_util import DEV, caches, i32
-from gpu_backend import reference as R
+from gpu_backend.kernels import reference as R
 from gpu_backend.kernels.kv_write import write_kv
 
 

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from gpu_backend import checks
+from gpu_backend.kernels import checks
 from gpu_backend.kernels import split_kv
 from gpu_backend.kernels.dense import _dense_splits
 from gpu_backend.kernels.split_kv import MAX_SPLITS, plan_splits
@@ -77,8 +77,8 @@ def test_dense_prefers_full_last_wave():
 def test_cost_model_mirrors_planner(base, L, mean, gather):
     """granisim's split rule (CostTables.split_rule, h200 profile) gives the launcher's split count."""
     from granisim.costmodel import cost_tables
-    from granisim.hardware import get_profile
-    from granisim.models import get_model
+    from granisim.config.hardware import get_profile
+    from granisim.config.models import get_model
 
     t = cost_tables(get_profile("h200"), get_model("llama-3.1-8b"))
     n_model, chunk_model = t.split_rule(base, L, 64.0, gather=gather, mean_len=mean)

@@ -1,0 +1,14 @@
+"""The real engine: a model-shaped forward with seeded random weights, driven by the same
+scheduler and allocator as the simulator through the executor protocol."""
+from .executor import GpuExecutor  # noqa: F401
+from .model import RandomWeights  # noqa: F401
+
+
+def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
+    """The executor for a prepared scenario (``granisim.experiments.run.prepare``) on ``device``."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
+                         "for a tiny model)")
+    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed, **options)

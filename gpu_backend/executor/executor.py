@@ -1,0 +1,205 @@
+"""The GPU executor: runs a batch plan through a model-shaped forward on real KV buffers.
+
+Implements the same protocol as the simulator's CostExecutor (granisim.core.contract.Executor):
+``execute(plan) -> StepResult`` with the step's measured duration, a breakdown under the
+cost model's keys, and the greedy next token of every request in the plan.
+
+Per layer: RMSNorm, QKV projection (+ bias for Qwen), RoPE, KV write into the plan's
+slots, attention by region (rows.py) — extend for prefill chunks over their cached prefix,
+per-request decode (`paged` path and requests outside any group), and per prefix pass the
+group prefix attention (`cascade`/`dense`) + one suffix decode + LSE merge — then the
+output projection and the SwiGLU MLP. Finally norm, LM head on each request's last row, argmax.
+
+Steps of up to `graph_max_rows` rows run as CUDA-graph replays (graphs.py, one per step
+shape); larger steps (long prefill chunks, GPU-bound anyway) and every step on the CPU run
+eagerly. The limit is GRAPH_MAX_ROWS = 2048 by default; `stats()` reports it, and the engine
+calibration reads it from there into the profile (`engine.graph_max_tokens`). Launched eagerly, a mixed step of ~1K prefill rows plus decodes is
+host-bound (~1,000 launches), and its time then follows the host's speed, which drifts within
+a run; from ~2K rows the GEMMs keep the GPU ahead of the host (reports/validation/).
+
+A step's duration is CUDA-event time from before its metadata is built to after
+its last kernel: host metadata work and the GPU work, not the scheduler, and none of the
+one-offs an engine warmed up before serving would not pay (each counted in `stats()`):
+- a graph's capture and first launch (a one-off per shape; the first launch uploads the graph);
+- growing the metadata buffers (arena.py: device and pinned host allocations) and retiring
+  the captured graphs it makes stale (destroying them and their memory pool; they are
+  captured again, each a one-off as above);
+- Triton building or loading a kernel variant in an eager step (the step is re-run and the
+  re-run timed; `reruns`);
+- Python's garbage collector: collections are held off during a step (`hold_gc`) and run
+  after it, outside the clock (`gc_*`; timing.GcWatch says why).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from granisim.config.models import ModelShape
+from granisim.core.contract import BatchPlan, StepResult
+
+from . import metadata, rows
+from .arena import MetaArena
+from .graphs import GraphCache
+from .launches import StepLaunches
+from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
+from .timing import AllocWatch, CompileWatch, GcWatch, PartTimer, elapsed
+
+GRAPH_MAX_ROWS = 2048  # steps of more rows run eagerly (see the module docstring)
+
+
+class GpuExecutor:
+    needs_layouts = True
+    max_steps_per_plan = 1
+
+    def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
+                 seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
+                 hold_gc: bool = True, watch_allocs: bool = False):
+        self.shape = shape
+        self.device = torch.device(device)
+        self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
+        self.num_slots = int(num_slots)
+        # one scratch slot past the budget: padded rows write their K/V there; nothing reads it
+        kv_shape = (self.num_slots + 1, shape.n_kv_heads, shape.head_dim)
+        self.k_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
+        self.v_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
+        self.keep_logits = keep_logits
+        self.last_logits: dict[int, torch.Tensor] = {}
+        self.arena = MetaArena(self.device)
+        use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        if use_graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.graphs = GraphCache(self.device) if use_graphs else None
+        self.graph_max_rows = graph_max_rows
+        self.eager_steps = 0
+        self.reruns = 0
+        self.growth_s = 0.0  # device-timeline seconds of metadata-buffer growths (with graph retirement)
+        self.hold_gc = hold_gc
+        CompileWatch.install()
+        GcWatch.install()
+        self._gc_start = dict(GcWatch.totals)
+        self._allocs = AllocWatch(self.device, watch_allocs)  # a diagnostic: two memory_stats() reads a step
+
+    def stats(self) -> dict:
+        g = self.graphs
+        return dict(graph_max_rows=self.graph_max_rows if g else 0, eager_steps=self.eager_steps, reruns=self.reruns,
+                    graph_replays=g.replays if g else 0,
+                    graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
+                    arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
+                    hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats())
+
+    # ---- the step ---------------------------------------------------------------------------
+    def execute(self, plan: BatchPlan) -> StepResult:
+        with GcWatch.hold(self.hold_gc), self._allocs.step(plan.step):
+            return self._step(plan)
+
+    def _step(self, plan: BatchPlan) -> StepResult:
+        if plan.num_steps != 1:
+            raise ValueError(f"the GPU executor runs one step per plan, got num_steps={plan.num_steps}")
+        self._check_copies(plan)
+        clock = PartTimer(self.device)
+        t0 = clock.mark()
+        graph = self.graphs is not None and plan.num_tokens <= self.graph_max_rows
+        host = rows.build(plan, self.num_slots, pad=graph)
+        pauses = []  # one-offs kept off the step's clock: (start, end) marks
+        growth = None
+        if not self.arena.fits(host):  # bigger metadata buffers: allocations no later step of this size pays
+            a = clock.mark()
+            self.arena.reserve(host)
+            if self.graphs is not None:
+                self.graphs.retire_stale(self.arena.generation)
+            growth = (a, clock.mark())
+            pauses.append(growth)
+        meta = metadata.upload(host, self.arena)
+        parts = {}
+        if plan.copies:
+            a = clock.mark()
+            self._apply_copies(plan)
+            copy_span = (a, clock.mark())
+        if graph:
+            entry = self.graphs.lookup(host.shape, self.arena.generation)
+            if entry is None:  # capture, its warm-up run and the graph's first launch are not part of the step
+                a = clock.mark()
+                entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer))
+                pauses.append((a, clock.mark()))
+            nxt, lg = self.graphs.replay(entry)
+            timer = entry.timer
+        else:
+            a, built = clock.mark(), CompileWatch.count
+            timer = PartTimer(self.device)
+            nxt, lg = self._forward(meta, timer)
+            self.eager_steps += 1
+            if CompileWatch.count != built:
+                # a kernel variant was built or loaded inside the step: time a re-run instead (same
+                # inputs, same K/V written to the same slots, same outputs)
+                pauses.append((a, clock.mark()))
+                timer = PartTimer(self.device)
+                nxt, lg = self._forward(meta, timer)
+                self.reruns += 1
+        t1 = clock.mark()
+        nxt = nxt.cpu()  # waits for the step
+        total = elapsed(t0, t1) - sum(elapsed(*p) for p in pauses)
+        if growth:
+            self.growth_s += elapsed(*growth)
+        parts.update(timer.parts())
+        if plan.copies:
+            parts["kv_copy"] = elapsed(*copy_span)
+        parts["overhead"] = max(0.0, total - sum(parts.values()))
+        if self.keep_logits:
+            self.last_logits = {rid: lg[i].cpu() for rid, i in host.sample_of.items()}
+        return StepResult(total, parts, {rid: int(nxt[i]) for rid, i in host.sample_of.items()})
+
+    def _forward(self, m: metadata.StepMeta, timer: PartTimer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable)."""
+        w = self.w
+        run = StepLaunches(m, self.shape, w.dtype, self.device)  # host work once per step (launches.py)
+        timer.switch("linear")
+        x = F.embedding(m.tokens, w.embed)
+        rot = rope_tables(m.positions, w.inv_freq, w.dtype)
+        for li, layer in enumerate(w.layers):
+            timer.switch("linear")
+            q, k, v = qkv_proj(w, layer, x, rot)
+            timer.switch("kv_write")
+            run.write(self.k_cache[li], self.v_cache[li], k, v, m.new_slots)
+            attn = self._attention(run, m.shape, q, k, v, li, timer)
+            timer.switch("linear")
+            x = attn_out_and_mlp(layer, x, attn)
+        x = rms_norm(torch.index_select(x, 0, m.sample_rows), w.final_norm)
+        timer.switch("lm_head")
+        lg = logits(w, x)
+        nxt = lg.argmax(dim=-1)
+        timer.switch(None)
+        return nxt, (lg if self.keep_logits else None)  # a graph's outputs stay allocated: keep them small
+
+    def _attention(self, run: StepLaunches, s: rows.StepShape, q, k, v, li: int, timer: PartTimer) -> torch.Tensor:
+        """Attention by region into `run.out` (rows.py: extend rows, decode rows, then grouped rows)."""
+        kc, vc, out = self.k_cache[li], self.v_cache[li], run.out
+        a, b = 0, s.ext_rows
+        if run.extend:
+            timer.switch("attn_prefill")
+            run.extend(q[a:b], k[a:b], v[a:b], kc, vc, out[a:b], run.ext_lse)
+        a, b = b, b + s.dec_rows
+        if run.decode:
+            timer.switch("attn_decode")
+            run.decode(q[a:b], kc, vc, out[a:b], run.dec_lse)
+        if not run.passes:
+            return out
+        a, b = b, b + s.grouped_rows
+        timer.switch("attn_prefix")
+        for p in run.passes:
+            p.launch(q[a + p.lo: a + p.hi], kc, vc, run.pre_o[p.lo:p.hi], run.pre_lse[p.lo:p.hi])
+        timer.switch("attn_decode")
+        run.suffix(q[a:b], kc, vc, run.suf_o, run.suf_lse)
+        timer.switch("merge")
+        run.merge(run.pre_o, run.pre_lse, run.suf_o, run.suf_lse, out[a:b], run.merged_lse)
+        return out
+
+    # ---- compaction copies ---------------------------------------------------------------------
+    def _check_copies(self, plan: BatchPlan) -> None:
+        for c in plan.copies:
+            if min(c.src, c.dst) < 0 or max(c.src, c.dst) + c.length > self.num_slots or c.length < 0:
+                raise ValueError(f"plan step {plan.step}: KV copy {c} runs outside the buffer of {self.num_slots} slots")
+
+    def _apply_copies(self, plan: BatchPlan) -> None:
+        for c in plan.copies:  # in order: each destination lies at or before its source
+            for cache in (*self.k_cache, *self.v_cache):
+                cache[c.dst: c.dst + c.length] = cache[c.src: c.src + c.length].clone()

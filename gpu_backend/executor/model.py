@@ -1,0 +1,108 @@
+"""Seeded random weights with a real model's shapes, and the dense (non-attention) layers.
+
+No downloads: every tensor is drawn from one seeded generator, scaled so activations stay
+O(1) through any depth (projections ~ 1/sqrt(fan_in), residual branches damped), so greedy
+tokens are stable under reordering of batch rows.
+
+The layer ops are the torch ops the calibration times (calibration/measure/linear.py `s_linear`):
+``F.linear`` with [out, in] weights, ``F.rms_norm``, rotate-half RoPE in the model dtype,
+``silu(gate) * up``, residual adds, ``F.embedding`` — so the cost model's ``linear`` term
+prices exactly what the engine runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from granisim.config.models import ModelShape
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+EPS = 1e-5
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [h]
+    wqkv: torch.Tensor  # [(n_q + 2 n_kv) d, h]
+    bqkv: torch.Tensor | None  # [(n_q + 2 n_kv) d] (Qwen-2.5 has QKV bias)
+    wo: torch.Tensor  # [h, n_q d]
+    mlp_norm: torch.Tensor  # [h]
+    w_gate_up: torch.Tensor  # [2 I, h]
+    w_down: torch.Tensor  # [h, I]
+
+
+class RandomWeights:
+    def __init__(self, shape: ModelShape, *, device="cpu", dtype: torch.dtype | None = None, seed: int = 0,
+                 rope_theta: float = 500000.0):
+        self.shape = shape
+        self.device = torch.device(device)
+        self.dtype = dtype or TORCH_DTYPES[shape.dtype]
+        self.rope_theta = rope_theta
+        # drawn on the target device: a Llama-3.1-8B's 8e9 values take seconds there, minutes on a CPU
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        h, d, I = shape.hidden, shape.head_dim, shape.intermediate
+        qkv = (shape.n_q_heads + 2 * shape.n_kv_heads) * d
+        damp = 1.0 / math.sqrt(2 * shape.num_layers)
+
+        def rnd(*size, scale):
+            return (torch.randn(*size, generator=g, device=self.device) * scale).to(self.dtype)
+
+        def norm_w():
+            return (1.0 + 0.1 * torch.randn(h, generator=g, device=self.device)).to(self.dtype)
+
+        self.embed = rnd(shape.vocab, h, scale=1.0)
+        self.layers = []
+        for _ in range(shape.num_layers):
+            self.layers.append(LayerWeights(
+                attn_norm=norm_w(),
+                wqkv=rnd(qkv, h, scale=1.0 / math.sqrt(h)),
+                bqkv=rnd(qkv, scale=0.02) if shape.qkv_bias else None,
+                wo=rnd(h, shape.n_q_heads * d, scale=damp / math.sqrt(shape.n_q_heads * d)),
+                mlp_norm=norm_w(),
+                w_gate_up=rnd(2 * I, h, scale=1.0 / math.sqrt(h)),
+                w_down=rnd(h, I, scale=damp / math.sqrt(I)),
+            ))
+        self.final_norm = norm_w()
+        self.lm_head = rnd(shape.vocab, h, scale=1.0 / math.sqrt(h))
+        inv = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        self.inv_freq = inv.float().to(self.device)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, d] (both halves) for absolute positions [T]; computed once per step."""
+    ang = positions.float()[:, None] * inv_freq[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :]
+
+
+def qkv_proj(w: RandomWeights, layer: LayerWeights, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor]):
+    """x [T, h] -> q [T, n_q, d], k [T, n_kv, d], v [T, n_kv, d] (views; each token's heads contiguous),
+    RoPE (``rot`` = rope_tables) applied to q and k in one pass."""
+    s = w.shape
+    T, d, nq, nkv = x.shape[0], s.head_dim, s.n_q_heads, s.n_kv_heads
+    y = F.linear(rms_norm(x, layer.attn_norm), layer.wqkv, layer.bqkv)
+    qk = y[:, : (nq + nkv) * d].view(T, nq + nkv, d)
+    cos, sin = rot
+    rotated = torch.cat([-qk[..., d // 2:], qk[..., : d // 2]], dim=-1)
+    qk = qk * cos + rotated * sin
+    v = y[:, (nq + nkv) * d:].view(T, nkv, d)
+    return qk[:, :nq], qk[:, nq:], v
+
+
+def attn_out_and_mlp(layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """Output projection + residual, then the SwiGLU MLP on the normed stream + residual."""
+    x = x + F.linear(attn.reshape(x.shape[0], -1), layer.wo)
+    gate, up = F.linear(rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, layer.w_down)
+
+
+def logits(w: RandomWeights, x_normed: torch.Tensor) -> torch.Tensor:
+    """LM head over rows already through the final norm; fp32 logits."""
+    return F.linear(x_normed, w.lm_head).float()

@@ -1,0 +1,55 @@
+"""Regenerate the measured H200 profile and the what-if profiles derived from it.
+
+    python -m granisim.calibration.shipped [RAW_DIR]     # default calibration/raw/h200
+
+1. fits RAW_DIR (granisim.calibration) into granisim/config/profiles/h200.json, its two measured tables
+   into granisim/config/data/, and writes the report figures and fit summary into reports/calibration/;
+2. derives granisim/config/profiles/h100-sxm.json and b200.json from it by datasheet ratios.
+
+a100-80gb is untouched (``python -m granisim.calibration.published`` makes it from published sources).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+from granisim.calibration.profile import derive
+from granisim.calibration.run import calibrate, format_errors, write_figures
+from granisim.costmodel import m_sat_threshold
+from granisim.config.hardware import DATA_DIR, PROFILE_DIR, load_profile
+from granisim.config.models import get_model
+
+COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out RAW (calibration/raw/h200); "
+           "granisim calibrate fit RAW --out h200.json (python -m granisim.calibration.shipped)")
+
+
+def main(raw_dir: str = "calibration/raw/h200") -> None:
+    shipped = PROFILE_DIR / "h200.json"
+    with tempfile.TemporaryDirectory() as tmp:  # the profile's tables are written beside it and into DATA_DIR
+        out = Path(tmp) / "h200.json"
+        cal = calibrate(ROOT / raw_dir, out, name="h200", command=COMMAND, extra_table_dirs=[DATA_DIR])
+        print(format_errors(cal.result))
+        write_figures(cal, ROOT / "reports" / "calibration", "h200")
+        shutil.copyfile(out, shipped)
+    load_profile(shipped)
+    model = get_model("llama-3.1-8b")
+    for target in ("h100-sxm", "b200"):
+        doc = derive(cal.doc, target, source_name="h200 (calibration/profiles/h200.json)")  # the name it was derived under
+        path = PROFILE_DIR / f"{target}.json"
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        prof = load_profile(path)
+        xs = {lp: m_sat_threshold(prof, model, lp) for lp in (1024, 4096, 16384, 32768)}
+        print(f"{target}: m_sat {prof.m_sat}; formula best threshold by L_p {xs}")
+    prof = load_profile(shipped)
+    print(f"h200: m_sat {prof.m_sat}; per L_p measured {cal.msat['per_L_measured']}; profile crossover "
+          f"{cal.msat['per_L_model']}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,250 @@
+"""Hardware profiles: the cost model's coefficients, each with where it came from.
+
+A profile is a JSON file (shipped ones live in ``granisim/profiles/``)::
+
+    {
+      "schema": "granikv-hardware-profile/1",
+      "name": "a100-80gb",
+      "gpu": "NVIDIA A100-SXM4-80GB",
+      "notes": "free text",
+      "linear_table": {                      # optional: measured linear-operator times
+        "file": "vidur_a100_llama3_8b_linear_ops.csv",
+        "model": {"hidden": 4096, "n_q_heads": 32, "n_kv_heads": 8, "head_dim": 128,
+                  "intermediate": 14336, "vocab": 128256, "dtype_bytes": 2},
+        "scaling": "how times are carried to other model shapes",
+        "source": {"kind": "published", "citation": "..."}
+      },
+      "coefficients": {
+        "hbm_bandwidth": {"value": 2.039e12, "unit": "B/s",
+                          "source": {"kind": "published", "citation": "NVIDIA A100 datasheet"}},
+        ...
+      }
+    }
+
+Every coefficient in :data:`COEFFICIENTS` must be present; those in :data:`OPTIONAL_COEFFICIENTS` may
+be (``attn.form = 2`` needs all of them); nothing else. A coefficient's ``source`` is one of
+
+* ``{"kind": "measured", "date": ..., "command": ...}`` (+ optional gpu, commit, versions, note)
+* ``{"kind": "published", "citation": ...}`` (+ optional note)
+* ``{"kind": "extrapolated", "from": ..., "how": ...}`` (+ optional note)
+
+A bad file raises :class:`ProfileError` with one line naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ValidationError
+
+from granisim.config.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
+                                   OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
+                                   ProfileError, Source)
+from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, PublishedSource
+
+# granisim.config.hardware is the profiles' public module: the catalogue and data classes are importable from here too
+__all__ = ["COEFFICIENTS", "OPTIONAL_COEFFICIENTS", "FORM2_COEFFICIENTS", "KERNEL_TABLE_COLS", "KERNEL_FAMILIES",
+           "SCHEMA", "PROFILE_DIR", "DATA_DIR", "ProfileError", "Source", "Coefficient", "LinearTable", "KernelTable",
+           "HardwareProfile", "load_profile", "available_profiles", "get_profile"]
+
+SCHEMA = "granikv-hardware-profile/1"
+PROFILE_DIR = Path(__file__).with_name("profiles")
+DATA_DIR = Path(__file__).with_name("data")
+
+# the file's shapes and types: granisim.config.profile_schema (pydantic); ranges, names and tables: checked below
+_TABLE_MODEL_KEYS = ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "dtype_bytes")
+_TABLE_OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+def _fail(file: Path | str, field: str, value: Any, why: str) -> ProfileError:
+    v = repr(value)
+    if len(v) > 80:
+        v = v[:77] + "..."
+    return ProfileError(f"{file}: field {field}: value {v}: {why}")
+
+
+def _lookup(data: Any, loc: tuple) -> Any:
+    for k in loc:
+        try:
+            data = data[k]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _source(m: BaseModel) -> Source:
+    if isinstance(m, PublishedSource):
+        return Source("published", citation=m.citation, note=m.note)
+    if isinstance(m, ExtrapolatedSource):
+        return Source("extrapolated", from_=m.from_, how=m.how, note=m.note)
+    extra = {k: getattr(m, k) for k in ("gpu", "commit", "versions") if getattr(m, k)}
+    return Source("measured", date=m.date, command=m.command, note=m.note, extra=MappingProxyType(extra))
+
+
+def _check_value(file: Path | str, name: str, value: float, rule: str) -> None:
+    field = f"coefficients.{name}.value"
+    if isinstance(value, bool) or not math.isfinite(value):
+        raise _fail(file, field, value, "must be a finite number")
+    if rule == "pos" and value <= 0:
+        raise _fail(file, field, value, "must be > 0")
+    if rule == "nonneg" and value < 0:
+        raise _fail(file, field, value, "must be >= 0")
+    if rule == "frac" and not 0 < value <= 1:
+        raise _fail(file, field, value, "must be in (0, 1]")
+    if rule == "int" and (value < 1 or value != int(value)):
+        raise _fail(file, field, value, "must be an integer >= 1")
+
+
+def _read_table(file: Path | str, path: Path) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+    """TP=1 medians, duplicates of num_tokens averaged, sorted by num_tokens."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise _fail(file, "linear_table.file", str(path), f"cannot read ({e.strerror})") from None
+    acc: dict[int, list[list[float]]] = {}
+    try:
+        for row in rows:
+            if int(row.get("num_tensor_parallel_workers", 1)) != 1:
+                continue
+            vals = [float(row[f"time_stats.{op}.median"]) for op in _TABLE_OPS]
+            acc.setdefault(int(row["num_tokens"]), []).append(vals)
+    except (KeyError, ValueError) as e:
+        raise _fail(file, "linear_table.file", str(path), f"bad table column or value ({e})") from None
+    if len(acc) < 2:
+        raise _fail(file, "linear_table.file", str(path), "needs at least two num_tokens rows")
+    ns = tuple(sorted(acc))
+    ops = {op: tuple(sum(v[i] for v in acc[n]) / len(acc[n]) for n in ns) for i, op in enumerate(_TABLE_OPS)}
+    return ns, ops
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    """Read and validate one profile file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: field (file): value {str(path)!r}: no such profile file") from None
+    except OSError as e:
+        raise ProfileError(f"{path}: field (file): value {str(path)!r}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: field (file): value line {e.lineno} col {e.colno}: invalid JSON ({e.msg})") from None
+    try:
+        m = ProfileModel.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in ("measured", "published", "extrapolated")))
+        field = ".".join(str(x) for x in loc) or "(top)"
+        value = err.get("input") if err["type"] != "missing" else "(missing)"
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            field += ".kind"
+            value = err.get("ctx", {}).get("tag", "(missing)")
+        raise _fail(path, field, value, err["msg"]) from None
+
+    names = set(m.coefficients)
+    for name in COEFFICIENTS:
+        if name not in names:
+            raise _fail(path, f"coefficients.{name}", "(missing)", "required coefficient missing")
+    for name in m.coefficients:
+        if name not in COEFFICIENTS and name not in OPTIONAL_COEFFICIENTS:
+            raise _fail(path, f"coefficients.{name}", name, "unknown coefficient")
+    form = m.coefficients.get("attn.form")
+    if form is not None:
+        if form.value not in (1, 2):
+            raise _fail(path, "coefficients.attn.form.value", form.value, "must be 1 or 2")
+        if form.value == 2:
+            for name in FORM2_COEFFICIENTS:
+                if name not in names:
+                    raise _fail(path, f"coefficients.{name}", "(missing)", "required when attn.form = 2")
+    coefs: dict[str, Coefficient] = {}
+    rules = {**COEFFICIENTS, **{k: v[:2] for k, v in OPTIONAL_COEFFICIENTS.items()}}
+    for name, (unit, rule) in rules.items():
+        c = m.coefficients.get(name)
+        if c is None:
+            continue
+        _check_value(path, name, c.value, rule)
+        if c.unit != unit:
+            raise _fail(path, f"coefficients.{name}.unit", c.unit, f"must be {unit!r}")
+        coefs[name] = Coefficient(float(c.value), unit, _source(c.source))
+
+    table = None
+    if m.linear_table is not None:
+        t = m.linear_table
+        tpath = _table_file(path, "linear_table", t)
+        ns, ops = _read_table(path, tpath)
+        table = LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
+                            MappingProxyType(ops))
+    ktable = None
+    if m.kernel_table is not None:
+        t = m.kernel_table
+        if coefs.get("attn.form") is None or coefs["attn.form"].value != 2:
+            raise _fail(path, "kernel_table", t.file, "needs coefficients.attn.form = 2")
+        tpath = _table_file(path, "kernel_table", t)
+        ktable = KernelTable(tpath, MappingProxyType(dict(t.model)), _source(t.source), _read_kernel_table(path, tpath))
+    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable)
+
+
+def _table_file(path: Path, field: str, t) -> Path:
+    """Check a table's model shape and find its CSV (next to the profile, then in granisim/data)."""
+    for k in _TABLE_MODEL_KEYS:
+        if k not in t.model:
+            raise _fail(path, f"{field}.model.{k}", "(missing)", "required")
+        if t.model[k] < 1:
+            raise _fail(path, f"{field}.model.{k}", t.model[k], "must be >= 1")
+    tpath = next((p for p in (path.parent / t.file, DATA_DIR / t.file) if p.is_file()), None)
+    if tpath is None:
+        raise _fail(path, f"{field}.file", t.file, f"not found next to the profile or in {DATA_DIR}")
+    return tpath
+
+
+def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise _fail(file, "kernel_table.file", str(path), f"cannot read ({e.strerror})") from None
+    cols: dict[str, list] = {c: [] for c in KERNEL_TABLE_COLS}
+    try:
+        for row in rows:
+            if row["family"] not in KERNEL_FAMILIES:
+                continue
+            for c in KERNEL_TABLE_COLS:
+                v = row[c]
+                cols[c].append(v if c in ("family", "storage") else float(v or 0.0))
+    except (KeyError, ValueError) as e:
+        raise _fail(file, "kernel_table.file", str(path), f"bad table column or value ({e})") from None
+    if not cols["family"] or min(cols["median_us"]) <= 0:
+        raise _fail(file, "kernel_table.file", str(path), "needs rows with positive median_us")
+    return MappingProxyType({c: tuple(v) for c, v in cols.items()})
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+@lru_cache(maxsize=None)
+def _cached(path: str) -> HardwareProfile:
+    return load_profile(path)
+
+
+def get_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A shipped profile by name (``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``) or a JSON file path.
+
+    Loaded once per resolved path and cached (the same object is returned on later calls).
+    """
+    s = str(name_or_path)
+    p = Path(s)
+    if s.endswith(".json") or p.is_file() or p.parent != Path("."):
+        return _cached(str(p.resolve()))
+    shipped = PROFILE_DIR / f"{s}.json"
+    if not shipped.is_file():
+        raise ProfileError(f"{s}: field profile: value {s!r}: unknown profile; known: "
+                           f"{', '.join(available_profiles())} (or give a path to a .json file)")
+    return _cached(str(shipped.resolve()))

@@ -1,0 +1,90 @@
+"""The contract between the scheduler and an executor: a frozen batch plan in, a step result out.
+
+Both executors — :class:`granisim.costmodel.executor.CostExecutor` (predicted seconds) and
+``gpu_backend``'s real engine (measured seconds) — consume exactly these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from granisim.kv.hot_pool import KVCopy
+from granisim.kv.layout import RequestLayout
+
+PATHS = ("paged", "cascade", "dense")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request's work in a step.
+
+    ``context_len`` tokens are already in the KV cache; ``num_new`` tokens are computed
+    now (a prefill chunk, or 1 for decode) and their K/V written to ``new_slots``.
+    ``group`` indexes ``BatchPlan.groups`` (-1: none); when grouped, the first
+    ``shared_len`` context tokens are read by the group's prefix pass, the rest by the
+    request's own (suffix) pass.
+    """
+
+    rid: int
+    context_len: int
+    num_new: int
+    is_prefill: bool
+    group: int = -1
+    shared_len: int = 0
+    new_slots: np.ndarray | None = None  # slots for the new tokens' K/V (executors that move data)
+    input_tokens: np.ndarray | None = None  # token ids fed this step (prefill chunk / last sampled token)
+    layout: RequestLayout | None = None  # full KV layout incl. the new tokens (executors that move data)
+
+    @property
+    def kv_len(self) -> int:
+        return self.context_len + self.num_new
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixGroup:
+    """Decode requests whose context starts with the same cached prefix (radix node ``key``)."""
+
+    key: int
+    prefix_len: int
+    storage: str  # 'slab' (one contiguous HOT run) or the pool name ('cold', 'token', 'paged')
+    path: str  # 'dense' | 'cascade' | 'paged' (paged = no prefix pass: each request re-reads)
+    members: tuple[int, ...]  # indices into BatchPlan.requests
+    m_eff: int  # len(members) * G
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    step: int
+    policy: str
+    page_size: int
+    requests: tuple[PlannedRequest, ...]
+    groups: tuple[PrefixGroup, ...] = ()
+    copies: tuple[KVCopy, ...] = ()
+    # Decode fast-forward: this many identical decode steps in a row (every request is a
+    # decode request, each step adds one token to every context). Only the cost executor
+    # accepts > 1; results then cover all steps.
+    num_steps: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_new for r in self.requests)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    duration_s: float  # all ``num_steps`` steps together
+    breakdown: Mapping[str, float] = field(default_factory=dict)  # seconds per cost key
+    next_tokens: Mapping[int, int] | None = None  # rid -> sampled token (real engine); None: synthetic
+    step_durations: tuple[float, ...] | None = None  # per step when num_steps > 1
+
+
+class Executor(Protocol):
+    """Turns a batch plan into a step result."""
+
+    needs_layouts: bool  # fill new_slots / input_tokens / layout in plans
+    max_steps_per_plan: int  # 1 for executors that run steps one by one
+
+    def execute(self, plan: BatchPlan) -> StepResult: ...

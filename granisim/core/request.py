@@ -1,0 +1,86 @@
+"""A request's life inside the scheduler, and the frozen record it leaves behind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from granisim.core.workload import RequestSpec
+
+
+class Request:
+    """Mutable runtime state. ``tokens`` = prompt + outputs so far; ``computed`` of them
+    have K/V in the cache (the last sampled token is fed in the next decode step)."""
+
+    __slots__ = ("spec", "rid", "tokens", "n_tokens", "prompt_len", "computed", "generated", "admitted_s",
+                 "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding", "prefix_cached", "group")
+
+    def __init__(self, spec: RequestSpec):
+        self.spec = spec
+        self.rid = spec.rid
+        prompt = spec.prompt()
+        self.prompt_len = prompt.size
+        self.tokens = np.empty(prompt.size + spec.output_len, dtype=np.int64)
+        self.tokens[: prompt.size] = prompt
+        self.n_tokens = prompt.size
+        self.computed = 0
+        self.generated = 0
+        self.admitted_s: float | None = None
+        self.first_token_s: float | None = None
+        self.preemptions = 0
+        self.cached_at_admit = 0
+        self.admit_order = 0
+        self.decoding = False  # all held tokens but the last sampled one have K/V
+        self.prefix_cached = False  # its declared shared prefix is in the radix index
+        self.group: tuple[int, int, str] | None = None  # the allocator's prefix group, while running
+
+    @property
+    def remaining_output(self) -> int:
+        return self.spec.output_len - self.generated
+
+    def append_one(self, token: int) -> None:
+        self.tokens[self.n_tokens] = token
+        self.n_tokens += 1
+        self.generated += 1
+
+    def append(self, tokens: np.ndarray) -> None:
+        n = tokens.size
+        self.tokens[self.n_tokens : self.n_tokens + n] = tokens
+        self.n_tokens += n
+        self.generated += n
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    rid: int
+    role: int
+    session: int
+    turn: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    status: str  # 'completed' | 'rejected'
+    reason: str = ""
+    admitted_s: float = float("nan")
+    first_token_s: float = float("nan")
+    finish_s: float = float("nan")
+    cached_tokens: int = 0
+    preemptions: int = 0
+    generated: int = 0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        return (self.finish_s - self.first_token_s) / (self.output_len - 1) if self.output_len > 1 else float("nan")
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float:
+        return self.admitted_s - self.arrival_s

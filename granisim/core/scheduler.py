@@ -1,0 +1,294 @@
+"""Continuous-batching scheduler shared by the simulator and the real GPU engine.
+
+No SimPy and no torch here: ``schedule(now)`` returns a frozen :class:`BatchPlan` (and
+has already asked the allocator for every slot the plan writes); ``postprocess(plan,
+result, now)`` consumes the executor's :class:`StepResult`.
+
+Per step: (1) every decoding request gets one token — if memory is short, running
+requests are preempted (recompute) in the configured order until it fits; (2) chunked
+prefills in progress continue under the step's token budget; (3) waiting requests are
+admitted first-come-first-served by radix match + capacity (the whole uncached prompt
+plus a reserve for outstanding outputs must fit), skipping a request whose declared
+shared prefix another request is prefilling right now (it will hit the cache instead of
+computing a second copy); (4) decoding requests are grouped by their shared prefix and
+each group gets an attention path. With ``admission = "prefix"`` (tenancy-aware), step
+(3) first takes the waiting requests whose role prefix a running request holds (its
+prefix is in the cache, locked), so that requests sharing a prefix are admitted together
+and a prefix is computed once per wave instead of once per request when many tenants
+compete for the cache; ``admission_max_wait_s`` puts older waiters first (no starvation).
+Nothing is ever dropped: preempted requests return
+to the front of the queue; only requests that can never fit, or that exceed a configured
+queue limit, are rejected, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from granisim.kv.allocator import KVAllocator
+from granisim.core.contract import BatchPlan, StepResult
+from granisim.core.batching import PlanBuilding
+from granisim.core.request import Request, RequestRecord
+from granisim.core.workload import VOCAB, RequestSpec
+
+# (prefix_len, group requests, storage) -> 'dense' | 'cascade'
+PathChooser = Callable[[int, int, str], str]
+# a plan -> its predicted seconds (dispatch = "auto" compares whole steps)
+StepPricer = Callable[[BatchPlan], float]
+
+
+class Scheduler(PlanBuilding):
+    def __init__(self, cfg, allocator: KVAllocator, *, group_size: int, m_sat: int,
+                 dispatch: str = "threshold", path_chooser: PathChooser | None = None,
+                 step_pricer: StepPricer | None = None, needs_layouts: bool = False):
+        if dispatch in ("cost", "auto") and path_chooser is None:
+            raise ValueError(f"dispatch = {dispatch!r} needs a path_chooser (the cost model)")
+        self.cfg = cfg
+        self.alloc = allocator
+        self.G = group_size
+        self.m_sat = m_sat
+        self.dispatch = dispatch
+        self.path_chooser = path_chooser
+        self.step_pricer = step_pricer
+        self.needs_layouts = needs_layouts
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # admission order
+        self.records: list[RequestRecord] = []
+        self.step_id = 0
+        self._admitted = 0
+        self._prefix_owner: dict[tuple[int, int], int] = {}  # (role, shared_len) -> rid prefilling it
+        self.preemptions = 0
+
+    # ---- arrivals and rejection -------------------------------------------------------------
+    def add(self, spec: RequestSpec, now: float) -> None:
+        need = spec.prompt_len + spec.output_len
+        if need > self._max_request_tokens():
+            self._reject(spec, now, f"needs {need} KV tokens; the {self.alloc.policy} budget holds "
+                                    f"{self._max_request_tokens()} for one request")
+        elif self.cfg.max_waiting and len(self.waiting) >= self.cfg.max_waiting:
+            self._reject(spec, now, f"queue full ({self.cfg.max_waiting} waiting)")
+        else:
+            self.waiting.append(Request(spec))
+
+    def _max_request_tokens(self) -> int:
+        store_cap = self.alloc.store.capacity
+        hot = self.alloc.hot.capacity if self.alloc.hot is not None else 0
+        return store_cap + hot
+
+    def expire(self, now: float) -> None:
+        """Reject requests that waited longer than ``queue_timeout_s`` without ever starting."""
+        t = self.cfg.queue_timeout_s
+        if not t:
+            return
+        keep = deque()
+        for r in self.waiting:
+            if r.admitted_s is None and now - r.spec.arrival_s > t:
+                self._reject(r.spec, now, f"waited over queue_timeout_s={t}")
+            else:
+                keep.append(r)
+        self.waiting = keep
+
+    def next_expiry(self) -> float | None:
+        t = self.cfg.queue_timeout_s
+        if not t:
+            return None
+        times = [r.spec.arrival_s + t for r in self.waiting if r.admitted_s is None]
+        return min(times) if times else None
+
+    def _reject(self, spec: RequestSpec, now: float, reason: str) -> None:
+        self.records.append(RequestRecord(spec.rid, spec.role, spec.session, spec.turn, spec.arrival_s,
+                                          spec.prompt_len, spec.output_len, "rejected", reason, finish_s=now))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- planning ------------------------------------------------------------------------------
+    def schedule(self, now: float) -> BatchPlan | None:
+        alloc, cfg = self.alloc, self.cfg
+        alloc.rebalance()  # adaptive HOT moves its boundary here, between plans (else a no-op)
+        work: list[tuple[Request, int, np.ndarray]] = []
+        # (1) decodes: one token each, preempting until they all fit
+        decode = [r for r in self.running.values() if r.decoding]
+        while decode and not alloc.can_extend_all([r.rid for r in decode], 1):
+            victim = self._victim()
+            self._preempt(victim)
+            decode = [r for r in decode if r is not victim]
+        for r, slots in zip(decode, alloc.extend_all([r.rid for r in decode], 1)):
+            work.append((r, 1, slots))
+        budget = cfg.max_batch_tokens - len(decode)
+        # (2) chunked prefills in progress
+        for r in list(self.running.values()):
+            if budget <= 0:
+                break
+            if not r.decoding:
+                n = min(r.n_tokens - r.computed, budget)
+                if alloc.can_extend({r.rid: n}):
+                    work.append((r, n, alloc.extend(r.rid, n)))
+                    budget -= n
+        # (3) admissions
+        if cfg.admission == "prefix" and len(self.waiting) > 1:
+            self._group_by_prefix(now)
+        skipped: list[Request] = []
+        reserve = self._outstanding() if self.waiting else 0
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
+            r = self.waiting.popleft()
+            key = (r.spec.role, r.spec.shared_len)
+            if r.spec.shared_len and key in self._prefix_owner:
+                skipped.append(r)
+                continue
+            if not self._admit(r, now, reserve):
+                if not self.running:  # it does not fit even into an empty cache
+                    self._reject(r.spec, now, f"does not fit the {self.alloc.policy} KV budget even alone")
+                    continue
+                self.waiting.appendleft(r)
+                break
+            n = min(r.n_tokens - r.computed, budget)
+            work.append((r, n, alloc.extend(r.rid, n)))
+            budget -= n
+            reserve += self._reserve_of(r) - n
+        self.waiting.extendleft(reversed(skipped))
+        if not work:
+            if self.running:  # every running request is blocked: free memory for the oldest
+                self._preempt(self._victim())
+                return self.schedule(now)
+            return None
+        return self._build_plan(work)
+
+    def _group_by_prefix(self, now: float) -> None:
+        """Tenancy-aware order: aged waiters, then those whose role prefix is held by a running
+        request (a cache hit), then the rest; first come first served within each class."""
+        warm = {q.spec.role for q in self.running.values() if q.spec.shared_len}
+        max_wait = self.cfg.admission_max_wait_s
+
+        def cls(r: Request) -> int:
+            if max_wait and now - r.spec.arrival_s > max_wait:
+                return 0
+            return 1 if r.spec.shared_len and r.spec.role in warm else 2
+
+        self.waiting = deque(sorted(self.waiting, key=cls))  # stable: keeps arrival order per class
+
+    def _reserve_of(self, q: Request) -> int:
+        """Tokens a running request may still claim: its unfinished prompt + a share of its outputs."""
+        return int(self.cfg.new_token_ratio * q.remaining_output) + (q.n_tokens - q.computed)
+
+    def _outstanding(self) -> int:
+        return sum(self._reserve_of(q) for q in self.running.values())
+
+    def _admit(self, r: Request, now: float, outstanding: int) -> bool:
+        tokens = r.tokens[: r.n_tokens]
+        reserve = outstanding + int(self.cfg.new_token_ratio * r.remaining_output)
+        if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve):
+            if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0):
+                # nothing running and it still does not fit: the cache must give way
+                self.alloc.clear_cache()
+                if not self.alloc.can_admit(tokens, r.spec.shared_len, 0):
+                    return False
+            elif self.running:
+                return False
+        r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len)
+        r.group = self.alloc.prefix_group(r.rid)  # changes only when its prefix is cached (postprocess)
+        if r.admitted_s is None:
+            r.admitted_s = now
+            r.cached_at_admit = r.computed
+        r.admit_order = self._admitted
+        self._admitted += 1
+        r.prefix_cached = r.spec.shared_len > 0 and r.computed >= r.spec.shared_len
+        if r.spec.shared_len and not r.prefix_cached:
+            self._prefix_owner[(r.spec.role, r.spec.shared_len)] = r.rid
+        self.running[r.rid] = r
+        return True
+
+    def _victim(self) -> Request:
+        rs = list(self.running.values())
+        if self.cfg.preempt_order == "lifo":
+            return max(rs, key=lambda q: q.admit_order)
+        # SGLang's retract order: fewest generated tokens first, then the longest prompt
+        return min(rs, key=lambda q: (q.generated, -q.prompt_len, -q.admit_order))
+
+    def _preempt(self, r: Request) -> None:
+        self.alloc.release(r.rid)
+        del self.running[r.rid]
+        key = (r.spec.role, r.spec.shared_len)
+        if self._prefix_owner.get(key) == r.rid:
+            del self._prefix_owner[key]
+        r.computed = 0
+        r.decoding = False
+        r.prefix_cached = False
+        r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+
+    # ---- decode fast-forward ----------------------------------------------------------------
+    def fast_forward_limit(self, plan: BatchPlan) -> int:
+        """How many identical decode steps ``plan`` may stand for (1 = no fast-forward).
+
+        Exact because nothing can change the batch in between: no prefill, no admission
+        possible (schedule() just tried), no request finishes before the last step, and
+        the memory for every step is there without preemption.
+        """
+        if not self.cfg.fast_forward or any(p.is_prefill for p in plan.requests):
+            return 1
+        k = min(self.running[p.rid].remaining_output for p in plan.requests)
+        k = min(k, max(1, self.alloc.available() // max(1, len(plan.requests)) - self.alloc.page_size))
+        rids = [p.rid for p in plan.requests]
+        while k > 1 and not self.alloc.can_extend_all(rids, k - 1):
+            k //= 2
+        return max(1, k)
+
+    def extend_plan(self, plan: BatchPlan, steps: int) -> None:
+        """Allocate the K/V slots of steps 2..``steps`` of a fast-forwarded decode plan."""
+        self.alloc.extend_all([p.rid for p in plan.requests], steps - 1)
+
+    # ---- results -----------------------------------------------------------------------------
+    def postprocess(self, plan: BatchPlan, result: StepResult, now: float, steps: int = 1) -> list[Request]:
+        """Apply a step's results; returns the requests that finished."""
+        done = []
+        if steps > 1:  # the stand-in tokens of every request for all steps, in one array op
+            rs = [self.running[p.rid] for p in plan.requests]
+            base = np.array([r.rid * 7919 + r.generated * 104729 + 17 for r in rs], dtype=np.int64)
+            block = (base[:, None] + np.arange(steps, dtype=np.int64) * 104729) % VOCAB
+        for i, p in enumerate(plan.requests):
+            r = self.running[p.rid]
+            r.computed += p.num_new
+            sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
+            r.computed += steps - 1  # fast-forward: decode only, one token per step
+            if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:
+                self.alloc.cache_prefix(r.rid, r.tokens[: r.spec.shared_len])
+                r.group = self.alloc.prefix_group(r.rid)
+                r.prefix_cached = True
+                key = (r.spec.role, r.spec.shared_len)
+                if self._prefix_owner.get(key) == r.rid:
+                    del self._prefix_owner[key]
+            if not sampled:
+                continue
+            if steps == 1:
+                r.append_one(self._sampled_one(r, result))
+            else:
+                r.append(block[i])
+            r.decoding = True
+            if r.first_token_s is None:
+                r.first_token_s = now
+            if r.generated >= r.spec.output_len:
+                self._finish(r, now)
+                done.append(r)
+        return done
+
+    # The simulator's stand-in for sampling: deterministic per request and position (the
+    # fast-forward block in postprocess computes the same formula for many steps at once).
+    @staticmethod
+    def _sampled_one(r: Request, result: StepResult) -> int:
+        if result.next_tokens is not None:
+            return int(result.next_tokens[r.rid])
+        return (r.rid * 7919 + r.generated * 104729 + 17) % VOCAB
+
+    def _finish(self, r: Request, now: float) -> None:
+        self.alloc.release(r.rid, r.tokens[: r.computed])
+        del self.running[r.rid]
+        s = r.spec
+        self.records.append(RequestRecord(s.rid, s.role, s.session, s.turn, s.arrival_s, r.prompt_len,
+                                          s.output_len, "completed", "", r.admitted_s, r.first_token_s, now,
+                                          r.cached_at_admit, r.preemptions, r.generated))

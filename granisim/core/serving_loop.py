@@ -1,0 +1,146 @@
+"""The engine loop (SimPy): one process plans and executes steps, arrivals feed the queue.
+
+    plan = scheduler.schedule(now)          # allocator + radix index decide
+    result = executor.execute(plan)         # predicted (cost model) or measured (GPU) seconds
+    yield env.timeout(result.duration_s)    # the clock advances by the step's duration
+    scheduler.postprocess(plan, result, now)
+
+Event ordering at equal times: arrivals are scheduled with SimPy's URGENT priority, so a
+request arriving exactly when a step ends is already queued when the next step is
+planned; a request arriving during a step waits for that step's end. Otherwise SimPy fires
+events in time order and, at equal time and priority, in creation order — so the same
+scenario and seed give identical results.
+
+Decode fast-forward (executors with ``max_steps_per_plan > 1``): when a step is decode
+only and nothing can change the batch before its end, the engine lets one plan stand for
+k identical steps, stopping at the step boundary at or after the next arrival or queue
+expiry. The results equal stepping one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+from simpy.core import URGENT
+from tqdm import tqdm
+
+from granisim.kv.allocator import make_allocator
+from granisim.core.metrics import StepLog
+from granisim.core.contract import Executor
+from granisim.core.request import RequestRecord
+from granisim.core.scheduler import Scheduler
+from granisim.core.workload import ArrivalQueue, Workload
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    steps: StepLog
+    end_s: float
+    info: dict = field(default_factory=dict)
+
+
+def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.Event:
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, value  # what simpy.Timeout sets; we only change the priority
+    env.schedule(ev, URGENT, delay)
+    return ev
+
+
+class ServingLoop:
+    def __init__(self, setup, executor: Executor, *, progress: bool = True, keep_outputs: bool = False):
+        self.setup = setup
+        self.keep_outputs = keep_outputs  # rid -> generated token ids (for correctness checks)
+        self.outputs: dict[int, np.ndarray] = {}
+        self.executor = executor
+        self.progress = progress
+        s = setup.scenario
+        self.allocator = make_allocator(s.policy.name, setup.kv_budget, hot_fraction=s.policy.hot_fraction,
+                                        page_size=s.policy.page_size)
+        self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
+                                   m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
+                                   step_pricer=setup.step_pricer, needs_layouts=executor.needs_layouts)
+        self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab)
+        self.steps = StepLog()
+        self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)
+        self._wake: simpy.Event | None = None
+
+    def run(self) -> SimResult:
+        env = self.env = simpy.Environment()
+        initial = self.workload.initial()
+        self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
+        self._add_arrivals(initial)
+        env.process(self._engine())
+        env.run()
+        self._bar.close()
+        return SimResult(self.scheduler.records, self.steps, env.now,
+                         dict(kv_budget=self.setup.kv_budget, preemptions=self.scheduler.preemptions))
+
+    # ---- processes ------------------------------------------------------------------------
+    def _add_arrivals(self, specs) -> None:
+        # counted as pending at once, so the engine never stops while one is on its way
+        for s in specs:
+            heapq.heappush(self._pending, s.arrival_s)
+        self.env.process(self._arrivals(ArrivalQueue(specs)))
+
+    def _arrivals(self, queue: ArrivalQueue):
+        """Deliver requests at their arrival times (URGENT: before a step ending then is planned)."""
+        while len(queue):
+            spec = queue.pop()
+            yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
+            heapq.heappop(self._pending)
+            self.scheduler.add(spec, self.env.now)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+
+    def _engine(self):
+        env, sched, ex = self.env, self.scheduler, self.executor
+        n_done = 0
+        while True:
+            sched.expire(env.now)
+            plan = sched.schedule(env.now)
+            if plan is None:
+                if not self._pending and not sched.has_work:
+                    break
+                self._wake = env.event()
+                yield self._wake
+                continue
+            steps = min(sched.fast_forward_limit(plan), ex.max_steps_per_plan) if ex.max_steps_per_plan > 1 else 1
+            result = None
+            if steps > 1:
+                block = ex.execute(dataclasses.replace(plan, num_steps=steps))
+                cut = self._steps_until_event(block.step_durations, steps)
+                result = block if cut == steps else None  # a block cut short by an event is priced again
+                steps = cut
+            if steps > 1:
+                sched.extend_plan(plan, steps)
+                plan = dataclasses.replace(plan, num_steps=steps)
+            result = result or ex.execute(plan)
+            start = env.now
+            yield env.timeout(result.duration_s)
+            done = sched.postprocess(plan, result, env.now, steps)
+            self.steps.record(start, plan, result, self.allocator)
+            for r in done:
+                if self.keep_outputs:
+                    self.outputs[r.rid] = r.tokens[r.prompt_len : r.n_tokens].copy()
+                nxt = self.workload.follow_up(r.spec, r.tokens[r.prompt_len : r.n_tokens], env.now)
+                if nxt is not None:
+                    self._bar.total += 1
+                    self._add_arrivals([nxt])
+            n_finished = len(sched.records)
+            if n_finished != n_done:
+                self._bar.update(n_finished - n_done)
+                n_done = n_finished
+
+    def _steps_until_event(self, durations, k: int) -> int:
+        """Steps to run so that the block ends at the first step boundary at or after the next event."""
+        nxt = [t for t in (self._pending[0] if self._pending else None, self.scheduler.next_expiry()) if t is not None]
+        if not nxt:
+            return k
+        gap = min(nxt) - self.env.now
+        cum = np.cumsum(durations)
+        return int(min(k, np.searchsorted(cum, gap, side="left") + 1))

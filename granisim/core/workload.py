@@ -1,0 +1,154 @@
+"""Workloads: what arrives when, with which tokens.
+
+* ``multi_agent`` — ``roles`` agent roles, each with its own prefix of ``prefix_len``
+  tokens (declared shared), chosen uniformly or by Zipf popularity; per-request suffix
+  and output lengths drawn from a real trace (Azure LLM inference, conversation, 2023);
+  Poisson arrivals at ``rate`` or the trace's own timestamps; optional multi-turn sessions
+  in which each turn's prompt is the previous turn's prompt + its output + a new suffix.
+* ``control`` — the same with a short prefix (``prefix_len`` defaults to 64 there).
+* ``azure`` — replay of the trace itself: its timestamps and lengths, no shared prefix.
+
+Every random stream has its own generator seeded from (seed, stream name), so changing
+one knob (say, role popularity) leaves the other streams' draws unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import zlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+VOCAB = 32000  # synthetic token ids; only equality matters to the radix index
+AZURE_CONV = "azure_conv_2023.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    rid: int
+    arrival_s: float
+    prefix: np.ndarray  # shared part of the prompt (a role's system prompt); may be empty
+    suffix: np.ndarray  # per-request part of the prompt
+    output_len: int
+    shared_len: int  # tokens of the prompt declared shared (the role prefix)
+    role: int = -1
+    session: int = -1
+    turn: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prefix.size + self.suffix.size)
+
+    def prompt(self) -> np.ndarray:
+        return np.concatenate([self.prefix, self.suffix]) if self.prefix.size else self.suffix
+
+
+def rng_for(seed: int, stream: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(stream.encode())])
+
+
+def load_trace(path: str | Path | None = None) -> pd.DataFrame:
+    """The Azure conversation trace (bundled copy) or a user CSV with the same columns."""
+    if path is None:
+        with resources.files("granisim.config.data").joinpath(AZURE_CONV).open("rb") as f:
+            df = pd.read_csv(f)
+    else:
+        df = pd.read_csv(path)
+    need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"{path}: trace is missing column(s) {', '.join(sorted(missing))}")
+    return df
+
+
+class Workload:
+    """Produces the initial arrivals and, for sessions, each follow-up turn."""
+
+    def __init__(self, cfg, seed: int, trace: pd.DataFrame, vocab: int = VOCAB):
+        self.cfg = cfg
+        self.seed = seed
+        self.vocab = min(vocab, VOCAB)  # token ids must exist in the model's vocabulary
+        self._trace = trace
+        self._sessions = 0
+        rng = rng_for(seed, "prefixes")
+        k = cfg.roles if cfg.kind != "azure" else 0
+        self.prefixes = [rng.integers(0, self.vocab, cfg.prefix_len, dtype=np.int64) for _ in range(k)]
+
+    def initial(self) -> list[RequestSpec]:
+        cfg, tr = self.cfg, self._trace
+        n = cfg.num_requests if cfg.num_requests else len(tr)
+        lengths = rng_for(self.seed, "lengths")
+        if cfg.kind == "azure" or cfg.arrivals == "trace":
+            rows = np.arange(min(n, len(tr)))
+            times = tr["arrived_at"].to_numpy()[rows] - tr["arrived_at"].iloc[0]
+            times = times / cfg.time_scale
+        else:
+            rows = lengths.integers(0, len(tr), n)
+            gaps = rng_for(self.seed, "arrivals").exponential(1.0 / cfg.rate, n)
+            times = np.cumsum(gaps) - gaps[0]
+        suffix_lens = np.maximum(1, tr["num_prefill_tokens"].to_numpy()[rows] * cfg.suffix_scale).astype(np.int64)
+        out_lens = np.maximum(1, tr["num_decode_tokens"].to_numpy()[rows] * cfg.output_scale).astype(np.int64)
+        if cfg.max_output_len:
+            out_lens = np.minimum(out_lens, cfg.max_output_len)
+        roles = self._roles(len(rows))
+        tokens = rng_for(self.seed, "suffix_tokens")
+        specs = []
+        self._sessions = len(rows)
+        for i in range(len(rows)):
+            role = int(roles[i]) if self.prefixes else -1
+            prefix = self.prefixes[role] if role >= 0 else np.empty(0, np.int64)
+            suffix = tokens.integers(0, self.vocab, int(suffix_lens[i]), dtype=np.int64)
+            session = i if cfg.turns > 1 else -1
+            specs.append(RequestSpec(i, float(times[i]), prefix, suffix, int(out_lens[i]),
+                                     int(prefix.size), role, session, 0))
+        return specs
+
+    def _roles(self, n: int) -> np.ndarray:
+        if not self.prefixes:
+            return np.full(n, -1)
+        rng = rng_for(self.seed, "roles")
+        k = len(self.prefixes)
+        if self.cfg.role_dist == "zipf":
+            p = 1.0 / np.arange(1, k + 1) ** self.cfg.zipf_s
+            return rng.choice(k, n, p=p / p.sum())
+        return rng.integers(0, k, n)
+
+    def follow_up(self, spec: RequestSpec, outputs: np.ndarray, finish_s: float) -> RequestSpec | None:
+        """The session's next turn: previous prompt + its output + a new user message."""
+        if spec.session < 0 or spec.turn + 1 >= self.cfg.turns:
+            return None
+        # one generator per (session, turn): the same follow-up whatever order turns finish in
+        rng = rng_for(self.seed, f"followup/{spec.session}/{spec.turn + 1}")
+        suffix_len = max(1, int(self._trace["num_prefill_tokens"].iloc[int(rng.integers(len(self._trace)))]
+                                * self.cfg.suffix_scale * self.cfg.followup_scale))
+        out_len = spec.output_len
+        new = rng.integers(0, self.vocab, suffix_len, dtype=np.int64)
+        suffix = np.concatenate([spec.suffix, outputs, new])
+        think = float(rng.exponential(self.cfg.think_time_s)) if self.cfg.think_time_s > 0 else 0.0
+        rid = (spec.turn + 1) * self._sessions + spec.session  # independent of completion order
+        return RequestSpec(rid, finish_s + think, spec.prefix, suffix, out_len, spec.shared_len,
+                           spec.role, spec.session, spec.turn + 1)
+
+
+class ArrivalQueue:
+    """Arrivals not yet delivered, in (time, rid) order; follow-up turns join while running."""
+
+    def __init__(self, specs: list[RequestSpec]):
+        self._heap = [(s.arrival_s, s.rid, s) for s in specs]
+        heapq.heapify(self._heap)
+
+    def push(self, spec: RequestSpec) -> None:
+        heapq.heappush(self._heap, (spec.arrival_s, spec.rid, spec))
+
+    def next_time(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def pop(self) -> RequestSpec:
+        return heapq.heappop(self._heap)[2]
+
+    def __len__(self) -> int:
+        return len(self._heap)

@@ -1,0 +1,215 @@
+"""SLO capacity search: the highest Poisson arrival rate a policy sustains within an SLO.
+
+Each probe is a full simulation of the scenario at ``workload.rate = λ``. A probe passes
+when every request completes (none rejected) and every SLO metric is at or under its
+limit. The search brackets the answer — ``lo`` passes, ``hi`` fails, doubling ``hi`` /
+halving ``lo`` until they do — then bisects until ``(hi - lo) / hi <= rel_tol``. It
+assumes the p99s grow with the rate (true in expectation; a seeded run can wobble near
+the answer, so every probe is kept in the output for inspection).
+
+SLO syntax: ``ttft_p99=2s,tpot_p99=100ms`` — metric names are the summary's latency
+percentiles without ``_s`` (``ttft_p50``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
+``e2e_p50``, ``e2e_p99``, ``queue_p50``); units ``s``, ``ms``, ``us`` (``µs``), ``min``;
+a bare number is seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from granisim.config.scenario import Scenario, ScenarioError
+
+SLO_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "queue_p50")
+UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60.0, "": 1.0}
+_ITEM = re.compile(r"^\s*([a-z0-9_]+)\s*(?:=|<=|<)\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*([a-zµ]*)\s*$", re.I)
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``"ttft_p99=2s,tpot_p99=100ms"`` -> ``{"ttft_p99_s": 2.0, "tpot_p99_s": 0.1}``."""
+    out = {}
+    for item in [x for x in text.split(",") if x.strip()]:
+        m = _ITEM.match(item)
+        if not m:
+            raise ScenarioError(f"--slo: cannot read {item.strip()!r}; write e.g. ttft_p99=2s,tpot_p99=100ms")
+        name, value, unit = m.group(1).lower(), float(m.group(2)), m.group(3)
+        name = name.removesuffix("_s")
+        if name not in SLO_METRICS:
+            raise ScenarioError(f"--slo: unknown metric {name!r} in {item.strip()!r}; use {', '.join(SLO_METRICS)}")
+        if unit not in UNITS:
+            raise ScenarioError(f"--slo: unknown unit {unit!r} in {item.strip()!r}; use s, ms, us or min")
+        if value <= 0:
+            raise ScenarioError(f"--slo: {item.strip()!r}: the limit must be > 0")
+        out[f"{name}_s"] = value * UNITS[unit]
+    if not out:
+        raise ScenarioError("--slo: give at least one limit, e.g. ttft_p99=2s,tpot_p99=100ms")
+    return out
+
+
+def meets(summary: dict, slo: dict[str, float]) -> bool:
+    if summary.get("rejected", 0) or summary.get("completed", 1) < summary.get("requests", 0):
+        return False
+    return all(summary[k] == summary[k] and summary[k] <= v for k, v in slo.items())  # NaN fails
+
+
+@dataclass
+class CapacityResult:
+    policy: str
+    rate: float  # highest passing rate found (0 if none)
+    upper: float  # lowest failing rate found (inf if none)
+    probes: list[dict] = field(default_factory=list)  # {rate, ok, <slo metrics>, throughput_rps}
+    note: str = ""
+
+
+def search(probe: Callable[[float], dict], slo: dict[str, float], lo: float, hi: float, *,
+           rel_tol: float = 0.02, max_probes: int = 24, policy: str = "") -> CapacityResult:
+    """Bisection for the largest rate with ``meets(probe(rate), slo)``."""
+    res = CapacityResult(policy, 0.0, math.inf)
+
+    def test(rate: float) -> bool:
+        s = probe(rate)
+        ok = meets(s, slo)
+        res.probes.append({"rate": rate, "ok": ok, **{k: s.get(k) for k in slo},
+                           "throughput_rps": s.get("throughput_rps"), "rejected": s.get("rejected", 0)})
+        return ok
+
+    budget = max_probes
+    # bracket: hi fails
+    while budget > 0:
+        budget -= 1
+        if not test(hi):
+            res.upper = hi
+            break
+        res.rate = hi
+        lo, hi = hi, hi * 2
+    else:
+        res.note = f"SLO still met at {res.rate:g} req/s (probe budget spent); capacity is higher"
+        return res
+    # bracket: lo passes (unless already known)
+    if res.rate == 0.0:
+        while budget > 0:
+            budget -= 1
+            if test(lo):
+                res.rate = lo
+                break
+            res.upper = lo
+            lo /= 2
+            if lo < 1e-6:
+                break
+        if res.rate == 0.0:
+            res.note = f"SLO not met even at {res.upper:g} req/s"
+            return res
+    # bisect
+    lo, hi = res.rate, res.upper
+    while budget > 0 and (hi - lo) / hi > rel_tol:
+        budget -= 1
+        mid = 0.5 * (lo + hi)
+        if test(mid):
+            lo = res.rate = mid
+        else:
+            hi = res.upper = mid
+    if (hi - lo) / hi > rel_tol:
+        res.note = f"probe budget spent at ({lo:g}, {hi:g}) req/s"
+    return res
+
+
+def simulate_probe(scenario: Scenario) -> Callable[[float], dict]:
+    from granisim.experiments.sweep import simulate_scenario
+
+    def probe(rate: float) -> dict:
+        return simulate_scenario(scenario.with_changes(**{"workload.rate": float(rate)}))
+
+    return probe
+
+
+def _search_policy(args: tuple) -> CapacityResult:
+    scenario_json, policy, slo, lo, hi, rel_tol, max_probes = args
+    from granisim.config.scenario import parse_scenario
+
+    sc = parse_scenario(json.loads(scenario_json)).with_changes(**{"policy.name": policy})
+    return search(simulate_probe(sc), slo, lo, hi, rel_tol=rel_tol, max_probes=max_probes, policy=policy)
+
+
+def capacity_table(results: list[CapacityResult], slo: dict[str, float]) -> str:
+    head = f"{'policy':<10}{'max rate':>11}{'fails at':>11}" + "".join(f"{k[:-2]:>11}" for k in slo) + \
+        f"{'tput r/s':>10}{'probes':>8}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        best = max((p for p in r.probes if p["ok"]), key=lambda p: p["rate"], default=None)
+        cells = "".join(f"{best[k]:>11.4f}" if best else f"{'-':>11}" for k in slo)
+        tput = f"{best['throughput_rps']:>10.3f}" if best else f"{'-':>10}"
+        lines.append(f"{r.policy:<10}{r.rate:>11.3f}{r.upper:>11.3f}{cells}{tput}{len(r.probes):>8}"
+                     + (f"  ({r.note})" if r.note else ""))
+    return "\n".join(lines)
+
+
+def plot_capacity(results: list[CapacityResult], slo: dict[str, float], path: Path, title: str = "") -> None:
+    from granisim.experiments.plots import plt, save_figure  # report sets the Agg backend
+
+    fig, axes = plt.subplots(1, len(slo), figsize=(6 * len(slo), 4.5), squeeze=False)
+    for ax, (k, limit) in zip(axes[0], slo.items()):
+        for r in results:
+            pts = sorted((p["rate"], p[k]) for p in r.probes if p[k] is not None and p[k] == p[k])
+            if pts:
+                line, = ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=r.policy)
+                if r.rate > 0:
+                    ax.axvline(r.rate, color=line.get_color(), ls=":", lw=1)
+        ax.axhline(limit, color="red", ls="--", lw=1, label=f"SLO {limit:g} s")
+        ax.set_yscale("log")
+        ax.set_xlabel("arrival rate (req/s)")
+        ax.set_ylabel(f"{k} (s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or "capacity within SLO (dotted: highest passing rate)")
+    save_figure(fig, path)
+
+
+def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out: Path, *, lo: float | None = None,
+             hi: float | None = None, rel_tol: float = 0.02, max_probes: int = 24,
+             workers: int | None = None) -> list[CapacityResult]:
+    lo = lo or scenario.workload.rate / 8
+    hi = hi or scenario.workload.rate * 2
+    if not 0 < lo < hi:
+        raise ScenarioError(f"--lo {lo:g} / --hi {hi:g}: need 0 < lo < hi")
+    blob = json.dumps(scenario.model_dump(mode="json"))
+    jobs = [(blob, pol, slo, lo, hi, rel_tol, max_probes) for pol in policies]
+    workers = min(workers or len(jobs), len(jobs))
+    if workers > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("forkserver")) as ex:
+            results = list(ex.map(_search_policy, jobs))
+    else:
+        results = [_search_policy(j) for j in jobs]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.json").write_text(json.dumps({
+        "scenario": scenario.model_dump(mode="json"), "slo": slo, "rel_tol": rel_tol,
+        "results": [{"policy": r.policy, "max_rate": r.rate, "fails_at": None if math.isinf(r.upper) else r.upper,
+                     "note": r.note, "probes": r.probes} for r in results]}, indent=2))
+    (out / "capacity.txt").write_text(capacity_table(results, slo) + "\n")
+    plot_capacity(results, slo, out / "capacity.png", f"{scenario.name}: highest rate within SLO")
+    return results
+
+
+def capacity_cli(args) -> int:
+    from granisim.config.scenario import load_scenario
+    from granisim.experiments.run import prepare
+
+    scenario = load_scenario(args.scenario)
+    slo = parse_slo(args.slo)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for pol in policies:
+        prepare(scenario.with_changes(**{"policy.name": pol}), args.scenario)  # names and budget, early
+    out = Path(args.out or f"out/{scenario.name}-capacity")
+    print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())
+          + f" ({scenario.workload.num_requests or 'all'} requests per probe)")
+    results = capacity(scenario, policies, slo, out, lo=args.lo, hi=args.hi, rel_tol=args.rel_tol,
+                       max_probes=args.max_probes, workers=args.workers)
+    print(capacity_table(results, slo))
+    print(f"\nwrote {out}/ (capacity.json, capacity.txt, capacity.png)")
+    return 0

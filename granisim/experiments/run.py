@@ -1,0 +1,98 @@
+"""From a scenario to results on disk: setup (model, profile, KV budget), run, outputs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from granisim.config.hardware import HardwareProfile, get_profile
+from granisim.core.metrics import requests_frame, summarize
+from granisim.config.models import ModelShape, get_model, kv_budget_tokens
+from granisim.config.scenario import Scenario, ScenarioError
+from granisim.core.workload import load_trace
+
+
+@dataclass(frozen=True)
+class Setup:
+    scenario: Scenario
+    model: ModelShape
+    profile: HardwareProfile
+    kv_budget: int
+    m_sat: int
+    trace: pd.DataFrame
+    path_chooser: Callable[[int, int, str], str] | None
+    step_pricer: Callable[[object], float] | None = None  # dispatch = "auto": predicted seconds of a plan
+
+
+def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
+    """Resolve names and files; a user mistake raises ScenarioError naming file, field, value."""
+    try:
+        model = get_model(scenario.model.name)
+    except ValueError as err:
+        raise ScenarioError(f"{source}: field model.name = {scenario.model.name!r}: {err}") from None
+    try:
+        profile = get_profile(scenario.hardware.profile)
+    except ValueError as err:
+        raise ScenarioError(f"{source}: field hardware.profile = {scenario.hardware.profile!r}: {err}") from None
+    hw = scenario.hardware
+    budget = hw.kv_budget_tokens or kv_budget_tokens(model, profile.memory_bytes, hw.mem_fraction,
+                                                     hw.reserve_gb * 1e9)
+    if budget <= 0:
+        raise ScenarioError(
+            f"{source}: field hardware.mem_fraction = {hw.mem_fraction}: no memory left for the KV cache "
+            f"({profile.memory_bytes / 1e9:.0f} GB x {hw.mem_fraction} - {model.weight_bytes / 1e9:.1f} GB weights "
+            f"- {hw.reserve_gb} GB reserve)")
+    wl = scenario.workload
+    try:
+        trace = load_trace(wl.trace)
+    except FileNotFoundError:
+        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: file not found") from None
+    except ValueError as err:
+        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {err}") from None
+    one = (wl.prefix_len if wl.kind != "azure" else 0) + 2
+    if one > budget:
+        raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
+                            f"(workload.prefix_len = {wl.prefix_len} alone needs more)")
+    m_sat = scenario.policy.m_sat or profile.m_sat
+    chooser = pricer = None
+    if scenario.policy.dispatch == "cost":
+        from granisim.costmodel import cheaper_path
+
+        chooser = partial(cheaper_path, profile, model)  # (prefix_len, b, storage)
+    elif scenario.policy.dispatch == "auto":
+        from granisim.costmodel.dispatch import cheapest_group_path, step_seconds
+
+        chooser = partial(cheapest_group_path, profile, model)  # (prefix_len, b, storage, private_len, ...)
+        pricer = partial(step_seconds, profile, model)  # (plan)
+    return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer)
+
+
+def simulate(setup: Setup, executor=None, progress: bool = True):
+    from granisim.core.serving_loop import ServingLoop
+    from granisim.costmodel.executor import CostExecutor
+
+    executor = executor or CostExecutor(setup.profile, setup.model)
+    return ServingLoop(setup, executor, progress=progress).run()
+
+
+def write_outputs(setup: Setup, result, out: Path, plots: bool = True) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    reqs = requests_frame(result.records)
+    steps = result.steps.frame()
+    summary = summarize(reqs, steps, result.end_s)
+    summary.update(policy=setup.scenario.policy.name, model=setup.model.name, profile=setup.profile.name,
+                   kv_budget_tokens=setup.kv_budget, m_sat=setup.m_sat, seed=setup.scenario.seed)
+    reqs.to_parquet(out / "requests.parquet", index=False)
+    steps.to_parquet(out / "steps.parquet", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    if plots:
+        from granisim.experiments.plots import perfetto_trace, plot_run
+
+        plot_run(reqs, steps, out, title=f"{setup.scenario.name} ({setup.scenario.policy.name})")
+        perfetto_trace(steps, out / "trace.json")
+    return summary

@@ -1,0 +1,234 @@
+"""Validation report from a real-engine run (``scripts/engine_h200.py validate --out RUN``), no GPU needed.
+
+    python scripts/validation_report.py RUN --out reports/validation --profile-out granisim/profiles/h200-engine.json
+
+For every workload of the run, with the CURRENT cost model (the run's stored plans re-priced,
+so a model change needs no new GPU run): the errors with the microbenchmark profile, then with
+the engine-calibrated model (granisim.calibration.engine_fit) fitted on the OTHER workloads only
+(leave one workload out), then fitted on all (in sample). Per-step errors by re-pricing the
+stored plans, end-to-end errors by re-running the simulator alone. --profile-out writes the
+base profile plus the fit on all workloads as a new profile (shipped: `h200-engine`); --fit-runs
+pools more runs' steps into that fit.
+--check-profile NAME adds the errors of an existing profile as it stands (e.g. the shipped `h200-engine`,
+fitted on another run: a check across runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+from granisim.validation.gpu_runs import VALIDATION, validation_scenario
+from granisim.calibration.engine_fit import fit, host_work, unit_of, with_engine
+from granisim.config.hardware import PROFILE_DIR, Source, get_profile
+from granisim.core.metrics import requests_frame, summarize
+from granisim.experiments.run import prepare, simulate
+from granisim.validation.plans import load_plans
+from granisim.validation.validate import TARGETS, end_to_end, reprice, step_errors
+
+
+def _setup(name: str, requests: int, profile: str):
+    return prepare(validation_scenario(name, requests, profile))
+
+
+def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int:
+    """The request count a validation run measured for workload ``base`` (its folder ``workload_dir``): the
+    simulator must run the same scenario. Every request is in measured_requests.parquet; a --requests that
+    disagrees with it is an error, not a silent prediction of another scenario."""
+    path = workload_dir / "measured_requests.parquet"
+    if not path.exists():
+        if given is None:
+            raise SystemExit(f"error: {path}: missing, and no --requests given (the request count of the run)")
+        return given
+    n = len(pd.read_parquet(path, columns=["rid"]))
+    asked = min(VALIDATION[base]["workload"]["num_requests"], given) if given is not None else n
+    if asked != n:
+        raise SystemExit(f"error: {path}: the run measured {n} requests, --requests {given} would simulate {asked}; "
+                         "leave --requests out to use the run's own count")
+    return n
+
+
+def graph_limit(run: Path, names: list[str], steps: dict[str, pd.DataFrame]) -> int:
+    """The CUDA-graph row limit a run's executor had (steps of more tokens ran eagerly): its stats' ``graph_max_rows``,
+    or, in runs from before the stats carried it, the limit among those the engine has had (512, 2048) that
+    leaves exactly the run's eager steps. Every workload of the run must agree."""
+    limits = set()
+    for n in names:
+        path = run / f"validation_{n}.json"
+        stats = json.loads(path.read_text()).get("executor") or {}
+        if "graph_max_rows" in stats:
+            limits.add(int(stats["graph_max_rows"]))
+            continue
+        tokens = steps[n]["tokens"]
+        match = [g for g in (512, 2048) if int((tokens > g).sum()) == stats.get("eager_steps")]
+        if len(match) != 1:
+            raise SystemExit(f"error: {path}: executor.graph_max_rows missing, and eager_steps = "
+                             f"{stats.get('eager_steps')} fits {len(match)} of the known limits (512, 2048)")
+        limits.add(match[0])
+    if len(limits) != 1:
+        raise SystemExit(f"error: {run}: workloads ran with different graph limits {sorted(limits)}")
+    return limits.pop()
+
+
+def _e2e(setup, measured: dict) -> dict:
+    res = simulate(setup, progress=False)
+    return end_to_end({k: v["measured"] for k, v in measured.items()},
+                      summarize(requests_frame(res.records), res.steps.frame(), res.end_s))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="granisim validation report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--profile-out", type=Path)
+    ap.add_argument("--requests", type=int, help="the run's request cap (default: as the run measured)")
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--check-profile", help="also judge this profile as it stands (fitted on another run)")
+    ap.add_argument("--fit-runs", type=Path, nargs="*", default=[],
+                    help="more runs whose steps join this run's in the --profile-out fit (not in the per-run variants)")
+    args = ap.parse_args(argv)
+    variants = VARIANTS + ((("check_profile", f"{args.check_profile} as it stands"),) if args.check_profile else ())
+    names, steps, plans = _load(args.run)
+    limit = graph_limit(args.run, names, steps)
+    raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
+    meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
+            if (args.run.parent / f"{k}.txt").exists()}
+    source = Source("measured", date=raw[names[0]]["date"],
+                    command=f"scripts/engine_h200.py validate (H200, commit {meta.get('commit', '?')}); "
+                            f"python scripts/validation_report.py {args.run}"
+                            + (" --fit-runs " + " ".join(map(str, args.fit_runs)) if args.fit_runs else "")
+                            + " --profile-out ...",
+                    note="granisim.calibration.engine_fit fit on the real engine's validation runs "
+                         f"({', '.join(names)}): key time = scale * model + offset per launch (linear: by step size); "
+                         "overhead per step + per request + per KV token + per prefix pass")
+    report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"]},
+              "targets": TARGETS, "workloads": {}}
+    setups = {n: _setup(n, run_requests(args.run / n, n, args.requests), args.profile) for n in names}
+    base = {n: reprice(steps[n], plans[n], setups[n].profile, setups[n].model) for n in names}
+    kept = _kept(args.profile_out)
+    pooled = list(base.values())
+    for run in args.fit_runs:
+        more_names, more_steps, more_plans = _load(run)
+        if graph_limit(run, more_names, more_steps) != limit:
+            raise SystemExit(f"error: {run}: another CUDA-graph limit than {args.run}'s ({limit} rows): "
+                             "its steps cannot join one fit")
+        pooled += [reprice(more_steps[n], more_plans[n], setups[n].profile, setups[n].model) for n in more_names]
+    report["fit_all"] = fit(pooled, limit)
+    if args.fit_runs:
+        report["fit_all_runs"] = [str(args.run), *map(str, args.fit_runs)]
+    frames = []
+    for n in names:
+        setup = setups[n]
+        measured = raw[n]["end_to_end"]
+        report["workloads"][n] = {"steps": int(len(base[n])), "executor": raw[n].get("executor"),
+                                  "at_run_time": {"step_errors": raw[n]["step_errors"], "end_to_end": measured},
+                                  "microbenchmark_profile": {"step_errors": step_errors(base[n]),
+                                                             "end_to_end": _e2e(setup, measured)}}
+        for label, on in (("engine_calibrated_held_out", [o for o in names if o != n]),
+                          ("engine_calibrated_in_sample", names)):
+            vals = fit([base[o] for o in on], limit)
+            prof = with_engine(setup.profile, vals, source)
+            cal = reprice(steps[n], plans[n], prof, setup.model)
+            report["workloads"][n][label] = {"fitted_on": on, "coefficients": vals, "step_errors": step_errors(cal),
+                                             "end_to_end": _e2e(replace(setup, profile=prof), measured)}
+            if label == "engine_calibrated_held_out":
+                frames.append(cal.assign(workload=n))
+        if args.check_profile:
+            prof = get_profile(args.check_profile)
+            report["workloads"][n]["check_profile"] = {
+                "profile": args.check_profile, "step_errors": step_errors(reprice(steps[n], plans[n], prof, setup.model)),
+                "end_to_end": _e2e(replace(setup, profile=prof), measured)}
+        print(n, {k: json.dumps(report["workloads"][n][k]["step_errors"]["total"]) for k in
+                  ("microbenchmark_profile", "engine_calibrated_held_out", "engine_calibrated_in_sample")})
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "h200.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "h200_tables.md").write_text(_tables(report, variants))
+    pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)
+    _plot(pd.concat(frames), args.out / "h200.png")
+    if args.profile_out:  # the base profile + the fit on all workloads, as a profile of its own
+        base_file = Path(args.profile) if args.profile.endswith(".json") else PROFILE_DIR / f"{args.profile}.json"
+        doc = json.loads(base_file.read_text())
+        doc["name"] = args.profile_out.stem
+        doc["notes"] += (f" Engine-calibrated ({args.profile_out.stem}): plus the real engine's per-key corrections and "
+                         f"host overhead fitted on the validation run of {source.date} (reports/validation/h200.md); "
+                         f"use it to predict the GraniKV engine itself.")
+        for name, v in report["fit_all"].items():
+            doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
+                                         "source": {"kind": "measured", "date": source.date, "command": source.command,
+                                                    "note": source.note}}
+        doc["coefficients"].update(kept)
+        args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _load(run: Path):
+    """A run's workload names, steps (with the host-work columns the fit needs) and stored plans."""
+    names = [n for n in VALIDATION if (run / n / "steps.parquet").exists()]
+    plans = {n: load_plans(run / n / "plans.pkl") for n in names}
+    steps = {n: pd.read_parquet(run / n / "steps.parquet") for n in names}
+    steps = {n: s.assign(**pd.DataFrame([host_work(p) for p in plans[n]], index=s.index)) for n, s in steps.items()}
+    return names, steps, plans
+
+
+def _kept(profile_out: Path | None) -> dict:
+    """Coefficients of an existing --profile-out that the grid fits (engine_vs_sim.py --fit) put there."""
+    if profile_out is None or not profile_out.exists():
+        return {}
+    old = json.loads(profile_out.read_text())["coefficients"]
+    return {k: v for k, v in old.items() if k in KEEP}
+
+
+KEEP = ("attn.decode.shared_reread",)  # fitted on the speedup grid (engine_vs_sim.py --fit)
+VARIANTS = (("at_run_time", "model at run time"), ("microbenchmark_profile", "microbenchmark profile"),
+            ("engine_calibrated_held_out", "engine-calibrated, held out"),
+            ("engine_calibrated_in_sample", "engine-calibrated, in sample"))
+
+
+def _tables(report: dict, variants=None) -> str:
+    """Markdown: per workload and model variant, the per-step total error and the end-to-end errors;
+    then the per-key median step errors."""
+    e2e = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+    out = ["| workload | model | step error median / p90 | " + " | ".join(e2e) + " |", "|" + "---|" * (3 + len(e2e))]
+    keys: list[str] = []
+    variants = variants or VARIANTS
+    for n, w in report["workloads"].items():
+        for v, label in variants:
+            s = w[v]["step_errors"]
+            keys += [k for k in s if k not in keys and k != "total"]
+            out.append(f"| {n} | {label} | {s['total']['median']:.1%} / {s['total']['p90']:.1%} | "
+                       + " | ".join(f"{w[v]['end_to_end'][k]['error']:.1%}" for k in e2e) + " |")
+    out += ["", "| workload | model | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
+    for n, w in report["workloads"].items():
+        for v, label in variants[1:]:
+            s = w[v]["step_errors"]
+            out.append(f"| {n} | {label} | " + " | ".join(f"{s[k]['median']:.1%}" if k in s else "-" for k in keys) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _plot(df: pd.DataFrame, path: Path) -> None:
+    from granisim.experiments.plots import plt, save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for n, g in df.groupby("workload"):
+        axes[0].scatter(g.measured_s * 1e3, g.predicted_s * 1e3, s=4, alpha=0.5, label=n)
+        axes[1].hist(((g.predicted_s - g.measured_s) / g.measured_s).clip(-0.5, 0.5), bins=60, alpha=0.5, label=n)
+    hi = float(max(df.measured_s.max(), df.predicted_s.max()) * 1e3)
+    axes[0].plot([0.1, hi], [0.1, hi], "k--", lw=0.8)
+    axes[0].set_xscale("log")
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("measured step (ms)")
+    axes[0].set_ylabel("predicted step (ms), engine-calibrated, held out")
+    axes[1].set_xlabel("relative step error (clipped to +-50%)")
+    for a in axes:
+        a.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,15 @@ def _summary(path: Path) -> dict:
 
 
 def test_every_scenario_has_a_golden_file():
-    assert FILES, "no scenario files found"
+    """scenarios/*.toml and tests/golden/*.json name the same set: a scenario without a golden file (it would
+    only be written, never compared, on a fresh checkout) or a golden file whose scenario was renamed or removed
+    (a check that silently stopped running) fails here. Planted bug: deleting tests/golden/azure_replay.json, or
+    adding a stray tests/golden/old_name.json, fails this test."""
+    scenarios = {f.stem for f in FILES}
+    goldens = {g.stem for g in GOLDEN.glob("*.json")}
+    assert scenarios, "no scenario files found"
+    assert scenarios - goldens == set(), "scenarios without a golden file"
+    assert goldens - scenarios == set(), "golden files without a scenario"
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 POLICY_RE = re.compile(r"^(granikv|token|paged\d*)$")
 
@@ -95,6 +95,52 @@ class WorkloadCfg(_Strict):
     followup_scale: float = Field(0.25, gt=0)  # follow-up message length vs a trace prompt
 
 
+ROUTERS = ("round_robin", "least_load", "cache_aware", "role_affinity", "hot_aware")
+
+
+class FleetGroupCfg(_Strict):
+    """Replicas that differ from the scenario's own hardware profile or policy (heterogeneous fleets)."""
+    replicas: int = Field(1, ge=1)
+    profile: str | None = None  # default: [hardware] profile
+    policy: str | None = None  # default: [policy] name
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v):
+        return v if v is None else PolicyCfg._policy(v)
+
+
+class FleetFaultCfg(_Strict):
+    replica: int = Field(ge=0)  # index in the fleet (groups in order)
+    at_s: float = Field(ge=0)
+    for_s: float | None = Field(None, gt=0)  # absent = down for good
+
+
+class FleetCfg(_Strict):
+    groups: tuple[FleetGroupCfg, ...] = ()
+    replicas: int | None = Field(None, ge=1)  # default 1; with groups: their sum (may be left out)
+    router: Literal[ROUTERS] = "round_robin"
+    staleness_s: float = Field(0.0, ge=0)  # the router's views are refreshed this often (0 = live)
+    balance_abs: int = Field(32, ge=0)  # cache_aware / hot_aware: imbalance = max - min load > this ...
+    balance_rel: float = Field(1.0001, ge=1)  # ... and max load > this x min load
+    cache_threshold: float = Field(0.5, ge=0, le=1)  # cache_aware: least cached-prefix share to follow the cache
+    load_factor: float = Field(1.25, ge=1)  # role_affinity: a replica takes at most this x the mean load
+    rebalance_every: int = Field(256, ge=1)  # hot_aware: arrivals between placement reviews
+    faults: tuple[FleetFaultCfg, ...] = ()  # replica indices are checked against the fleet's size when it is built
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v, info):
+        groups = info.data.get("groups") or ()
+        if groups and v is not None and v != sum(g.replicas for g in groups):
+            raise ValueError(f"the groups hold {sum(g.replicas for g in groups)} replicas (leave replicas out)")
+        return v
+
+    @property
+    def size(self) -> int:
+        return sum(g.replicas for g in self.groups) if self.groups else (self.replicas or 1)
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     seed: int = 0
@@ -103,6 +149,14 @@ class Scenario(_Strict):
     policy: PolicyCfg = PolicyCfg()
     scheduler: SchedulerCfg = SchedulerCfg()
     workload: WorkloadCfg = WorkloadCfg()
+    fleet: FleetCfg | None = None  # absent: one replica, the single-GPU loop
+
+    @model_serializer(mode="wrap")
+    def _without_absent_fleet(self, handler):
+        data = handler(self)  # no `fleet` key when absent: single-GPU dumps (sweep point ids) stay as they were
+        if isinstance(data, dict) and data.get("fleet", 0) is None:
+            del data["fleet"]
+        return data
 
     def with_changes(self, **dotted) -> "Scenario":
         """Copy with fields replaced by dotted name, e.g. ``{"policy.name": "token"}``."""

@@ -1,21 +1,73 @@
-"""A step's work as a :class:`BatchPlan` (a mixin of the Scheduler): decoding requests grouped by
-their shared prefix, each group given an attention path (``dense`` / ``cascade`` / ``paged``) by the
-policy's dispatch rule, and under ``dispatch = "auto"`` the cheapest of the whole-step alternatives.
+"""A step's work as a :class:`BatchPlan`: the batch builder the scheduler holds.
 
-Needs the scheduler's ``alloc``, ``G``, ``m_sat``, ``dispatch``, ``path_chooser``, ``step_pricer``,
-``needs_layouts`` and ``step_id``.
+Decoding requests are grouped by their shared prefix (the allocator's prefix group), each group of
+two or more gets an attention path (``dense`` / ``cascade`` / ``paged``) from the dispatch rule
+:func:`choose_path`, and under ``dispatch = "auto"`` the cheapest of the whole-step alternatives is
+kept. ``m_sat`` takes effect in :func:`choose_path`'s threshold rule: dense when the group's
+``M_eff = members * group_size`` reaches it and the prefix is one HOT slab.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup
 
+# (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
+PathChooser = Callable[..., str]
+# a plan -> its predicted seconds (dispatch = "auto" compares whole steps)
+StepPricer = Callable[[BatchPlan], float]
 
-class PlanBuilding:
-    def _build_plan(self, work) -> BatchPlan:
-        alloc = self.alloc
+
+def choose_path(policy: str, dispatch: str, prefix_len: int, b: int, storage: str, *, group_size: int,
+                m_sat: int, path_chooser: PathChooser | None = None, private: int = 0,
+                allow_paged: bool = True) -> str:
+    """The attention path of a prefix group of ``b`` decoding requests (pure).
+
+    Only ``granikv`` has prefix passes (else ``paged``). ``cost`` / ``auto`` ask the cost model
+    (``path_chooser``); ``cascade`` / ``dense`` force a kind; ``threshold`` (the default) takes
+    dense when ``b * group_size >= m_sat`` and the prefix is one slab. Dense needs a slab: a
+    dense answer on other storage becomes cascade.
+    """
+    if policy != "granikv":
+        return "paged"
+    if dispatch == "auto":  # cost model: dense, cascade, or (allow_paged) no prefix pass ('paged')
+        path = path_chooser(prefix_len, b, storage, private, allow_paged=allow_paged)
+        return path if storage == "slab" or path != "dense" else "cascade"
+    if dispatch == "cost":
+        path = path_chooser(prefix_len, b, storage)
+        return path if storage == "slab" or path != "dense" else "cascade"
+    if dispatch == "cascade":  # forced: the prefix pass never uses the dense kernel
+        return "cascade"
+    if dispatch == "dense":  # forced: dense wherever the prefix is one slab
+        return "dense" if storage == "slab" else "cascade"
+    return "dense" if storage == "slab" and b * group_size >= m_sat else "cascade"
+
+
+class BatchBuilder:
+    """Turns a step's work list into a frozen :class:`BatchPlan`."""
+
+    def __init__(self, policy: str, group_size: int, m_sat: int, dispatch: str = "threshold",
+                 path_chooser: PathChooser | None = None, step_pricer: StepPricer | None = None,
+                 needs_layouts: bool = False):
+        if dispatch in ("cost", "auto") and path_chooser is None:
+            raise ValueError(f"dispatch = {dispatch!r} needs a path_chooser (the cost model)")
+        self.policy = policy
+        self.group_size = group_size
+        self.m_sat = m_sat
+        self.dispatch = dispatch
+        self.path_chooser = path_chooser
+        self.step_pricer = step_pricer
+        self.needs_layouts = needs_layouts
+
+    def path(self, prefix_len: int, b: int, storage: str, private: int = 0, allow_paged: bool = True) -> str:
+        return choose_path(self.policy, self.dispatch, prefix_len, b, storage, group_size=self.group_size,
+                           m_sat=self.m_sat, path_chooser=self.path_chooser, private=private,
+                           allow_paged=allow_paged)
+
+    def build(self, work, alloc, step_id: int) -> BatchPlan:
+        """``work``: (request, new tokens, their slots) per request, in scheduling order."""
         members: dict[int, list[int]] = {}
         info: dict[int, tuple[int, str]] = {}
         for i, (r, n, _) in enumerate(work):
@@ -34,8 +86,8 @@ class PlanBuilding:
                 own = sum(work[i][0].computed for i in idx) // len(idx) - prefix_len
             for i in idx:
                 group_of[i] = len(groups)
-            groups.append(PrefixGroup(key, prefix_len, storage, self._path(prefix_len, len(idx), storage, own),
-                                      tuple(idx), len(idx) * self.G))
+            groups.append(PrefixGroup(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
+                                      tuple(idx), len(idx) * self.group_size))
             private.append(own)
         reqs = []
         for i, (r, n, slots) in enumerate(work):
@@ -46,8 +98,7 @@ class PlanBuilding:
                                            r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid)))
             else:
                 reqs.append(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, shared))
-        self.step_id += 1
-        plan = BatchPlan(self.step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
+        plan = BatchPlan(step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
                          tuple(alloc.take_copies()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:
             plan = self._cheapest_step(plan, private)
@@ -57,7 +108,7 @@ class PlanBuilding:
         """Of the per-group choices, every group without a prefix pass, and every group with its best
         prefix pass, the plan the cost model prices cheapest (ties: the per-group choices)."""
         no_pass = tuple("paged" for _ in plan.groups)
-        with_pass = tuple(self._path(g.prefix_len, len(g.members), g.storage, own, allow_paged=False)
+        with_pass = tuple(self.path(g.prefix_len, len(g.members), g.storage, own, allow_paged=False)
                           for g, own in zip(plan.groups, private))
         chosen = tuple(g.path for g in plan.groups)
         others = [paths for paths in dict.fromkeys((no_pass, with_pass)) if paths != chosen]
@@ -70,18 +121,3 @@ class PlanBuilding:
             if s < best_s:
                 best, best_s = alt, s
         return best
-
-    def _path(self, prefix_len: int, b: int, storage: str, private: int = 0, allow_paged: bool = True) -> str:
-        if self.alloc.policy != "granikv":
-            return "paged"
-        if self.dispatch == "auto":  # cost model: dense, cascade, or (allow_paged) no prefix pass ('paged')
-            path = self.path_chooser(prefix_len, b, storage, private, allow_paged=allow_paged)
-            return path if storage == "slab" or path != "dense" else "cascade"
-        if self.dispatch == "cost":
-            path = self.path_chooser(prefix_len, b, storage)
-            return path if storage == "slab" or path != "dense" else "cascade"
-        if self.dispatch == "cascade":  # forced: the prefix pass never uses the dense kernel
-            return "cascade"
-        if self.dispatch == "dense":  # forced: dense wherever the prefix is one slab
-            return "dense" if storage == "slab" else "cascade"
-        return "dense" if storage == "slab" and b * self.G >= self.m_sat else "cascade"

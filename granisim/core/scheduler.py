@@ -24,36 +24,24 @@ queue limit, are rejected, with the reason recorded.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 import numpy as np
 
 from granisim.kv.allocator import KVAllocator
+from granisim.core.batching import BatchBuilder, PathChooser, StepPricer
 from granisim.core.contract import BatchPlan, StepResult
-from granisim.core.batching import PlanBuilding
 from granisim.core.request import Request, RequestRecord
 from granisim.core.workload import VOCAB, RequestSpec
 
-# (prefix_len, group requests, storage) -> 'dense' | 'cascade'
-PathChooser = Callable[[int, int, str], str]
-# a plan -> its predicted seconds (dispatch = "auto" compares whole steps)
-StepPricer = Callable[[BatchPlan], float]
-
-
-class Scheduler(PlanBuilding):
+class Scheduler:
     def __init__(self, cfg, allocator: KVAllocator, *, group_size: int, m_sat: int,
                  dispatch: str = "threshold", path_chooser: PathChooser | None = None,
                  step_pricer: StepPricer | None = None, needs_layouts: bool = False):
-        if dispatch in ("cost", "auto") and path_chooser is None:
-            raise ValueError(f"dispatch = {dispatch!r} needs a path_chooser (the cost model)")
         self.cfg = cfg
         self.alloc = allocator
-        self.G = group_size
-        self.m_sat = m_sat
-        self.dispatch = dispatch
-        self.path_chooser = path_chooser
-        self.step_pricer = step_pricer
-        self.needs_layouts = needs_layouts
+        # groups decoding requests by prefix and picks each group's path (m_sat takes effect there)
+        self.batch = BatchBuilder(allocator.policy, group_size, m_sat, dispatch, path_chooser, step_pricer,
+                                  needs_layouts)
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
         self.records: list[RequestRecord] = []
@@ -156,7 +144,8 @@ class Scheduler(PlanBuilding):
                 self._preempt(self._victim())
                 return self.schedule(now)
             return None
-        return self._build_plan(work)
+        self.step_id += 1
+        return self.batch.build(work, alloc, self.step_id)
 
     def _group_by_prefix(self, now: float) -> None:
         """Tenancy-aware order: aged waiters, then those whose role prefix is held by a running

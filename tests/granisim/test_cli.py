@@ -57,11 +57,36 @@ def test_run_writes_outputs(tmp_path):
 def test_compare_runs_each_policy(tmp_path, capsys):
     path = _write(tmp_path, "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 15\nrate = 5.0\n"
                             "max_output_len = 8\n")
-    assert main(["compare", path, "--policies", "granikv,token,paged16", "--out", str(tmp_path / "c")]) == 0
-    table = capsys.readouterr().out
-    for pol in ("granikv", "token", "paged16"):
-        assert pol in table
-        assert (tmp_path / "c" / pol / "summary.json").exists()
+    """Each policy runs the same 15 requests to completion, and every cell of the printed table is its own
+    policy's summary.json value (to the digits shown), as is compare.json. Planted bug: the table printing the
+    first policy's numbers on every row (``s[k]`` -> ``first[k]`` in compare.summary_table) fails here (the three
+    policies' TPOT differ in the 4th decimal)."""
+    policies = ("granikv", "token", "paged16")
+    assert main(["compare", path, "--policies", ",".join(policies), "--out", str(tmp_path / "c")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    columns = {"req/s": "throughput_rps", "out tok/s": "output_tok_s", "TTFT p50": "ttft_p50_s",
+               "TTFT p99": "ttft_p99_s", "TPOT p50": "tpot_p50_s", "TPOT p99": "tpot_p99_s", "done": "completed",
+               "rej": "rejected", "preempt": "preemptions", "batch": "mean_batch", "hit": "prefix_hit_rate"}
+    head = lines.index(next(line for line in lines if line.startswith("policy")))
+    names = [lines[head][10 + 11 * i: 21 + 11 * i].strip() for i in range(len(columns))]
+    assert names == list(columns)
+    rows = {line[:10].strip(): line for line in lines[head + 2: head + 2 + len(policies)]}
+    assert list(rows) == list(policies)
+    compared = json.loads((tmp_path / "c" / "compare.json").read_text())
+    first = None
+    for pol, line in rows.items():
+        summary = json.loads((tmp_path / "c" / pol / "summary.json").read_text())
+        assert compared[pol] == summary
+        assert summary["policy"] == pol and summary["requests"] == 15
+        assert summary["completed"] == 15 and summary["rejected"] == 0
+        first = first or summary
+        for i, (name, key) in enumerate(columns.items()):
+            cell = line[10 + 11 * i: 21 + 11 * i].strip()
+            digits = len(cell.split(".")[1]) if "." in cell else 0
+            assert float(cell) == pytest.approx(summary[key], abs=0.5 * 10 ** -digits + 1e-12), (pol, name, cell)
+        ratio = line[10 + 11 * len(columns):].strip()
+        assert ratio.endswith("x")
+        assert float(ratio[:-1]) == pytest.approx(summary["throughput_rps"] / first["throughput_rps"], abs=0.005)
 
 
 def test_fuzz_command_passes_on_a_real_policy(capsys):

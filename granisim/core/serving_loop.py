@@ -15,6 +15,11 @@ Decode fast-forward (executors with ``max_steps_per_plan > 1``): when a step is 
 only and nothing can change the batch before its end, the engine lets one plan stand for
 k identical steps, stopping at the step boundary at or after the next arrival or queue
 expiry. The results equal stepping one at a time.
+
+As a fleet replica (``feed`` given; :mod:`granisim.fleet`): the loop runs as one process
+in a shared environment (:meth:`start`), requests come from the router (:meth:`submit`),
+finished requests go back to the feed (which makes and routes follow-up turns), and a
+fast-forward block stops at the feed's next event (any arrival may be routed here).
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.E
 
 
 class ServingLoop:
-    def __init__(self, setup, executor: Executor, *, progress: bool = True, keep_outputs: bool = False):
+    def __init__(self, setup, executor: Executor, *, progress: bool = True, keep_outputs: bool = False,
+                 feed=None):
         self.setup = setup
         self.keep_outputs = keep_outputs  # rid -> generated token ids (for correctness checks)
         self.outputs: dict[int, np.ndarray] = {}
@@ -64,7 +70,9 @@ class ServingLoop:
         self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
                                    m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
                                    step_pricer=setup.step_pricer, needs_layouts=executor.needs_layouts)
-        self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab)
+        # fleet replica: feed.next_event() -> time | None, feed.finished(request, outputs, now)
+        self.feed = feed
+        self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab) if feed is None else None
         self.steps = StepLog()
         self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)
         self._wake: simpy.Event | None = None
@@ -80,6 +88,18 @@ class ServingLoop:
         return SimResult(self.scheduler.records, self.steps, env.now,
                          dict(kv_budget=self.setup.kv_budget, preemptions=self.scheduler.preemptions))
 
+    def start(self, env: simpy.Environment) -> simpy.Process:
+        """Fleet replica: run the engine as one process of a shared environment."""
+        self.env = env
+        self._bar = tqdm(disable=True)
+        return env.process(self._engine())
+
+    def submit(self, spec) -> None:
+        """Queue a request now and wake the engine if it is idle."""
+        self.scheduler.add(spec, self.env.now)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
     # ---- processes ------------------------------------------------------------------------
     def _add_arrivals(self, specs) -> None:
         # counted as pending at once, so the engine never stops while one is on its way
@@ -93,9 +113,7 @@ class ServingLoop:
             spec = queue.pop()
             yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
             heapq.heappop(self._pending)
-            self.scheduler.add(spec, self.env.now)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
+            self.submit(spec)
 
     def _engine(self):
         env, sched, ex = self.env, self.scheduler, self.executor
@@ -104,7 +122,7 @@ class ServingLoop:
             sched.expire(env.now)
             plan = sched.schedule(env.now)
             if plan is None:
-                if not self._pending and not sched.has_work:
+                if not self._pending and not sched.has_work and self.feed is None:
                     break
                 self._wake = env.event()
                 yield self._wake
@@ -127,6 +145,9 @@ class ServingLoop:
             for r in done:
                 if self.keep_outputs:
                     self.outputs[r.rid] = r.tokens[r.prompt_len : r.n_tokens].copy()
+                if self.feed is not None:
+                    self.feed.finished(r, r.tokens[r.prompt_len : r.n_tokens], env.now)
+                    continue
                 nxt = self.workload.follow_up(r.spec, r.tokens[r.prompt_len : r.n_tokens], env.now)
                 if nxt is not None:
                     self._bar.total += 1
@@ -138,7 +159,8 @@ class ServingLoop:
 
     def _steps_until_event(self, durations, k: int) -> int:
         """Steps to run so that the block ends at the first step boundary at or after the next event."""
-        nxt = [t for t in (self._pending[0] if self._pending else None, self.scheduler.next_expiry()) if t is not None]
+        arrival = self.feed.next_event() if self.feed is not None else (self._pending[0] if self._pending else None)
+        nxt = [t for t in (arrival, self.scheduler.next_expiry()) if t is not None]
         if not nxt:
             return k
         gap = min(nxt) - self.env.now

@@ -54,13 +54,38 @@ def test_breakdown_keys_and_sum():
 
 
 def test_executor_protocol():
+    """The executor's result for a fast-forward plan of 5 decode steps: one positive duration per step, summing to
+    the total, which the breakdown's parts also sum to; step s prices the single-step plan whose contexts grew by s
+    (so the steps do not get cheaper); more new tokens cost more. Planted bugs: step_durations spread evenly
+    (``[total / n] * n``) fails; contexts not grown per step in the fast-forward
+    (``s`` dropped in the decode term, either form) fails it too; a breakdown key left out of the total fails the sum."""
     ex = CostExecutor("a100-80gb", "llama-3.1-8b")
     ex_typed: Executor = ex  # structural: needs_layouts, max_steps_per_plan, execute
     assert callable(ex_typed.execute)
     assert ex.needs_layouts is False and ex.max_steps_per_plan >= 1 << 20
-    p = group_plan(8, 2048, "dense", steps=5)
-    assert ex.execute(p) == cost(p)
-    assert CostExecutor(A100, LLAMA).execute(p).duration_s == cost(p).duration_s
+    n = 5
+    p = group_plan(8, 2048, "dense", steps=n)
+    for prof in (A100, H200):  # both decode forms (attn.form 1 and 2)
+        _check_fast_forward(CostExecutor(prof, LLAMA), p, n)
+    assert CostExecutor(A100, LLAMA).execute(p).duration_s == pytest.approx(ex.execute(p).duration_s, rel=1e-12)
+
+
+def _check_fast_forward(ex, p, n):
+    r = ex.execute(p)
+    assert r.next_tokens is None
+    assert tuple(r.breakdown) == BREAKDOWN_KEYS and all(v >= 0 for v in r.breakdown.values())
+    assert sum(r.breakdown.values()) == pytest.approx(r.duration_s, rel=1e-12)
+    assert len(r.step_durations) == n and all(d > 0 for d in r.step_durations)
+    assert sum(r.step_durations) == pytest.approx(r.duration_s, rel=1e-12)
+    assert all(b >= a for a, b in zip(r.step_durations, r.step_durations[1:]))
+    assert r.step_durations[-1] > r.step_durations[0]  # 4 more tokens of KV per request to read
+    for s, got in enumerate(r.step_durations):
+        grown = plan([decode(q.rid, q.context_len + s, q.group, q.shared_len) for q in p.requests], p.groups)
+        one = ex.execute(grown)
+        assert one.step_durations is None
+        assert got == pytest.approx(one.duration_s, rel=1e-9), s
+    times = [ex.execute(plan([prefill(0, 0, t)])).duration_s for t in (16, 256, 1024, 4096)]
+    assert all(b > a for a, b in zip(times, times[1:])), times
 
 
 # ---- closed forms ---------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from granisim.core.contract import BatchPlan, StepResult
 from granisim.core.request import Request, RequestRecord
 from granisim.core.workload import VOCAB, RequestSpec
 
+
 class Scheduler:
     def __init__(self, cfg, allocator: KVAllocator, *, group_size: int, m_sat: int,
                  dispatch: str = "threshold", path_chooser: PathChooser | None = None,

@@ -1,7 +1,10 @@
 """Scenario files (TOML) validated by pydantic: every field, its default and its range.
 
 A user mistake becomes a :class:`ScenarioError` with one line naming the file, the field
-and the value; the CLI prints it and exits with status 2.
+and the value; the CLI prints it and exits with status 2. Files are read strictly: a number
+must be a TOML number (not a string, not a boolean), an integer field an integer, and no
+number may be ``inf`` or ``nan``. A field that cannot have an effect given the others (e.g.
+``workload.rate`` when arrivals come from the trace) is rejected rather than ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
-POLICY_RE = re.compile(r"^(granikv|token|paged\d*)$")
+POLICY_RE = re.compile(r"^(granikv|token|paged(\d*))$")
 
 
 class ScenarioError(ValueError):
@@ -21,7 +24,7 @@ class ScenarioError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelCfg(_Strict):
@@ -49,7 +52,7 @@ class PolicyCfg(_Strict):
     def _hot_fraction(cls, v):
         if v == "adaptive":
             return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
             raise ValueError("use a number in [0, 1] or 'adaptive'")
         if not 0 <= v <= 1:
             raise ValueError("must be within [0, 1] (or 'adaptive')")
@@ -58,8 +61,11 @@ class PolicyCfg(_Strict):
     @field_validator("name")
     @classmethod
     def _policy(cls, v: str) -> str:
-        if not POLICY_RE.match(v):
+        m = POLICY_RE.match(v)
+        if not m:
             raise ValueError(f"unknown policy {v!r}; use granikv, token, paged or paged<N> (e.g. paged16)")
+        if m.group(2) and int(m.group(2)) < 1:
+            raise ValueError("the page size N of paged<N> must be >= 1 (e.g. paged16)")
         return v
 
 
@@ -142,8 +148,8 @@ class FleetCfg(_Strict):
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
-    seed: int = 0
+    name: str = Field("scenario", min_length=1)
+    seed: int = Field(0, ge=0)
     model: ModelCfg = ModelCfg()
     hardware: HardwareCfg = HardwareCfg()
     policy: PolicyCfg = PolicyCfg()
@@ -173,30 +179,106 @@ class Scenario(_Strict):
         return parse_scenario(data, source="<override>")
 
 
+def short_repr(value, limit: int = 80) -> str:
+    """repr() on one line, cut to ``limit`` characters (an error message stays one readable line)."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def _field_name(loc: tuple) -> str:
+    """The dotted scenario field of an error location (without pydantic's union-member suffixes)."""
+    names, model = [], Scenario
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(part, str) or fields is None or part not in fields:
+            if not names or fields is not None:
+                names.append(str(part))
+            break
+        names.append(part)
+        model = fields[part].annotation
+    return ".".join(names)
+
+
 def _format(err: ValidationError, source: str) -> str:
     e = err.errors()[0]
-    field = ".".join(str(p) for p in e["loc"])
+    field = _field_name(tuple(e["loc"]))
     if e["type"] == "extra_forbidden":
         return f"{source}: unknown field {field!r}"
+    if e["type"] == "model_type":
+        return f"{source}: field {field} = {short_repr(e.get('input'))}: must be a table ([{field}])"
     msg = e["msg"].removeprefix("Value error, ")
-    return f"{source}: field {field} = {e.get('input')!r}: {msg}"
+    return f"{source}: field {field} = {short_repr(e.get('input'))}: {msg}"
 
 
-def parse_scenario(data: dict, source: str = "<scenario>") -> Scenario:
+def parse_scenario(data: dict, source: str = "<scenario>", strict: bool = False) -> Scenario:
+    """Validate a scenario dict. ``strict`` (files): no str/bool -> number or float -> int coercion."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario must be a table, got {short_repr(data)}")
     try:
-        return Scenario.model_validate(data)
+        return Scenario.model_validate(data, strict=strict)
     except ValidationError as err:
         raise ScenarioError(_format(err, source)) from None
 
 
+# fields that only act together with others: (section, field, acts when ..., why it would not)
+def _trace_arrivals(w) -> bool:
+    return w.kind == "azure" or w.arrivals == "trace"
+
+
+_INERT = (
+    ("workload", "rate", lambda sc: not _trace_arrivals(sc.workload),
+     "has no effect when arrivals come from the trace (kind = 'azure' or arrivals = 'trace'); "
+     "scale the trace's timestamps with workload.time_scale instead"),
+    ("workload", "time_scale", lambda sc: _trace_arrivals(sc.workload),
+     "has no effect with Poisson arrivals (it divides trace timestamps); set workload.rate instead"),
+    ("workload", "arrivals", lambda sc: sc.workload.kind != "azure" or sc.workload.arrivals == "trace",
+     "has no effect with kind = 'azure' (a replay always uses the trace's timestamps)"),
+    ("workload", "roles", lambda sc: sc.workload.kind != "azure", "has no effect with kind = 'azure' (no roles)"),
+    ("workload", "prefix_len", lambda sc: sc.workload.kind != "azure",
+     "has no effect with kind = 'azure' (no shared prefix)"),
+    ("workload", "role_dist", lambda sc: sc.workload.kind != "azure", "has no effect with kind = 'azure' (no roles)"),
+    ("workload", "zipf_s", lambda sc: sc.workload.kind != "azure" and sc.workload.role_dist == "zipf",
+     "has no effect unless workload.role_dist = 'zipf'"),
+    ("workload", "think_time_s", lambda sc: sc.workload.turns > 1, "has no effect unless workload.turns > 1"),
+    ("workload", "followup_scale", lambda sc: sc.workload.turns > 1, "has no effect unless workload.turns > 1"),
+    ("scheduler", "admission_max_wait_s", lambda sc: sc.scheduler.admission == "prefix",
+     "has no effect unless scheduler.admission = 'prefix'"),
+)
+
+
+def check_effective(data: dict, sc: Scenario, source: str) -> None:
+    """Reject a field the user wrote (in ``data``) that the resolved scenario ``sc`` would ignore."""
+    for section, name, acts, why in _INERT:
+        table = data.get(section)
+        if isinstance(table, dict) and name in table and not acts(sc):
+            raise ScenarioError(f"{source}: field {section}.{name} = {short_repr(table[name])}: {why}")
+
+
+def parse_scenario_file_data(data: dict, source: str) -> Scenario:
+    """A scenario as written in a file: strict types, and no field without effect."""
+    sc = parse_scenario(data, source=source, strict=True)
+    check_effective(data, sc, source)
+    return sc
+
+
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
+    data = read_toml(path, "scenario file")
+    return parse_scenario_file_data(data, source=str(path))
+
+
+def read_toml(path: Path, what: str) -> dict:
+    """A TOML file's table; unreadable, non-UTF-8 or invalid TOML -> one-line ScenarioError."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as err:
-        raise ScenarioError(f"{path}: cannot read scenario file ({err.strerror})") from None
+        raise ScenarioError(f"{path}: cannot read {what} ({err.strerror})") from None
     try:
-        data = tomllib.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{path}: {what} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                            f"{err.start})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise ScenarioError(f"{path}: not valid TOML ({err})") from None
-    return parse_scenario(data, source=str(path))
+        raise ScenarioError(f"{path}: not valid TOML ({' '.join(str(err).split())[:200]})") from None

@@ -51,18 +51,72 @@ def rng_for(seed: int, stream: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
 
 
+TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+
+class TraceError(ValueError):
+    """A malformed trace CSV: one line naming the file, the row (1 = first row after the header),
+    the column and the value."""
+
+
 def load_trace(path: str | Path | None = None) -> pd.DataFrame:
-    """The Azure conversation trace (bundled copy) or a user CSV with the same columns."""
-    if path is None:
-        with resources.files("granisim.config.data").joinpath(AZURE_CONV).open("rb") as f:
-            df = pd.read_csv(f)
-    else:
-        df = pd.read_csv(path)
-    need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
-    missing = need - set(df.columns)
+    """The Azure conversation trace (bundled copy) or a user CSV with the same columns.
+
+    Every row is checked (:func:`check_trace`); a missing file raises FileNotFoundError, an
+    unreadable one OSError, anything else wrong with it TraceError."""
+    name = str(path) if path is not None else AZURE_CONV
+    try:
+        if path is None:
+            with resources.files("granisim.config.data").joinpath(AZURE_CONV).open("rb") as f:
+                df = pd.read_csv(f)
+        else:
+            df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise TraceError(f"{name}: the trace file is empty (need a header row {','.join(TRACE_COLUMNS)})") from None
+    except pd.errors.ParserError as err:
+        raise TraceError(f"{name}: not a readable CSV ({' '.join(str(err).split())[:200]})") from None
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{name}: not UTF-8 text (offset {err.start})") from None
+    return check_trace(df, name)
+
+
+def check_trace(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The trace with its three columns numeric, or TraceError for the first bad cell: a value
+    that is not a finite number, a token count that is not an integer >= 1, a timestamp earlier
+    than the row before (rows must be in arrival order). Nothing is clamped, dropped or sorted."""
+    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: trace is missing column(s) {', '.join(sorted(missing))}")
-    return df
+        raise TraceError(f"{name}: trace is missing column(s) {', '.join(missing)} "
+                         f"(need {', '.join(TRACE_COLUMNS)}; has {', '.join(map(str, df.columns))[:120]})")
+    if len(df) == 0:
+        raise TraceError(f"{name}: the trace has no rows")
+
+    def bad(col: str, i: int, why: str) -> TraceError:
+        v = df[col].iloc[i]
+        v = v.item() if hasattr(v, "item") else v
+        r = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+        return TraceError(f"{name}: row {i + 1}, column {col} = {r}: {why}")
+
+    out = df.copy() if any(df[c].dtype.kind not in "iuf" for c in TRACE_COLUMNS) else df
+    for col in TRACE_COLUMNS:
+        if df[col].dtype.kind == "b":
+            raise bad(col, 0, "not a number")
+        vals = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+        nonfinite = ~np.isfinite(vals)
+        if nonfinite.any():
+            raise bad(col, int(np.argmax(nonfinite)), "not a finite number")
+        if col != "arrived_at":
+            wrong = (vals < 1) | (vals != np.floor(vals))
+            if wrong.any():
+                raise bad(col, int(np.argmax(wrong)), "a token count must be an integer >= 1")
+        elif len(vals) > 1:
+            back = np.diff(vals) < 0
+            if back.any():
+                i = int(np.argmax(back)) + 1
+                raise bad(col, i, f"earlier than row {i} ({vals[i - 1]:g}): rows must be in arrival order")
+        if out is not df:
+            out[col] = pd.to_numeric(df[col])
+    return out
 
 
 class Workload:

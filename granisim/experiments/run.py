@@ -42,9 +42,18 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
     hw = scenario.hardware
     budget = hw.kv_budget_tokens or kv_budget_tokens(model, profile.memory_bytes, hw.mem_fraction,
                                                      hw.reserve_gb * 1e9)
-    if budget <= 0:
+    if hw.kv_budget_tokens and hw.kv_budget_tokens * model.kv_bytes_per_token > profile.memory_bytes:
         raise ScenarioError(
-            f"{source}: field hardware.mem_fraction = {hw.mem_fraction}: no memory left for the KV cache "
+            f"{source}: field hardware.kv_budget_tokens = {hw.kv_budget_tokens}: a KV cache of that many tokens "
+            f"needs {hw.kv_budget_tokens * model.kv_bytes_per_token / 1e9:.0f} GB, more than the "
+            f"{profile.memory_bytes / 1e9:.0f} GB of {profile.name}")
+    if budget <= 0:
+        # blame the field that made it so: the weights alone do not fit, or the reserve takes the rest
+        weights_fit = profile.memory_bytes * hw.mem_fraction > model.weight_bytes
+        field, value = ("hardware.reserve_gb", hw.reserve_gb) if weights_fit else ("hardware.mem_fraction",
+                                                                                   hw.mem_fraction)
+        raise ScenarioError(
+            f"{source}: field {field} = {value}: no memory left for the KV cache "
             f"({profile.memory_bytes / 1e9:.0f} GB x {hw.mem_fraction} - {model.weight_bytes / 1e9:.1f} GB weights "
             f"- {hw.reserve_gb} GB reserve)")
     wl = scenario.workload
@@ -52,8 +61,15 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         trace = load_trace(wl.trace)
     except FileNotFoundError:
         raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: file not found") from None
+    except OSError as err:
+        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: cannot read ({err.strerror})") from None
     except ValueError as err:
         raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {err}") from None
+    if (wl.kind == "azure" or wl.arrivals == "trace") and wl.num_requests > len(trace):
+        # one request per trace row, in order: more requests than rows is an error, not a silent cut
+        raise ScenarioError(f"{source}: field workload.num_requests = {wl.num_requests}: the trace has only "
+                            f"{len(trace)} rows and replays one request per row (kind = 'azure' or arrivals = "
+                            f"'trace'); use num_requests <= {len(trace)}, or 0 for every row")
     one = (wl.prefix_len if wl.kind != "azure" else 0) + 2
     if one > budget:
         raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "

@@ -22,6 +22,10 @@ def run_one(scenario: Scenario, source: str, out: Path, progress: bool = True, m
     """Simulate (or, with ``make_executor(setup)``, run on another executor) one scenario; write its outputs."""
     from granisim.experiments.run import prepare, simulate, write_outputs
 
+    if scenario.fleet is not None:  # N replicas behind a router
+        from granisim.fleet.build import run_fleet
+
+        return run_fleet(scenario, source, out, progress, make_executor)
     setup = prepare(scenario, source)
     executor = make_executor(setup) if make_executor else None
     return write_outputs(setup, simulate(setup, executor, progress=progress), out)

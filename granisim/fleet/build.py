@@ -1,0 +1,77 @@
+"""From a scenario's [fleet] section to replica specs (one Setup per replica group) and a run."""
+
+from __future__ import annotations
+
+from granisim.config.scenario import FleetCfg, Scenario, ScenarioError
+from granisim.fleet.replica import ReplicaSpec
+
+
+def fleet_cfg(scenario: Scenario) -> FleetCfg:
+    """The scenario's fleet; a scenario without [fleet] is a fleet of one."""
+    return scenario.fleet if scenario.fleet is not None else FleetCfg()
+
+
+def replica_specs(scenario: Scenario, source: str = "<scenario>") -> list[ReplicaSpec]:
+    """One spec per replica; groups in order, each prepared with its profile and policy overrides."""
+    from granisim.experiments.run import prepare
+
+    cfg = fleet_cfg(scenario)
+    for i, f in enumerate(cfg.faults):
+        if f.replica >= cfg.size:
+            raise ScenarioError(f"{source}: field fleet.faults.{i}.replica = {f.replica}: the fleet has "
+                                f"replicas 0..{cfg.size - 1}")
+    groups = cfg.groups or (None,)
+    specs: list[ReplicaSpec] = []
+    for g, group in enumerate(groups):
+        sc, n = scenario, cfg.size
+        if group is not None:
+            n = group.replicas
+            changes = {}
+            if group.profile is not None:
+                changes["hardware.profile"] = group.profile
+            if group.policy is not None:
+                changes["policy.name"] = group.policy
+            sc = scenario.with_changes(**changes) if changes else scenario
+        try:
+            setup = prepare(sc, source)
+        except ScenarioError as err:
+            if group is None:
+                raise
+            msg = str(err).replace("field hardware.profile", f"field fleet.groups.{g}.profile").replace(
+                "field policy.name", f"field fleet.groups.{g}.policy")
+            raise ScenarioError(msg) from None
+        first = len(specs)
+        specs.extend(ReplicaSpec(first + k, setup, 1, g) for k in range(n))
+    return specs
+
+
+def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor=None, progress: bool = True):
+    """Run the fleet (cost-model executors unless ``make_executor(setup)`` says otherwise)."""
+    from granisim.costmodel.executor import CostExecutor
+    from granisim.fleet.loop import FleetLoop
+
+    specs = replica_specs(scenario, source)
+    make = make_executor or (lambda setup: CostExecutor(setup.profile, setup.model))
+    return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress).run()
+
+
+def run_fleet(scenario: Scenario, source: str, out, progress: bool = True, make_executor=None,
+              plots: bool = True) -> dict:
+    """Simulate a fleet scenario and write its outputs (requests/steps parquet, summary.json, plots, trace)."""
+    from granisim.fleet.outputs import write_fleet_outputs
+
+    result = simulate_fleet(scenario, source, make_executor, progress)
+    base = result.replicas[0].spec.setup
+    meta = dict(scenario=scenario.name, policy=scenario.policy.name, model=base.model.name,
+                profile=base.profile.name, kv_budget_tokens=base.kv_budget, m_sat=base.m_sat, seed=scenario.seed,
+                staleness_s=fleet_cfg(scenario).staleness_s)
+    return write_fleet_outputs(result, out, meta, plots)
+
+
+def with_router(scenario: Scenario, router: str) -> Scenario:
+    """The scenario with its fleet's router replaced (a scenario without [fleet] becomes a fleet of one)."""
+    from granisim.config.scenario import parse_scenario
+
+    data = scenario.model_dump()
+    data["fleet"] = dict(data.get("fleet") or {}, router=router)
+    return parse_scenario(data, source=f"--routers {router}")

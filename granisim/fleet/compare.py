@@ -1,0 +1,36 @@
+"""The same arrivals behind several routers: one fleet run per router, a table, compare.json/.txt, plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from granisim.config.scenario import Scenario, ScenarioError
+from granisim.config.scenario import ROUTERS
+
+
+def parse_routers(text: str) -> list[str]:
+    names = [r.strip() for r in text.split(",") if r.strip()]
+    if not names:
+        raise ScenarioError("--routers: give at least one router, e.g. round_robin,cache_aware,hot_aware")
+    for r in names:
+        if r not in ROUTERS:
+            raise ScenarioError(f"--routers: unknown router {r!r}; use {', '.join(ROUTERS)}")
+    return names
+
+
+def compare_routers(scenario: Scenario, source: str, routers: list[str], out: Path, progress: bool = True) -> dict:
+    import pandas as pd
+
+    from granisim.experiments.plots import plot_compare
+    from granisim.fleet.build import run_fleet, with_router
+    from granisim.fleet.outputs import routers_table
+
+    summaries, reqs = {}, {}
+    for r in routers:
+        summaries[r] = run_fleet(with_router(scenario, r), source, out / r, progress)
+        reqs[r] = pd.read_parquet(out / r / "requests.parquet")
+    (out / "compare.json").write_text(json.dumps(summaries, indent=2, sort_keys=True))
+    (out / "compare.txt").write_text(routers_table(summaries) + "\n")
+    plot_compare(summaries, reqs, out, title=f"{scenario.name}: {', '.join(routers)}")
+    return summaries

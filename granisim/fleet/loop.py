@@ -1,0 +1,152 @@
+"""The fleet: N replicas behind a router in one SimPy environment.
+
+    arrival ─► views (refreshed every staleness_s) ─► router ─► replica i.submit(request)
+
+Each replica is the single-GPU serving loop, unchanged, running as one process. Arrivals
+(first turns from the workload, follow-up turns when a turn finishes, requests handed back
+by a replica that went down) are delivered at their times with the same URGENT priority as
+the single loop uses, routed, and queued on the chosen replica. While every replica is
+down, arrivals wait at the router; those still waiting when the run ends (every replica
+down for good) are rejected with that reason. Replicas' fast-forward blocks stop at the
+fleet's next event (an arrival, a fault starting or ending).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+
+import simpy
+from tqdm import tqdm
+
+from granisim.core.request import RequestRecord
+from granisim.core.serving_loop import _urgent_timeout
+from granisim.core.workload import ArrivalQueue, Workload
+from granisim.fleet.replica import Replica, ReplicaSpec
+from granisim.fleet.routers import Router, initial_state
+from granisim.fleet.views import request_view
+
+NO_REPLICA = -1  # the `replica` of a request rejected at the router
+
+
+@dataclass
+class FleetResult:
+    records: list[tuple[int, RequestRecord]]  # (replica, record)
+    replicas: list[Replica]
+    end_s: float
+    rerouted: dict[int, int] = field(default_factory=dict)  # rid -> times handed back by a failing replica
+    recomputed: int = 0  # hand-backs of requests that had started (their work was lost)
+    router: str = ""
+    decisions: int = 0
+
+
+class FleetLoop:
+    def __init__(self, specs: list[ReplicaSpec], fleet_cfg, make_executor, *, progress: bool = True):
+        base = specs[0].setup
+        s = base.scenario
+        self.cfg = fleet_cfg
+        self.progress = progress
+        self.workload = Workload(s.workload, s.seed, base.trace, base.model.vocab)
+        self.replicas = [Replica(sp, make_executor, self, self.workload.prefixes) for sp in specs]
+        n = len(self.replicas)
+        self.router = Router(fleet_cfg.router, initial_state(fleet_cfg.router, fleet_cfg, n, s.seed,
+                                                             len(self.workload.prefixes)))
+        self._events: list[float] = []  # times of arrivals and fault edges not yet fired (heap)
+        self._views: list = [None] * n
+        self._views_s = float("-inf")
+        self._held = []  # arrivals while every replica is down
+        self.rerouted: dict[int, int] = {}
+        self.recomputed = 0
+
+    # ---- the feed the replicas call back ------------------------------------------------------
+    def next_event(self) -> float | None:
+        return self._events[0] if self._events else None
+
+    def finished(self, request, outputs, now: float) -> None:
+        self._bar.update(1)
+        nxt = self.workload.follow_up(request.spec, outputs, now)
+        if nxt is not None:
+            self._bar.total += 1
+            self._add_arrivals([nxt])
+
+    # ---- running ----------------------------------------------------------------------------------
+    def run(self) -> FleetResult:
+        env = self.env = simpy.Environment()
+        initial = self.workload.initial()
+        self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
+        self._add_arrivals(initial)  # before the engines, as the single loop orders its processes
+        for rep in self.replicas:
+            rep.start(env)
+        for f in self.cfg.faults:
+            heapq.heappush(self._events, f.at_s)
+            if f.for_s is not None:
+                heapq.heappush(self._events, f.at_s + f.for_s)
+            env.process(self._fault(f))
+        env.run()
+        self._bar.close()
+        records = [(NO_REPLICA, self._reject(spec, "no replica up (every replica down for good)"))
+                   for spec in self._held]
+        for rep in self.replicas:
+            rep.finish(env.now)
+            records.extend((rep.index, r) for r in rep.records)
+        return FleetResult(records, self.replicas, env.now, self.rerouted, self.recomputed,
+                           self.router.name, self.router.decisions)
+
+    def _add_arrivals(self, specs) -> None:
+        for s in specs:
+            heapq.heappush(self._events, s.arrival_s)
+        self.env.process(self._arrivals(ArrivalQueue(specs)))
+
+    def _arrivals(self, queue: ArrivalQueue):
+        while len(queue):
+            spec = queue.pop()
+            yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
+            heapq.heappop(self._events)
+            self._route(spec)
+
+    def _fault(self, f):
+        env, rep = self.env, self.replicas[f.replica]
+        yield env.timeout(f.at_s)
+        heapq.heappop(self._events)
+        specs, started = rep.fail(env.now)
+        self._views[rep.index] = None
+        self.recomputed += started
+        for spec in specs:
+            self.rerouted[spec.rid] = self.rerouted.get(spec.rid, 0) + 1
+            self._route(spec)
+        if f.for_s is None:
+            return
+        yield env.timeout(f.for_s)
+        heapq.heappop(self._events)
+        if rep.recover(env):
+            self._views[rep.index] = None
+            held, self._held = self._held, []
+            for spec in held:
+                self._route(spec)
+
+    # ---- routing ----------------------------------------------------------------------------------
+    def _current_views(self) -> list:
+        now = self.env.now
+        st = self.cfg.staleness_s
+        if now - self._views_s >= st or st == 0:
+            self._views = [rep.view(now) for rep in self.replicas]
+            self._views_s = now
+        else:  # stale, but a replica's going down or up is seen at once (health checks)
+            for i, rep in enumerate(self.replicas):
+                v = self._views[i]
+                if v is None:
+                    self._views[i] = rep.view(now)
+                elif v.up != rep.up:
+                    self._views[i] = replace(v, up=rep.up)
+        return self._views
+
+    def _route(self, spec) -> None:
+        if not any(rep.up for rep in self.replicas):
+            self._held.append(spec)
+            return
+        i = self.router.route(request_view(spec), self._current_views())
+        self.replicas[i].submit(spec)
+
+    def _reject(self, spec, reason: str) -> RequestRecord:
+        return RequestRecord(spec.rid, spec.role, spec.session, spec.turn, spec.arrival_s, spec.prompt_len,
+                             spec.output_len, "rejected", reason, finish_s=self.env.now)

@@ -25,7 +25,12 @@ def cmd_run(args) -> int:
     out = Path(args.out or f"out/{scenario.name}")
     make = (lambda setup: gpu_executor(setup, args.device)) if args.executor == "gpu" else None
     summary = run_one(scenario, args.scenario, out, make_executor=make)
-    print(summary_table({scenario.policy.name: summary}))
+    if scenario.fleet is not None:
+        from granisim.fleet.outputs import fleet_table
+
+        print(fleet_table(summary))
+    else:
+        print(summary_table({scenario.policy.name: summary}))
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
     return 0
 
@@ -43,6 +48,14 @@ def cmd_validate(args) -> int:
 
 def cmd_compare(args) -> int:
     scenario = load_scenario(args.scenario)
+    if args.routers:  # the fleet behind each router
+        from granisim.fleet.compare import compare_routers, parse_routers
+        from granisim.fleet.outputs import routers_table
+
+        out = Path(args.out or f"out/{scenario.name}-routers")
+        print(routers_table(compare_routers(scenario, args.scenario, parse_routers(args.routers), out)))
+        print(f"\nwrote {out}/")
+        return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ScenarioError("--policies: give at least one policy, e.g. granikv,token,paged16")
@@ -222,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="same arrivals under several policies")
     c.add_argument("scenario")
     c.add_argument("--policies", default=DEMO_POLICIES)
+    c.add_argument("--routers", help="compare fleet routers instead, e.g. round_robin,cache_aware,hot_aware")
     c.add_argument("--out")
     c.set_defaults(fn=cmd_compare)
     d = sub.add_parser("demo", help="the built-in default scenario, three policies")

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Regenerate the tables of reports/validation and reports/engine from raw runs kept outside git.
+#
+#   reports/regenerate.sh RAW [validation|engine ...]
+#
+# RAW is laid out as reports/README.md ("Raw runs") describes:
+#   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run   (granisim validation gpu-run validate)
+#   RAW/engine/speedup_2048                                            (granisim validation gpu-run speedup)
+# The engine fits of each run go to RAW/validation/fits/. Nothing here needs a GPU. The validation part runs
+# about 30 reports of 3-4 minutes each on a 2-core machine (each re-prices and re-simulates three workloads);
+# the engine part a few minutes. The shipped profile (granisim/config/profiles/h200-engine.json) is not
+# refitted here: reports/validation/README.md gives that command.
+set -euo pipefail
+
+usage() { echo "usage: $0 RAW [validation|engine ...]" >&2; exit 2; }
+[[ $# -ge 1 ]] || usage
+RAW=$1; shift
+PARTS=("$@"); [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(validation engine)
+cd "$(dirname "$0")/.."
+G=${GRANISIM:-granisim}
+SHIPPED=granisim/config/profiles/h200-engine.json
+V=reports/validation
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+
+need() { [[ -d $1 ]] || { echo "error: $1: no such raw-run folder (see reports/README.md, \"Raw runs\")" >&2; exit 2; }; }
+
+validation() {
+  local pairs=(A1:A2 A2:A1 B1:B2 B2:B1 C1:C2 C2:C1 D1:D2 D2:D1) x y
+  for r in A1 A2 B1 B2 C1 C2 D1 D2 E1; do need "$RAW/validation/run$r/h200_run"; done
+  mkdir -p "$RAW/validation/fits"
+  for r in A1 A2 B1 B2 C1 C2 D1 D2 E1; do   # each run's own fit (on all its workloads)
+    $G validation report "$RAW/validation/run$r/h200_run" --out "$SCRATCH/$r" \
+      --profile-out "$RAW/validation/fits/fit_run$r.json" >/dev/null
+  done
+  for p in "${pairs[@]}"; do                 # each run judged by the other run of its machine
+    x=${p%%:*}; y=${p##*:}
+    $G validation report "$RAW/validation/run$x/h200_run" --out "$V/runs/run$x" \
+      --check-profile "$RAW/validation/fits/fit_run$y.json" >/dev/null
+  done
+  $G validation report "$RAW/validation/runE1/h200_run" --out "$V/runs/runE1" >/dev/null
+  for r in D1 D2 E1; do                      # runs the shipped profile was not fitted on
+    $G validation report "$RAW/validation/run$r/h200_run" --out "$V/runs/run$r/shipped" \
+      --check-profile "$SHIPPED" >/dev/null
+  done
+  mkdir -p "$V/targets"
+  for m in A B C D; do $G validation targets ${m}1 ${m}2 --root "$V/runs" > "$V/targets/machine_$m.md"; done
+  $G validation targets D1 D2 E1 --root "$V/runs" --profile-check shipped > "$V/targets/shipped_profile.md"
+  $G validation loro A1 A2 B1 B2 C1 C2 --root "$RAW/validation" --out "$V/loro" >/dev/null
+  $G validation runs "$RAW/validation" --runs runA1 runA2 runB1 runB2 runC1 runC2 \
+    --sensitivity 0.98 0.99 1.01 1.02 --out "$V/runs" >/dev/null
+  $G validation replay "$RAW"/validation/run{A1,A2,B1,B2,C1,C2} > "$V/replay.md"
+  echo "wrote $V/runs/*, $V/targets/*.md, $V/loro/, $V/runs.md, $V/replay.md"
+}
+
+engine() {
+  need "$RAW/engine/speedup_2048"
+  $G validation speedups "$RAW/engine/speedup_2048" --out reports/engine/speedups >/dev/null
+  $G validation engine-vs-sim "$RAW/engine/speedup_2048" --profiles h200,h200-engine \
+    --out reports/engine/sim_vs_measured >/dev/null
+  echo "wrote reports/engine/speedups.{json,_table.md}, reports/engine/sim_vs_measured.{json,md}"
+}
+
+for part in "${PARTS[@]}"; do
+  case $part in
+    validation) validation ;;
+    engine) engine ;;
+    *) echo "error: part $part: not one of validation, engine" >&2; exit 2 ;;
+  esac
+done

@@ -18,6 +18,9 @@ from .cascade import prepare
 from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
 from .grid import cdiv
 from .split_kv import default_scale, plan_splits, split_scratch
+from granisim.costmodel import split_rule
+
+DENSE_MAX_SPLITS = 16
 
 
 @triton.jit
@@ -85,22 +88,15 @@ def _dense_kernel(
 
 
 def _dense_splits(base: int, max_kv_len: int, block_n: int, device, kv_chunk):
-    """Splits for one 8-warp program per SM: the count (1..16) whose last wave is fullest, per unit of
-    work, with a small cost per split (partials). H200 run: 160 programs (M_eff = 2560) in one
-    unsplit launch ran 1.2 waves at 380 TFLOP/s against 600 for 128 programs."""
+    """Splits for one 8-warp program per SM: the count (1..DENSE_MAX_SPLITS) whose last wave is fullest,
+    per unit of work, with a small cost per split (partials; granisim.costmodel.split_rule.dense_splits,
+    which the cost model prices with). H200 run: 160 programs (M_eff = 2560) in one unsplit launch ran
+    1.2 waves at 380 TFLOP/s against 600 for 128 programs."""
     if kv_chunk is not None or max_kv_len <= 0:
         return plan_splits(base_programs=base, max_kv_len=max_kv_len, block_n=block_n, device=device,
                            kv_chunk=kv_chunk)
-    sms = num_sms(device)
-    best = None
-    for s in range(1, 17):
-        chunk = cdiv(cdiv(max_kv_len, s), block_n) * block_n
-        n = cdiv(max_kv_len, chunk)
-        waves = cdiv(base * n, sms)
-        cost = waves * (chunk + block_n) + 0.02 * n * max_kv_len / 8
-        if best is None or cost < best[0]:
-            best = (cost, n, chunk)
-    return best[1], best[2]
+    n, chunk = split_rule.dense_splits(base, max_kv_len, block_n, sms=num_sms(device), max_splits=DENSE_MAX_SPLITS)
+    return int(n[0]), int(chunk[0])
 
 
 def _descriptor(cache: torch.Tensor, block_n: int):

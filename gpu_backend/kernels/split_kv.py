@@ -19,6 +19,7 @@ from . import layout as L
 from .checks import num_sms
 from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
 from .grid import cdiv, next_pow2
+from granisim.costmodel import split_rule
 
 # How far to split along KV (H200 runs, reports/kernels/h200.md "Defaults"):
 # - gathered storages (slot lists, pages) with row tiles <= 64: about 2 programs per SM, rounded up
@@ -136,7 +137,8 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
                 round_up: bool = False, max_chunk: int = 0) -> tuple[int, int]:
     """(n_splits, kv_chunk): split along KV until about `ctas_per_sm` programs per SM would run
     (rounding the split count up, or down for compute-heavy kernels that want whole waves), and
-    until no split is longer than `max_chunk` tokens (0: no such cap)."""
+    until no split is longer than `max_chunk` tokens (0: no such cap). The rule is
+    granisim.costmodel.split_rule.kv_splits, which the cost model prices with."""
     if kv_chunk is not None:
         if kv_chunk <= 0 or kv_chunk % block_n:
             raise ValueError(f"kv_chunk = {kv_chunk} must be a positive multiple of block_n={block_n}")
@@ -145,24 +147,19 @@ def plan_splits(*, base_programs: int, max_kv_len: int, block_n: int, device,
             raise ValueError(f"kv_chunk = {kv_chunk} gives {n} splits of max_kv_len={max_kv_len}; "
                              f"at most {MAX_SPLITS}")
         return n, kv_chunk
-    if max_kv_len <= 0:
-        return 1, block_n
     target = (ctas_per_sm or CTAS_PER_SM) * num_sms(device)
-    base = max(base_programs, 1)
-    want = cdiv(target, base) if round_up else max(1, int(target // base))
-    if max_chunk:
-        want = max(want, cdiv(max_kv_len, max_chunk))
-    n_splits = max(1, min(want, cdiv(max_kv_len, MIN_CHUNK), MAX_SPLITS))
-    chunk = cdiv(cdiv(max_kv_len, n_splits), block_n) * block_n
-    return cdiv(max_kv_len, chunk), chunk
+    n, chunk = split_rule.kv_splits(base_programs, max_kv_len, block_n, target=target, round_up=round_up,
+                                    min_chunk=MIN_CHUNK, max_splits=MAX_SPLITS, max_chunk=max_chunk)
+    return int(n), int(chunk)
 
 
 def balance_cap(max_kv_len: int, mean_kv_len: int | None) -> int:
     """Longest split for a batch of these longest / mean lengths (0: no cap — mean unknown, or no
     sequence longer than BALANCE_SKEW x the mean)."""
-    if not mean_kv_len or max_kv_len <= BALANCE_SKEW * int(mean_kv_len):
+    if not mean_kv_len:
         return 0
-    return max(BALANCE_CHUNK, int(mean_kv_len))
+    return int(split_rule.balance_cap(max_kv_len, mean_kv_len, balance_chunk=BALANCE_CHUNK,
+                                      balance_skew=BALANCE_SKEW))
 
 
 class SplitKvLaunch:

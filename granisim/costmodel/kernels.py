@@ -9,6 +9,7 @@ import numpy as np
 
 from granisim.config.models import ModelShape
 
+from . import split_rule
 from .correction import Correction, page_eff
 from .operators import _MEMO_MAX
 
@@ -63,44 +64,31 @@ class KernelForms:
         return np.full_like(np.asarray(m, float), p["attn.dense.m_tile"])
 
     def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None):
-        """(n_splits, chunk) of gpu_backend.kernels.split_kv.SplitKvLaunch / plan_splits: split along KV until
-        about ``ctas_per_sm`` programs per SM would run, rounded down (slabs, 128-row tiles), or
-        ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64: ``gather`` True), and
-        (given the batch's ``mean_len``, and a longest ``kv_len`` over ``balance_skew`` x it) until no
-        split is longer than ``max(balance_chunk, mean_len)``;
-        at least ``min_split_tokens`` per split, at most ``max_splits``; the chunk is a whole number of
-        KV tiles. Arrays broadcast."""
-        base = np.maximum(np.asarray(base, float), 1.0)
-        kv_len = np.asarray(kv_len, float)
-        want = np.where(gather, np.ceil(self.gather_ctas_per_sm * self.sms / base),
-                        np.maximum(1.0, np.floor(self.ctas_per_sm * self.sms / base)))
+        """(n_splits, chunk) of the split-KV launchers (:func:`granisim.costmodel.split_rule.kv_splits`, the
+        rule gpu_backend.kernels.split_kv calls): about ``ctas_per_sm`` programs per SM rounded down (slabs,
+        128-row tiles), or ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64:
+        ``gather`` True); given the batch's ``mean_len``, a skewed batch is cut into splits of at most
+        ``max(balance_chunk, mean_len)``. Arrays broadcast."""
+        cap = 0.0
         if self.balance_chunk and mean_len is not None:
-            cap = np.maximum(self.balance_chunk, np.ceil(mean_len))
-            want = np.where(self._skewed(kv_len, mean_len), np.maximum(want, np.ceil(kv_len / cap)), want)
-        n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / self.min_split)), self.max_splits))
-        chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
-        chunk = np.where(kv_len > 0, chunk, block_n)
-        return np.where(kv_len > 0, np.ceil(kv_len / chunk), 1.0), chunk
+            cap = split_rule.balance_cap(kv_len, mean_len, balance_chunk=self.balance_chunk,
+                                         balance_skew=self.balance_skew)
+        target = np.where(gather, self.gather_ctas_per_sm * self.sms, self.ctas_per_sm * self.sms)
+        return split_rule.kv_splits(base, kv_len, block_n, target=target, round_up=gather, min_chunk=self.min_split,
+                                    max_splits=self.max_splits, max_chunk=cap)
 
     def _skewed(self, longest, mean_len):
-        """A batch the launchers balance: its longest sequence over balance_skew x its mean (split_kv.balance_cap)."""
-        return np.asarray(longest, float) > self.balance_skew * np.ceil(mean_len)
+        return split_rule.skewed(longest, mean_len, balance_skew=self.balance_skew)
 
     def dense_split_rule(self, base, kv_len, block_n=128.0):
-        """(n_splits, chunk) of gpu_backend.kernels.dense._dense_splits: of 1..max_splits, the split
-        count whose last wave is fullest per unit of work (first minimum of
-        ``waves * (chunk + block_n) + 0.02 * n * L / 8``)."""
+        """(n_splits, chunk) of the dense prefix pass (:func:`granisim.costmodel.split_rule.dense_splits`, the
+        rule gpu_backend.kernels.dense calls), with the profile's ``attn.dense.max_splits``."""
         base = np.asarray(base, float)
         L = float(kv_len)
         if L <= 0 or self.dense_max_splits <= 1:
             return np.ones_like(base), np.full_like(base, max(L, block_n))
-        s = np.arange(1, self.dense_max_splits + 1, dtype=float)[:, None]
-        chunk = np.ceil(np.ceil(L / s) / block_n) * block_n
-        n = np.ceil(L / chunk)
-        waves = np.ceil(base[None, :] * n / self.sms)
-        cost = waves * (chunk + block_n) + 0.02 * n * L / 8
-        i = np.argmin(cost, axis=0)
-        return n[i, 0] + 0.0 * base, chunk[i, 0] + 0.0 * base
+        n, chunk = split_rule.dense_splits(base, L, block_n, sms=self.sms, max_splits=self.dense_max_splits)
+        return n + 0.0 * base, chunk + 0.0 * base
 
     def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0, inv_eff=1.0,
                      first_bytes=0.0):

@@ -92,7 +92,13 @@ class ServingLoop:
         """Fleet replica: run the engine as one process of a shared environment."""
         self.env = env
         self._bar = tqdm(disable=True)
-        return env.process(self._engine())
+        return env.process(self._replica_engine())
+
+    def _replica_engine(self):
+        try:
+            yield from self._engine()
+        except simpy.Interrupt:  # the replica went down: the fleet has taken its requests back
+            return
 
     def submit(self, spec) -> None:
         """Queue a request now and wake the engine if it is idle."""

@@ -28,8 +28,10 @@
     where = { "policy.dispatch" = "cost" }         # optional: only these rows
 
 Every field name and every value is validated through the :class:`Scenario` model (and
-:func:`granisim.experiments.run.prepare`) before anything runs: a mistake is a
-:class:`ScenarioError` with one line naming the file, the field and the value.
+:func:`granisim.experiments.run.prepare`) before anything runs, and so are ``[speedup]`` and
+``[[plot]]`` (their fields must be scenario fields or results columns, and the values they
+select must occur in some point): a mistake is a :class:`ScenarioError` with one line
+naming the file, the field and the value.
 
 A point is identified by a stable hash of its full resolved scenario (sorted JSON), so a
 re-run finds the points it already has whatever the sweep file's order or layout.
@@ -41,14 +43,34 @@ import functools
 import hashlib
 import itertools
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from granisim.config.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from granisim.config.scenario import (Scenario, ScenarioError, load_scenario, parse_scenario,
+                                      parse_scenario_file_data, read_toml, short_repr)
+from granisim.core.metrics import BREAKDOWN_KEYS
 
 POINT_SCHEMA = "granisim-point/1"  # bump when the meaning of a resolved scenario changes
 _TOP_KEYS = {"name", "base", "set", "grid", "points", "speedup", "plot", "description"}
+
+# numeric results columns a point adds to its scenario fields (granisim.experiments.sweep.run_point;
+# tests/granisim/test_bad_input.py checks this list against a real point)
+METRIC_COLUMNS = (
+    "requests", "completed", "rejected", "duration_s", "throughput_rps", "output_tok_s", "ttft_p50_s",
+    "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "queue_p50_s", "preemptions",
+    "prefix_hit_rate", "steps", "plans", "mean_batch", "dense_groups", "cascade_groups", "evictions",
+    "kv_budget_tokens", "m_sat", *(f"t_{k}_s" for k in BREAKDOWN_KEYS), "mean_group_size", "hot_placements",
+    "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens", "evicted_tokens", "hot_capacity_end",
+    "sim_wall_s")
+
+
+def scenario_fields(model=Scenario, prefix: str = "") -> list[str]:
+    """Every leaf field of the scenario schema by dotted name (the results table's scenario columns)."""
+    out = []
+    for name, f in model.model_fields.items():
+        sub = getattr(f.annotation, "model_fields", None)
+        out.extend(scenario_fields(f.annotation, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"])
+    return out
 
 
 @dataclass(frozen=True)
@@ -168,14 +190,14 @@ def _base_data(raw: dict, path: Path, source: str) -> dict:
         except ScenarioError as err:
             raise ScenarioError(f"{source}: field base = {base!r}: {err}") from None
     if isinstance(base, dict):
-        return parse_scenario(base, source=f"{source} [base]").model_dump(mode="json")
+        return parse_scenario_file_data(base, source=f"{source} [base]").model_dump(mode="json")
     raise ScenarioError(f"{source}: field base = {base!r}: give a scenario path or an inline [base] table")
 
 
 def _check_value(base: dict, key: str, value, source: str, where: str) -> Scenario:
     data = _apply(base, {key: value}, source, where)
     try:
-        return parse_scenario(data, source=source)
+        return parse_scenario(data, source=source, strict=True)
     except ScenarioError as err:
         raise ScenarioError(f"{err} (in {where})") from None
 
@@ -184,12 +206,7 @@ def load_sweep(path: str | Path, check_setup: bool = True) -> SweepSpec:
     """Parse and validate a sweep file; every point's scenario is resolved here."""
     path = Path(path)
     source = str(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise ScenarioError(f"{source}: cannot read sweep file ({err.strerror})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ScenarioError(f"{source}: not valid TOML ({err})") from None
+    raw = read_toml(path, "sweep file")
     unknown = sorted(set(raw) - _TOP_KEYS)
     if unknown:
         raise ScenarioError(f"{source}: unknown sweep key {unknown[0]!r} (use {', '.join(sorted(_TOP_KEYS))})")
@@ -199,6 +216,9 @@ def load_sweep(path: str | Path, check_setup: bool = True) -> SweepSpec:
 def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None,
                     check_setup: bool = True) -> SweepSpec:
     path = path or Path(".") / "sweep.toml"
+    for key in ("name", "description"):
+        if key in raw and not (isinstance(raw[key], str) and raw[key].strip()):
+            raise ScenarioError(f"{source}: field {key} = {short_repr(raw[key])}: give a non-empty string")
     base = _base_data(raw, path, source)
     fixed = raw.get("set", {})
     if not isinstance(fixed, dict):
@@ -207,7 +227,7 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
     for k, v in fixed.items():
         _check_value(base, k, v, source, "set")
     base = _apply(base, fixed, source, "set")
-    base_sc = parse_scenario(base, source=source)
+    base_sc = parse_scenario(base, source=source, strict=True)
 
     grids = raw.get("grid")
     if isinstance(grids, dict):
@@ -245,7 +265,7 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
         for k in c:
             if k not in varied:
                 varied.append(k)
-        sc = parse_scenario(_apply(base, c, source, "grid"), source=source)
+        sc = parse_scenario(_apply(base, c, source, "grid"), source=source, strict=True)
         pid = point_id(sc)
         if pid in ids:
             continue  # the same resolved scenario listed twice runs once
@@ -254,23 +274,100 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
             _check_setup(sc, c, source, setups_checked)
         points.append(Point(pid, c, sc))
 
-    sp = raw.get("speedup")
-    speedup = None
-    if sp is not None:
-        if not isinstance(sp, dict) or set(sp) - {"field", "target", "baseline", "metric"}:
-            raise ScenarioError(f"{source}: field speedup = {sp!r}: use field, target, baseline, metric")
-        speedup = Speedup(**sp)
-        _apply(base, {speedup.field: speedup.target}, source, "speedup")
-    plots = []
-    for p in raw.get("plot", []) or []:
-        try:
-            plots.append(PlotSpec(**p))
-        except TypeError:
-            raise ScenarioError(f"{source}: field plot = {p!r}: use kind, x, y, value, title, where") from None
-        if plots[-1].kind not in ("heatmap", "line"):
-            raise ScenarioError(f"{source}: field plot.kind = {plots[-1].kind!r}: use heatmap or line")
+    speedup = _speedup(raw.get("speedup"), base, points, source)
+    plots = _plots(raw.get("plot"), speedup, points, source)
     name = raw.get("name") or path.stem
     return SweepSpec(str(name), source, base_sc, points, varied, speedup, plots)
+
+
+def _value_of(sc: Scenario, dotted: str):
+    v = sc.model_dump(mode="json")
+    for part in dotted.split("."):
+        v = v[part]
+    return v
+
+
+def _some_point_has(points: list[Point], dotted: str, value) -> bool:
+    """Does some point's resolved scenario have ``dotted`` = ``value`` (compared as the results table's
+    filters do, as text)?"""
+    return any(str(_value_of(p.scenario, dotted)) == str(value) for p in points)
+
+
+def _speedup(sp, base: dict, points: list[Point], source: str) -> Speedup | None:
+    if sp is None:
+        return None
+    keys = {"field", "target", "baseline", "metric"}
+    if not isinstance(sp, dict) or set(sp) - keys:
+        bad = sorted(set(sp) - keys)[0] if isinstance(sp, dict) else None
+        what = f"unknown key {bad!r}" if bad else f"{short_repr(sp)} is not a table"
+        raise ScenarioError(f"{source}: field speedup: {what}; use field, target, baseline, metric")
+    speedup = Speedup(**sp)
+    fields = scenario_fields()
+    if not isinstance(speedup.field, str) or speedup.field not in fields:
+        raise ScenarioError(f"{source}: field speedup.field = {short_repr(speedup.field)}: not a scenario field "
+                            f"(e.g. policy.name, policy.dispatch)")
+    if not isinstance(speedup.metric, str) or speedup.metric not in METRIC_COLUMNS:
+        raise ScenarioError(f"{source}: field speedup.metric = {short_repr(speedup.metric)}: not a results metric; "
+                            f"use one of {', '.join(METRIC_COLUMNS)}")
+    for key in ("target", "baseline"):
+        value = getattr(speedup, key)
+        _check_value(base, speedup.field, value, source, f"speedup.{key}")
+        if not _some_point_has(points, speedup.field, value):
+            raise ScenarioError(f"{source}: field speedup.{key} = {short_repr(value)}: no point has "
+                                f"{speedup.field} = {short_repr(value)} (the speedup column would be empty)")
+    return speedup
+
+
+def _plots(raw_plots, speedup: Speedup | None, points: list[Point], source: str) -> list[PlotSpec]:
+    if raw_plots is None:
+        return []
+    if not isinstance(raw_plots, list):
+        raise ScenarioError(f"{source}: field plot = {short_repr(raw_plots)}: give [[plot]] tables")
+    fields, plots = scenario_fields(), []
+    columns = set(fields) | set(METRIC_COLUMNS)
+    for i, p in enumerate(raw_plots):
+        where = f"plot #{i + 1}"
+        if not isinstance(p, dict):
+            raise ScenarioError(f"{source}: field plot = {short_repr(p)} ({where}): give a table")
+        try:
+            spec = PlotSpec(**p)
+        except TypeError:
+            bad = sorted(set(p) - set(PlotSpec.__dataclass_fields__))
+            what = f"unknown key {bad[0]!r}" if bad else "missing kind or x"
+            raise ScenarioError(f"{source}: field plot ({where}): {what}; use kind, x, y, value, title, "
+                                f"where") from None
+        if spec.kind not in ("heatmap", "line"):
+            raise ScenarioError(f"{source}: field plot.kind = {short_repr(spec.kind)} ({where}): use heatmap or line")
+        axes = [("x", spec.x)]
+        if spec.kind == "heatmap" and spec.y is None:
+            raise ScenarioError(f"{source}: field plot.y ({where}): a heatmap needs a second axis y")
+        if spec.y is not None:
+            ys = spec.y.split(",") if isinstance(spec.y, str) and spec.kind == "line" else [spec.y]
+            axes += [("y", y) for y in ys]
+        for key, axis in axes:
+            if not isinstance(axis, str) or axis not in fields:
+                raise ScenarioError(f"{source}: field plot.{key} = {short_repr(axis)} ({where}): not a scenario "
+                                    f"field (e.g. workload.roles, policy.hot_fraction)")
+        if spec.value == "speedup":
+            if speedup is None:
+                raise ScenarioError(f"{source}: field plot.value = 'speedup' ({where}): needs a [speedup] table")
+        elif not isinstance(spec.value, str) or spec.value not in columns:
+            raise ScenarioError(f"{source}: field plot.value = {short_repr(spec.value)} ({where}): not a results "
+                                f"column; use 'speedup' or one of {', '.join(METRIC_COLUMNS)}")
+        if not isinstance(spec.title, str):
+            raise ScenarioError(f"{source}: field plot.title = {short_repr(spec.title)} ({where}): give a string")
+        if spec.where is not None:
+            if not isinstance(spec.where, dict):
+                raise ScenarioError(f"{source}: field plot.where = {short_repr(spec.where)} ({where}): give a table "
+                                    f"of field = value")
+            for k, v in spec.where.items():
+                if k not in fields:
+                    raise ScenarioError(f"{source}: field plot.where.{k} ({where}): not a scenario field")
+                if not _some_point_has(points, k, v):
+                    raise ScenarioError(f"{source}: field plot.where.{k} = {short_repr(v)} ({where}): no point "
+                                        f"has that value (the plot would be empty)")
+        plots.append(spec)
+    return plots
 
 
 def _check_setup(sc: Scenario, overrides: dict, source: str, done: set[str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 from granisim.calibration.fit import fit, host_bound, initial_values
 from granisim.calibration.msat import best_threshold, measured_crossovers
 from granisim.calibration.profile import derive
-from granisim.calibration.raw import load_raw, predict_attention, synthetic_raw
+from granisim.calibration.raw import kernel_table_of, load_raw, predict_attention, synthetic_raw
 from granisim.cli import main
 from granisim.costmodel import Correction, step_cost
 from granisim.config.hardware import PROFILE_DIR, ProfileError, get_profile, load_profile
@@ -108,14 +108,31 @@ def test_correction_exact_at_points_and_clamped():
 
 
 def test_measured_profile_reproduces_its_kernel_table():
-    """With its kernel table the shipped h200 profile predicts every measured kernel time it holds."""
+    """The measured correction carries to kernel shapes it was not built from: a kernel table of 3 in 4 of the
+    H200's measured rows predicts the 4th (held out) with the shipped coefficients to a 2.4% median error (10.5%
+    at p90), against 6.9% (19.5%) without a table; in sample it is within 0.1%. (The shipped coefficients were
+    fitted on every row; refitting them on the 3 in 4 gives the same held-out errors but takes a minute.)
+    Planted bug: a correction that applies only at the exact shapes it was built from (Correction returning 1
+    off its points) still passes the in-sample check (0.09% median) and fails here (6.9%)."""
     raw = load_raw("calibration/raw/h200")
     prof = get_profile("h200")
     v = {k: c.value for k, c in prof.coefficients.items()}
     a = raw.attention[raw.attention["family"].isin(["decode", "cascade", "dense", "merge", "kv_write"])]
-    pred = predict_attention(v, a, LLAMA, table=prof.kernel_table)
-    err = np.abs(pred / (a["median_us"].to_numpy() * 1e-6) - 1)
-    assert np.median(err) < 0.01 and np.quantile(err, 0.9) < 0.05
+    a = a.reset_index(drop=True)
+    held = np.arange(len(a)) % 4 == 1
+    train, test = a[~held], a[held]
+    assert set(test["family"]) == set(a["family"])
+
+    def errors(rows, table):
+        pred = predict_attention(v, rows, LLAMA, table=table)
+        return np.abs(pred / (rows["median_us"].to_numpy() * 1e-6) - 1)
+
+    err = errors(test, kernel_table_of(train, LLAMA))
+    bare = errors(test, None)
+    assert np.median(err) < 0.035 and np.quantile(err, 0.9) < 0.13, (np.median(err), np.quantile(err, 0.9))
+    assert np.median(err) < 0.5 * np.median(bare)
+    own = errors(train, kernel_table_of(train, LLAMA))
+    assert np.median(own) < 0.01 and np.quantile(own, 0.9) < 0.05
 
 
 # ---- host-bound samples ---------------------------------------------------------------------------------
@@ -155,7 +172,7 @@ def test_derive_scales_rates_by_datasheet_ratios(tmp_path):
 
 # ---- profile files and the CLI ---------------------------------------------------------------------------------
 def _doc():
-    return json.loads(open("granisim/profiles/h200.json").read())
+    return json.loads(open("granisim/config/profiles/h200.json").read())
 
 
 def test_form2_profile_needs_its_coefficients(tmp_path):
@@ -185,7 +202,7 @@ def test_profile_check_cli_one_line(tmp_path, capsys):
     assert main(["profile", "check", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "attn.dense.mem_eff" in err and "1.5" in err
-    assert main(["profile", "check", "granisim/profiles/h200.json"]) == 0
+    assert main(["profile", "check", "granisim/config/profiles/h200.json"]) == 0
     assert "valid profile 'h200'" in capsys.readouterr().out
     assert main(["profile", "show", "h200"]) == 0
     out = capsys.readouterr().out

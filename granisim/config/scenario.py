@@ -190,13 +190,23 @@ def _field_name(loc: tuple) -> str:
     names, model = [], Scenario
     for part in loc:
         fields = getattr(model, "model_fields", None)
+        if isinstance(part, int) and names:  # an item of a list of tables, e.g. fleet.faults.0.replica
+            names.append(str(part))
+            continue
         if not isinstance(part, str) or fields is None or part not in fields:
             if not names or fields is not None:
                 names.append(str(part))
             break
         names.append(part)
-        model = fields[part].annotation
+        model = _table_of(fields[part].annotation)
     return ".".join(names)
+
+
+def _table_of(annotation):
+    """The model inside ``Model | None`` or ``tuple[Model, ...]`` (else the annotation itself)."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    return next((a for a in getattr(annotation, "__args__", ()) if hasattr(a, "model_fields")), annotation)
 
 
 def _format(err: ValidationError, source: str) -> str:

@@ -134,6 +134,11 @@ class FleetCfg(_Strict):
     rebalance_every: int = Field(256, ge=1)  # hot_aware: arrivals between placement reviews
     faults: tuple[FleetFaultCfg, ...] = ()  # replica indices are checked against the fleet's size when it is built
 
+    @field_validator("groups", "faults", mode="before")
+    @classmethod
+    def _tables(cls, v):  # TOML gives arrays of tables as lists (files are read strictly)
+        return tuple(v) if isinstance(v, list) else v
+
     @field_validator("replicas")
     @classmethod
     def _replicas(cls, v, info):

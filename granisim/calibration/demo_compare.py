@@ -3,7 +3,7 @@
     .venv/bin/python scripts/calibration_demo_compare.py [--requests N]
 
 Runs the three demo policies with hardware.profile = calibration/profiles/h200-extrapolated.json
-(the what-if profile shipped before calibration) and = granisim/profiles/h200.json (measured),
+(the what-if profile shipped before calibration) and = granisim/config/profiles/h200.json (measured),
 writes reports/calibration/demo/{extrapolated,measured}.{json,txt} and compare.json (+ the step-time
 breakdowns per policy, mean per step).
 """

@@ -1,4 +1,4 @@
-"""Regenerate the shipped hardware profiles (granisim/profiles/*.json).
+"""Regenerate the shipped hardware profiles (granisim/config/profiles/*.json).
 
     .venv/bin/python scripts/make_profiles.py
 
@@ -82,7 +82,7 @@ def linear_coefs(fits, errs, cols, frm_gpu=None):
     for fam, (launch, ef, em) in fits.items():
         med, p90 = errs[fam]
         if frm_gpu is None:
-            frm = f"Vidur A100 table (granisim/data/{TABLE})"
+            frm = f"Vidur A100 table (granisim/config/data/{TABLE})"
             if fam == "lm_head":
                 how = ("the table has no LM head: mlp_up_proj's fit (the largest GEMM in the table), "
                        "scaled by the operator's own FLOPs/bytes")
@@ -117,7 +117,7 @@ def a100(dense_flop_eff, linear):
             "SCHEDULE 0.165 + SAMPLER_E2E 0.888 + PREPARE_INPUTS_E2E 0.293 + PROCESS_MODEL_OUTPUTS 0.624 ms",
             "host work of a vLLM-era engine with no CPU/GPU overlap: an upper estimate; calibration measures ours")),
         "overhead.kernel_launch_s": coef(2e-6, "s", ext(
-            f"Vidur A100 table (granisim/data/{TABLE})", "the smallest per-kernel time in it (add, num_tokens=1: 2 us)")),
+            f"Vidur A100 table (granisim/config/data/{TABLE})", "the smallest per-kernel time in it (add, num_tokens=1: 2 us)")),
         **linear,
         "attn.prefill.m_tile": coef(128, "rows", pub(f"{FA2_SRC}: run_mha_fwd_hdim128 uses kBlockM = 128 on sm80")),
         "attn.prefill.flop_eff": coef(0.6, "", pub(

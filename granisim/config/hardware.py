@@ -111,12 +111,18 @@ def _read_table(file: Path | str, path: Path) -> tuple[tuple[int, ...], dict[str
         raise _fail(file, "linear_table.file", str(path), f"cannot read ({e.strerror})") from None
     acc: dict[int, list[list[float]]] = {}
     try:
-        for row in rows:
+        for i, row in enumerate(rows, 1):
             if int(row.get("num_tensor_parallel_workers", 1)) != 1:
                 continue
-            vals = [float(row[f"time_stats.{op}.median"]) for op in _TABLE_OPS]
-            acc.setdefault(int(row["num_tokens"]), []).append(vals)
+            vals = [_cell(file, "linear_table.file", path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
+            n = _cell(file, "linear_table.file", path, i, row, "num_tokens", positive=True)
+            if n != int(n):
+                raise _fail(file, "linear_table.file", str(path), f"row {i}, column num_tokens = {n!r}: "
+                                                                   "must be an integer >= 1")
+            acc.setdefault(int(n), []).append(vals)
     except (KeyError, ValueError) as e:
+        if isinstance(e, ProfileError):
+            raise
         raise _fail(file, "linear_table.file", str(path), f"bad table column or value ({e})") from None
     if len(acc) < 2:
         raise _fail(file, "linear_table.file", str(path), "needs at least two num_tokens rows")
@@ -134,6 +140,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ProfileError(f"{path}: field (file): value {str(path)!r}: no such profile file") from None
     except OSError as e:
         raise ProfileError(f"{path}: field (file): value {str(path)!r}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: field (file): value {str(path)!r}: not UTF-8 text (offset {e.start})") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: field (file): value line {e.lineno} col {e.colno}: invalid JSON ({e.msg})") from None
     try:
@@ -204,6 +212,15 @@ def _table_file(path: Path, field: str, t) -> Path:
     return tpath
 
 
+def _cell(file: Path | str, field: str, path: Path, i: int, row: dict, col: str, positive: bool = False) -> float:
+    """A table cell as a finite number >= 0 (> 0 with ``positive``), or a ProfileError naming row and column."""
+    v = float(row[col])
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise _fail(file, field, str(path), f"row {i}, column {col} = {row[col]!r}: must be a finite number "
+                                            f"{'> 0' if positive else '>= 0'}")
+    return v
+
+
 def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
     try:
         with open(path, newline="") as f:
@@ -212,13 +229,18 @@ def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
         raise _fail(file, "kernel_table.file", str(path), f"cannot read ({e.strerror})") from None
     cols: dict[str, list] = {c: [] for c in KERNEL_TABLE_COLS}
     try:
-        for row in rows:
+        for i, row in enumerate(rows, 1):
             if row["family"] not in KERNEL_FAMILIES:
                 continue
             for c in KERNEL_TABLE_COLS:
                 v = row[c]
+                if c not in ("family", "storage") and v and not math.isfinite(float(v)):
+                    raise _fail(file, "kernel_table.file", str(path), f"row {i}, column {c} = {v!r}: must be a "
+                                                                      f"finite number")
                 cols[c].append(v if c in ("family", "storage") else float(v or 0.0))
     except (KeyError, ValueError) as e:
+        if isinstance(e, ProfileError):
+            raise
         raise _fail(file, "kernel_table.file", str(path), f"bad table column or value ({e})") from None
     if not cols["family"] or min(cols["median_us"]) <= 0:
         raise _fail(file, "kernel_table.file", str(path), "needs rows with positive median_us")

@@ -1,12 +1,12 @@
 """Real-engine runs on a GPU: validation (predicted vs measured) and real speedups.
 
 Resumable: every finished unit writes one JSON under --out; units already present in
---out or in --done (a folder of earlier results, e.g. reports/engine/points carried with
-the working tree) are skipped, so a device call that stops early loses only the unit in flight.
+--out or in --done (a folder of earlier results carried with the working tree) are
+skipped, so a device call that stops early loses only the unit in flight.
 
-    python scripts/engine_h200.py speedup --out $OUT --done reports/engine/points --budget-s 480
-    python scripts/engine_h200.py validate --out $OUT --budget-s 480
-    python scripts/engine_h200.py speedup --out $OUT --profile h200-engine --policies granikv-auto token paged16
+    granisim validation gpu-run speedup --out $OUT --done DONE --budget-s 480
+    granisim validation gpu-run validate --out $OUT --budget-s 480
+    granisim validation gpu-run speedup --out $OUT --profile h200-engine --policies granikv-auto token paged16
 
 Needs torch + triton + a CUDA GPU, and simpy/pydantic (carry them as wheels to the device).
 """
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
     ap.add_argument("--requests", type=int,
                     help="speedup: requests per burst (default 64); validate: each workload's cap (default 96, "
-                         "its own size: at 64 the multi-agent TPOT p50 is ill-conditioned, reports/validation/h200.md)")
+                         "its own size: at 64 the multi-agent TPOT p50 is ill-conditioned)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
     ap.add_argument("--gc-in-steps", action="store_true",
                     help="let Python's garbage collector run inside timed steps (the engine's old behaviour; "

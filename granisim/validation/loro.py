@@ -1,10 +1,10 @@
 """Leave one run out: each validation run judged by an engine calibration fitted on all the others.
 
-    python scripts/validation_loro.py 13 13b 14 14b 15 15b --out reports/validation/loro_2048
+    granisim validation loro A1 A2 B1 B2 C1 C2 --root RAW/validation --out reports/validation/loro
 
-For every run X (ROOT/runX/h200_run): `validation_report.py` fits the engine coefficients on the other runs'
-steps pooled (`--fit-runs`, --profile-out OUT/fit_without_X.json), then reports run X with that fit as it stands
-(`--check-profile`, OUT/runX/). A run never enters the fit it is judged by, so across machines and device calls
+For every run X (ROOT/runX/h200_run: raw runs kept outside git, reports/README.md): `granisim validation report`
+fits the engine coefficients on the other runs' steps pooled (`--fit-runs`, --profile-out
+OUT/fit_without_X.json), then reports run X with that fit as it stands (`--check-profile`, OUT/runX/). A run never enters the fit it is judged by, so across machines and device calls
 this is the out-of-sample error of a profile fitted on all runs (the shipped `h200-engine`). OUT/loro.md holds
 the targets table (multi-agent / control / Azure per cell, misses bold). No GPU needed.
 """
@@ -40,8 +40,8 @@ def table(out: Path, runs: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation loro", description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="run names under ROOT without the 'run' prefix (e.g. 13 13b)")
-    ap.add_argument("--root", type=Path, default=Path("reports/validation"))
+    ap.add_argument("runs", nargs="+", help="run names under ROOT without the 'run' prefix (e.g. A1 A2)")
+    ap.add_argument("--root", type=Path, required=True, help="folder of raw runs ROOT/runX/h200_run")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(args.runs) < 2:

@@ -1,6 +1,6 @@
 """TPOT on the measured schedule: is a TPOT error the cost model's or the schedule's?
 
-    python scripts/validation_replay.py reports/validation/run10 reports/validation/run10b [--profile h200-engine]
+    granisim validation replay RAW/validation/runA1 RAW/validation/runA2 [--profile h200-engine]
 
 For each validation run and workload, the stored plans are priced with PROFILE step by step and
 each request's TPOT is recomputed on the measured schedule (the same steps, in the same order,

@@ -1,9 +1,9 @@
 """Run-to-run table: the end-to-end metrics measured in several validation runs beside one prediction.
 
-    python scripts/validation_runs.py reports/validation --profile h200-engine --out reports/validation/runs
+    granisim validation runs RAW/validation --runs runA1 runA2 --profile h200-engine --out reports/validation/runs
 
 Reads every ``RUN/validation_<workload>.json`` under the given folders (as written by
-``scripts/engine_h200.py validate``; variants such as ``_gc`` are rows of their own), and prices
+``granisim validation gpu-run validate``; variants such as ``_gc`` are rows of their own), and prices
 each workload once with the simulator alone under ``--profile``. Shows how far apart the real
 engine's own runs are, so a prediction error can be set against that spread; and how far the
 simulator's own prediction moves when every step is 1% shorter or longer (``--sensitivity``: the

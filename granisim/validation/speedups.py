@@ -1,9 +1,9 @@
-"""Speedup table from a real-engine grid run (``scripts/engine_h200.py speedup --out RUN``), no GPU needed.
+"""Speedup table from a real-engine grid run (``granisim validation gpu-run speedup --out RUN``), no GPU needed.
 
-    python scripts/engine_report.py reports/engine/h200_run_s9 --out reports/engine/h200_s9
+    granisim validation speedups RAW/engine/speedup_2048 --out reports/engine/speedups
 
 Writes OUT.json (every point: per-policy figures per repetition, granikv / baseline throughput
-ratios per repetition) and OUT_table.md (the table quoted in reports/engine/h200.md). A ratio is
+ratios per repetition) and OUT_table.md (the table quoted in reports/engine/README.md). A ratio is
 taken within one repetition (the two units ran back to back in one process); the table shows
 their mean and, with two or more repetitions, the range.
 """

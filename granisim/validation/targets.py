@@ -1,9 +1,9 @@
 """The issue's validation targets for two runs of one device call, as a markdown table.
 
-    python scripts/validation_targets.py 10 10b [--root reports/validation]
-    python scripts/validation_targets.py 16 16b 17 --profile-check shipped
+    granisim validation targets D1 D2 [--root reports/validation/runs]
+    granisim validation targets D1 D2 E1 --profile-check shipped
 
-Reads ROOT/runA/h200.json and ROOT/runB/h200.json (validation_report.py, each made with
+Reads ROOT/runA/h200.json and ROOT/runB/h200.json (`granisim validation report`, each made with
 `--check-profile` pointing at the other run's fit) and prints, per target, the errors for multi-agent /
 control / Azure: each run held out (engine coefficients fitted on the other two workloads), and each
 run judged by the other run's fit. Misses are bold. With ``--profile-check SUB`` it prints instead each run
@@ -64,7 +64,7 @@ def profile_check_table(root: Path, runs: list[str], sub: str, label: str | None
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation targets", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="two runs of one device call (with --profile-check: any runs)")
-    ap.add_argument("--root", type=Path, default=Path("reports/validation"))
+    ap.add_argument("--root", type=Path, default=Path("reports/validation/runs"))
     ap.add_argument("--profile-check", metavar="SUB", help="judge each run by the profile ROOT/runX/SUB/h200.json checked")
     args = ap.parse_args(argv)
     if args.profile_check:

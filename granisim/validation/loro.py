@@ -5,8 +5,9 @@
 For every run X (ROOT/runX/h200_run: raw runs kept outside git, reports/README.md): `granisim validation report`
 fits the engine coefficients on the other runs' steps pooled (`--fit-runs`, --profile-out
 OUT/fit_without_X.json), then reports run X with that fit as it stands (`--check-profile`, OUT/runX/).
-A run never enters the fit it is judged by, so across machines and device calls this is the out-of-sample error of a profile fitted on all runs (the shipped `h200-engine`). OUT/loro.md holds
-the targets table (multi-agent / control / Azure per cell, misses bold). No GPU needed.
+A run never enters the fit it is judged by, so across machines this is the out-of-sample error of a profile
+fitted on all runs (the shipped `h200-engine`). OUT/loro.md holds the targets table (multi-agent / control /
+Azure per cell, misses bold). No GPU needed.
 """
 from __future__ import annotations
 

@@ -8,7 +8,12 @@ and its ancestors are never evicted); eviction frees unlocked leaves in LRU orde
 With ``page_size`` N > 1 every key length is a multiple of N and matches are floored to
 whole pages, as in a paged prefix cache (children are keyed by their first page).
 
-LRU uses a logical clock (not wall time) so that runs are reproducible.
+LRU uses a logical clock (not wall time) so that runs are reproducible. The LRU order is
+kept incrementally: one heap per pool of ``(last_access, id)`` entries, pushed whenever a
+node becomes an unlocked leaf or is touched while one, and checked when popped (lazy
+deletion: an entry whose node has since been locked, touched, given children or removed is
+skipped). Eviction therefore pops in exactly the order of a heap rebuilt from every
+unlocked leaf, without the rebuild.
 """
 
 from __future__ import annotations
@@ -73,6 +78,10 @@ class RadixIndex:
         self._clock = 0
         self._on_split = on_split  # (head, tail): lets the owner split a HOT slab in step
         self._leaves: set[RadixNode] = set()  # nodes without children (never the root)
+        # pool -> heap of (last_access, id, push count, node); every unlocked leaf of the pool has
+        # an entry with its current (last_access, id); stale entries are skipped when popped
+        self._lru: dict[str, list[tuple[int, int, int, RadixNode]]] = {}
+        self._pushes = 0
         self.evictable: dict[str, int] = {}
         self.protected: dict[str, int] = {}
         self.num_nodes = 0
@@ -90,6 +99,18 @@ class RadixIndex:
         neq = np.flatnonzero(a[:k] != b[:k])
         m = int(neq[0]) if neq.size else k
         return m - m % self.page_size
+
+    def _offer(self, node: RadixNode) -> None:
+        """Record ``node`` (an unlocked leaf) under its current LRU key."""
+        heap = self._lru.get(node.pool)
+        if heap is None:
+            heap = self._lru[node.pool] = []
+        self._pushes += 1
+        heapq.heappush(heap, (node.last_access, node.id, self._pushes, node))
+        if len(heap) > 2 * len(self._leaves) + 64:  # mostly stale: rebuild from the live leaves
+            pool = node.pool
+            heap[:] = [(n.last_access, n.id, 0, n) for n in self._leaves if n.lock_ref == 0 and n.pool == pool]
+            heapq.heapify(heap)
 
     def _account(self, node: RadixNode, sign: int) -> None:
         bucket = self.protected if node.lock_ref else self.evictable
@@ -133,6 +154,8 @@ class RadixIndex:
             node, pos = child, pos + m
             if partial:
                 break
+        if node.lock_ref == 0 and node in self._leaves:  # only the deepest node can be a leaf
+            self._offer(node)
         return MatchResult(node, pos)
 
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str) -> tuple[RadixNode, int]:
@@ -158,6 +181,7 @@ class RadixIndex:
             self._leaves.add(leaf)
             self._leaves.discard(node)
             self._account(leaf, +1)
+            self._offer(leaf)
             node = leaf
         return node, pos
 
@@ -181,13 +205,15 @@ class RadixIndex:
             n = n.parent
         now = self._tick()
         while node is not self.root:
+            node.last_access = now
             if node.lock_ref == 1:
                 self._account(node, -1)
                 node.lock_ref = 0
                 self._account(node, +1)
+                if node in self._leaves:
+                    self._offer(node)
             else:
                 node.lock_ref -= 1
-            node.last_access = now
             node = node.parent
 
     # ---- eviction -------------------------------------------------------------------------
@@ -204,6 +230,8 @@ class RadixIndex:
         self._leaves.discard(leaf)
         if parent is not self.root and not parent.children:
             self._leaves.add(parent)
+            if parent.lock_ref == 0:
+                self._offer(parent)
         self.num_nodes -= 1
 
     def evict(self, num_tokens: int, pool: str, free: Callable[[RadixNode], None]) -> int:
@@ -211,17 +239,15 @@ class RadixIndex:
 
         ``free`` releases a node's storage. Returns the tokens freed (may fall short).
         """
-        heap = [(n.last_access, n.id, n) for n in self.evictable_leaves(pool)]
-        heapq.heapify(heap)
+        heap = self._lru.get(pool)
         freed = 0
         while heap and freed < num_tokens:
-            _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
-            self.remove_leaf(leaf)
+            last_access, _, _, leaf = heapq.heappop(heap)
+            if leaf.lock_ref or leaf.last_access != last_access or leaf not in self._leaves:
+                continue  # stale: locked, touched or no longer a leaf since it was pushed
+            self.remove_leaf(leaf)  # offers the parent if it is now an unlocked leaf
             free(leaf)
             freed += len(leaf)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0 and parent.pool == pool:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
     def evict_subtree(self, node: RadixNode, free: Callable[[RadixNode], None]) -> int:

@@ -121,6 +121,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, workers: int | None = None, r
         def done(pid: str, get) -> None:  # write a finished point at once; a failed one is reported
             try:
                 store.write(_normalise(get()))
+                _crash_for_tests(store, n_done)
             except Exception as err:  # noqa: BLE001 - one bad point must not stop the sweep
                 failures.append({"point_id": pid, "overrides": by_id[pid].overrides,
                                  "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"})
@@ -137,6 +138,15 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, workers: int | None = None, r
         fail_path.unlink()
     df = store.read([p.pid for p in spec.points])
     return df
+
+
+def _crash_for_tests(store: ResultsStore, n_done: int) -> None:
+    """Test hook, off unless GRANISIM_TEST_CRASH_AFTER=k is set: the driver dies at once (``os._exit``, no
+    cleanup, as a SIGKILL leaves it) right after this run has written its k-th point, so a test can resume a
+    killed sweep at a known point (tests/granisim/test_sweep.py)."""
+    k = os.environ.get("GRANISIM_TEST_CRASH_AFTER")
+    if k and len(store.done_ids()) - n_done >= int(k):
+        os._exit(137)
 
 
 def _run_local(todo, done, workers: int, _addr) -> None:

@@ -2,10 +2,8 @@
 bad sweep files are rejected with one line."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -87,6 +85,10 @@ def test_local_processes_and_ray_give_identical_results(tmp_path):
 
 
 def test_resume_after_kill_loses_nothing_finished(tmp_path):
+    """A sweep killed after its 3rd finished point (the GRANISIM_TEST_CRASH_AFTER hook: the driver exits at
+    once, no cleanup, as on SIGKILL) kept exactly those 3 rows; the resumed sweep runs only the other 9, leaves
+    the 3 files untouched, and its table equals an uninterrupted run's. Planted bug: a resume that ignores
+    finished rows (``done = set()`` in run_sweep) rewrites the 3 files and fails."""
     text = "name = 'killme'\n" + BASE.format(n=60) + """
 [grid]
 "policy.name" = ["granikv", "token"]
@@ -95,26 +97,18 @@ def test_resume_after_kill_loses_nothing_finished(tmp_path):
     path = _sweep(tmp_path, text)
     out = tmp_path / "out"
     parts = out / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "granisim.cli", "sweep", str(path), "--out", str(out),
-                             "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline and len(list(parts.glob("part-*.parquet"))) < 3:
-            try:  # poll the sweep's progress (this is a wait for files, not a timing check)
-                proc.wait(timeout=0.05)
-                break  # the sweep ended on its own
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the sweep's own process group
-        proc.wait()
+    env = {**os.environ, "GRANISIM_TEST_CRASH_AFTER": "3"}
+    proc = subprocess.run([sys.executable, "-m", "granisim.cli", "sweep", str(path), "--out", str(out),
+                           "--workers", "1"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 137, proc.stderr[-2000:]
     before = {p.name: p.stat().st_mtime_ns for p in parts.glob("part-*.parquet")}
-    assert 3 <= len(before) < 12, f"{len(before)} points finished before the kill"
+    assert len(before) == 3, f"{len(before)} points on disk after a crash after the 3rd"
+    assert len(ResultsStore(out).done_ids()) == 3
     spec = load_sweep(path)
     df = run_sweep(spec, out, workers=1, progress=False)
     after = {p.name: p.stat().st_mtime_ns for p in parts.glob("part-*.parquet")}
     assert len(df) == 12 and set(df.point_id) == {p.pid for p in spec.points}
+    assert len(after) == 12
     assert all(after[name] == t for name, t in before.items()), "a finished point was run again"
     # and the resumed table equals an uninterrupted run
     fresh = run_sweep(spec, tmp_path / "fresh", workers=1, progress=False)

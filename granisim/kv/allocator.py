@@ -8,11 +8,23 @@ Policies (one class, three configurations — see :func:`make_allocator`):
 * ``paged`` — pages of ``page_size`` everywhere (vLLM's default is 16); matching and
   caching are floored to whole pages.
 
-``KVAllocator`` is assembled from pieces that each hold one concept: this module keeps
-admission, growth and caching/release; :mod:`granisim.kv.eviction` eviction; :mod:`granisim.kv.hot_slabs` the HOT
-slab placement, compaction and the adaptive HOT boundary (``granikv`` only);
-:mod:`granisim.kv.views` the layouts and reports; :mod:`granisim.kv.sequence` the
-per-request record.
+Who owns what. ``KVAllocator`` keeps admission, growth and caching/release, and owns its
+parts, each built once in ``__init__`` and called by plain method calls:
+
+* ``store`` (:mod:`granisim.kv.stores`) — the private pool every request grows into;
+  ``hot`` (:mod:`granisim.kv.hot_pool`, ``granikv`` only) — the HOT slab pool. Both come
+  from :func:`build_pools`, where a fixed ``hot_fraction`` sets the HOT/COLD split.
+* ``radix`` (:mod:`granisim.kv.radix`) — the prefix index; with a HOT pool its
+  ``on_split`` is :func:`granisim.kv.hot_slabs.slab_splitter`.
+* ``requests`` (:class:`granisim.kv.sequence.Requests`) — the live requests' records.
+* ``counters`` (:class:`granisim.kv.counters.AllocatorCounters`) — event counts, shared
+  with the parts that count.
+* ``eviction`` (:class:`granisim.kv.eviction.Eviction`) — frees cached nodes, LRU first.
+* ``hot_slabs`` (:class:`granisim.kv.hot_slabs.HotSlabs`, ``granikv`` only, else None) —
+  slab placement, compaction and its KV copies; with ``hot_fraction="adaptive"`` it holds
+  a :class:`granisim.kv.hot_demand.HotDemand` and moves the HOT/COLD boundary.
+* ``views`` (:class:`granisim.kv.views.AllocatorViews`) — layouts and reports; the
+  allocator's read methods forward to it.
 
 Request life cycle: ``admit`` (match + lock cached prefix, reserve a slab) → ``extend``
 per prefill chunk / decode token → ``cache_prefix`` once the declared prefix is computed
@@ -28,17 +40,21 @@ import numbers
 import numpy as np
 
 from granisim.kv.cold_pool import ColdPool
+from granisim.kv.counters import AllocatorCounters
 from granisim.kv.elastic import ElasticColdPool, ElasticHotPool
 from granisim.kv.eviction import Eviction
+from granisim.kv.hot_demand import DEMAND_WINDOW, HotDemand
 from granisim.kv.hot_pool import HotPool, KVCopy
-from granisim.kv.hot_slabs import DEMAND_WINDOW, HOT_HEADROOM, HotSlabs
+from granisim.kv.hot_slabs import HOT_HEADROOM, HotSlabs, slab_splitter
+from granisim.kv.layout import AllocatorStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
-from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode, path_to
-from granisim.kv.sequence import _EMPTY, _Seq
+from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode
+from granisim.kv.sequence import Requests, _Seq, path_slots
 from granisim.kv.stores import PageStore, TokenStore
-from granisim.kv.views import AllocatorViews
+from granisim.kv.views import AllocatorViews, prefix_group_of
 
-__all__ = ["POLICIES", "DEMAND_WINDOW", "HOT_HEADROOM", "OutOfKVMemory", "KVAllocator", "make_allocator"]
+__all__ = ["POLICIES", "DEMAND_WINDOW", "HOT_HEADROOM", "OutOfKVMemory", "KVAllocator", "build_pools",
+           "make_allocator"]
 
 POLICIES = ("granikv", "token", "paged")
 
@@ -47,7 +63,21 @@ class OutOfKVMemory(RuntimeError):
     """Not enough free or evictable KV slots; the scheduler should have asked first."""
 
 
-class KVAllocator(HotSlabs, Eviction, AllocatorViews):
+def build_pools(policy: str, capacity: int, hot_fraction: float | str, page_size: int) -> tuple[HotPool | None, object]:
+    """(HOT pool or None, private store) of a policy. ``granikv`` puts HOT at slots
+    ``[0, b)`` and COLD at ``[b, capacity)``: ``b = int(capacity * hot_fraction)``, or 0 to
+    start with when adaptive (the boundary then moves, see :mod:`granisim.kv.hot_slabs`)."""
+    if policy == "granikv" and hot_fraction == "adaptive":
+        return ElasticHotPool(0, 0), TokenStore(ElasticColdPool(capacity, 0, name="cold"))
+    if policy == "granikv":
+        hot_cap = int(capacity * hot_fraction)
+        return HotPool(hot_cap, 0), TokenStore(ColdPool(capacity - hot_cap, hot_cap, name="cold"))
+    if policy == "token":
+        return None, TokenStore(ColdPool(capacity, 0, name="token"))
+    return None, PageStore(PagedPool(capacity, page_size, 0))
+
+
+class KVAllocator:
     def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
                  demand_window: int = DEMAND_WINDOW):
         if policy not in POLICIES:
@@ -62,31 +92,18 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
         self.policy = policy
         self.capacity = int(capacity)
-        self.hot: HotPool | None = None
-        if policy == "granikv" and self.adaptive:
-            self.hot = ElasticHotPool(0, 0)
-            self.store = TokenStore(ElasticColdPool(self.capacity, 0, name="cold"))
-        elif policy == "granikv":
-            hot_cap = int(self.capacity * hot_fraction)
-            self.hot = HotPool(hot_cap, 0)
-            self.store = TokenStore(ColdPool(self.capacity - hot_cap, hot_cap, name="cold"))
-        elif policy == "token":
-            self.store = TokenStore(ColdPool(self.capacity, 0, name="token"))
-        else:
-            self.store = PageStore(PagedPool(self.capacity, page_size, 0))
+        self.hot, self.store = build_pools(policy, self.capacity, hot_fraction, page_size)
         self.page_size = self.store.page_size
-        self.radix = RadixIndex(self.page_size, on_split=self._on_split)
-        self._seqs: dict[int, _Seq] = {}
-        self._slab_owner: dict[int, RadixNode | _Seq] = {}
-        self._copies: list[KVCopy] = []
-        self._n = dict(lookups=0, hit_tokens=0, lookup_tokens=0, evictions=0, evicted_tokens=0,
-                       hot_placements=0, hot_fallbacks=0, hot_evictions=0)
-        # adaptive HOT: shared prefix (hash of its tokens) -> (length, admission count when last asked)
-        self._demand: dict[int, tuple[int, int]] = {}
-        self._admissions = 0
-        self._demand_window = demand_window
-        self._drained_at = -1
-        self._hyst = max(1, self.capacity // 64)
+        self.radix = RadixIndex(self.page_size, on_split=slab_splitter(self.hot) if self.hot is not None else None)
+        self.requests = Requests()
+        self.counters = AllocatorCounters()
+        self.eviction = Eviction(self.radix, self.store, self.hot, self.counters)
+        self.hot_slabs: HotSlabs | None = None
+        if self.hot is not None:
+            demand = HotDemand(demand_window) if self.adaptive else None
+            self.hot_slabs = HotSlabs(self.hot, self.radix, self.store, self.eviction, self.counters,
+                                      budget=self.capacity, demand=demand)
+        self.views = AllocatorViews(policy, self.requests, self.store, self.hot, self.radix, self.counters)
 
     # ---- admission ------------------------------------------------------------------------
     def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0) -> bool:
@@ -94,13 +111,12 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
         tokens = np.asarray(tokens, TOKEN_DTYPE)
         m = self.radix.match_prefix(tokens, tokens.size - 1)
         need = tokens.size - m.length + reserve
-        if self.adaptive and shared_len:
-            self._note_demand(tokens, shared_len)
-        if self._wants_slab(shared_len, m.length, tokens.size):
+        hot = self.hot_slabs
+        if hot is not None and shared_len:
+            hot.note_demand(tokens, shared_len)
+        if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
             n = shared_len - m.length
-            if self.adaptive:
-                self._grow_hot(n, need - n, m)
-            if self.hot.free + self.radix.evictable.get("hot", 0) >= n:
+            if hot.can_place(n, need - n, m):
                 need -= n
         on_path = sum(len(n) for n in m.path() if n.lock_ref == 0 and n.pool == self.store.name)
         avail = self.store.free + self.radix.evictable.get(self.store.name, 0) - on_path
@@ -108,7 +124,7 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
 
     def admit(self, rid: int, tokens: np.ndarray, shared_len: int = 0) -> int:
         """Start a request: lock its longest cached prefix; returns the cached length."""
-        if rid in self._seqs:
+        if rid in self.requests:
             raise ValueError(f"request id {rid} is already admitted")
         tokens = np.asarray(tokens, TOKEN_DTYPE)
         if tokens.size < 1:
@@ -116,30 +132,24 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
         if not 0 <= shared_len <= tokens.size:
             raise ValueError(f"request {rid}: shared_len {shared_len} outside [0, {tokens.size}]")
         m = self.radix.match_prefix(tokens, tokens.size - 1)  # at least one token is computed
-        if self.adaptive and shared_len:
-            self._note_demand(tokens, shared_len)
-            self._admissions += 1
+        hot = self.hot_slabs
+        if hot is not None and shared_len:
+            hot.note_demand(tokens, shared_len, admitted=True)
         self.radix.lock(m.node)
-        self._n["lookups"] += 1
-        self._n["hit_tokens"] += m.length
-        self._n["lookup_tokens"] += tokens.size
+        self.counters.lookups += 1
+        self.counters.hit_tokens += m.length
+        self.counters.lookup_tokens += tokens.size
         seq = _Seq(rid, m.node, m.length, shared_len)
-        self._seqs[rid] = seq
-        if self._wants_slab(shared_len, m.length, tokens.size):
-            n = shared_len - m.length
-            if self._make_hot_room(n):
-                seq.slab, seq.slab_len = self.hot.allocate(n), n
-                self._slab_owner[seq.slab] = seq
-                self._n["hot_placements"] += 1
-            else:
-                self._n["hot_fallbacks"] += 1
-        self._update_group(seq)
+        self.requests.add(seq)
+        if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
+            hot.place(seq, shared_len - m.length)
+        seq.group = prefix_group_of(seq, self.page_size)
         return m.length
 
     # ---- growth ---------------------------------------------------------------------------
     def extend_need(self, rid: int, n: int) -> int:
         """Private-pool tokens that ``extend(rid, n)`` would take (0 while a slab has room)."""
-        seq = self._seq(rid)
+        seq = self.requests.get(rid)
         from_priv = n - min(n, seq.slab_len - min(seq.n_new, seq.slab_len))
         return self.store.need(seq.priv.size - seq.n_priv, from_priv)
 
@@ -154,23 +164,23 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
         """Page size 1 and no slab being filled: every new token takes one pool slot."""
         if self.page_size != 1:
             return False
-        return all(q.n_new >= q.slab_len for q in seqs) if self._n["hot_placements"] else True
+        return all(q.n_new >= q.slab_len for q in seqs) if self.counters.hot_placements else True
 
     def can_extend_all(self, rids: list[int], n: int) -> bool:
         """``can_extend`` for ``n`` more tokens of every request in ``rids`` (fast path)."""
-        seqs = [self._seq(r) for r in rids]
+        seqs = [self.requests.get(r) for r in rids]
         if self._uniform(seqs):
             return n * len(seqs) <= self.available()
         return self.can_extend({r: n for r in rids})
 
     def extend_all(self, rids: list[int], n: int) -> list[np.ndarray]:
         """``extend(rid, n)`` for every request, with one pool call when possible (decode steps)."""
-        seqs = [self._seq(r) for r in rids]
+        seqs = [self.requests.get(r) for r in rids]
         if n < 0 or not seqs or not self._uniform(seqs):
             return [self.extend(r, n) for r in rids]
         total = n * len(seqs)
         if total > self.store.free:
-            self._evict(self.store.name, total - self.store.free)
+            self.eviction.evict(self.store.name, total - self.store.free)
             if total > self.store.free:
                 raise OutOfKVMemory(f"{len(seqs)} requests need {total} {self.store.name} slots, "
                                     f"{self.store.free} free")
@@ -189,13 +199,13 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
         """Slots for the next ``n`` tokens of ``rid`` (for the executor's KV write)."""
         if n < 0:
             raise ValueError(f"request {rid}: cannot extend by {n} tokens")
-        seq = self._seq(rid)
+        seq = self.requests.get(rid)
         filled = min(seq.n_new, seq.slab_len)
         from_slab = min(n, seq.slab_len - filled)
         from_priv = n - from_slab
         need = self.store.need(seq.priv.size - seq.n_priv, from_priv)
         if need > self.store.free:
-            self._evict(self.store.name, need - self.store.free)
+            self.eviction.evict(self.store.name, need - self.store.free)
             if need > self.store.free:
                 raise OutOfKVMemory(f"request {rid}: needs {need} {self.store.name} slots, {self.store.free} free")
         spare = seq.priv.size - seq.n_priv
@@ -218,7 +228,7 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
         With a reserved slab, nothing is cached until the whole slab is computed. The
         request keeps them locked. Slots that duplicate what is already cached are freed.
         """
-        seq = self._seq(rid)
+        seq = self.requests.get(rid)
         tokens = np.asarray(tokens, TOKEN_DTYPE)
         if tokens.size > seq.num_tokens:
             raise ValueError(f"request {rid}: cannot cache {tokens.size} tokens, only {seq.num_tokens} computed")
@@ -227,14 +237,17 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
             slab_end = seq.cached_len + seq.slab_len
             if end < slab_end:
                 return
-            self._cache_slab(seq, tokens[:slab_end])
+            node = self.hot_slabs.cache_slab(seq, tokens[:slab_end])
+            self._relock(seq, node, slab_end)
+            seq.n_new -= seq.slab_len
+            seq.slab, seq.slab_len = None, 0
         if end > seq.cached_len:
             self._cache_private(seq, tokens[:end])
-        self._update_group(seq)
+        seq.group = prefix_group_of(seq, self.page_size)
 
     def _cache_private(self, seq: _Seq, tokens: np.ndarray) -> None:
         k = tokens.size - seq.cached_len
-        slots = np.concatenate([self._path_slots(seq.node), seq.priv[:k]])
+        slots = np.concatenate([path_slots(seq.node), seq.priv[:k]])
         node, already = self.radix.insert(tokens, slots, self.store.name)
         dup = max(0, already - seq.cached_len)
         if dup:
@@ -251,31 +264,83 @@ class KVAllocator(HotSlabs, Eviction, AllocatorViews):
     def release(self, rid: int, tokens: np.ndarray | None = None) -> None:
         """End a request. With ``tokens`` (finished), cache its computed tokens first;
         without (preempted / aborted), just free its private slots."""
-        seq = self._seq(rid)
+        seq = self.requests.get(rid)
         if tokens is not None:
             tokens = np.asarray(tokens, TOKEN_DTYPE)[: seq.num_tokens]
             if seq.slab is not None and seq.n_new < seq.slab_len:
                 tokens = tokens[: seq.cached_len]  # slab never filled: nothing new to cache
             self.cache_prefix(rid, tokens)
         if seq.slab is not None:
-            del self._slab_owner[seq.slab]
             self.hot.release(seq.slab)
         if seq.priv.size:
             self.store.release(seq.priv)
         self.radix.unlock(seq.node)
-        del self._seqs[rid]
+        self.requests.remove(rid)
 
-    # ---- lookups --------------------------------------------------------------------------
-    def _seq(self, rid: int) -> _Seq:
-        try:
-            return self._seqs[rid]
-        except KeyError:
-            raise ValueError(f"unknown request id {rid!r} (never admitted or already released)") from None
+    # ---- eviction (Eviction) ---------------------------------------------------------------
+    def evict(self, n: int) -> int:
+        """Evict up to ``n`` cached private-pool tokens (LRU); returns tokens freed."""
+        return self.eviction.evict(self.store.name, n)
 
-    @staticmethod
-    def _path_slots(node: RadixNode) -> np.ndarray:
-        vals = [n.value for n in path_to(node)]
-        return np.concatenate(vals) if vals else _EMPTY
+    def clear_cache(self) -> int:
+        """Evict every unlocked cached node in every pool; returns tokens freed."""
+        return self.eviction.clear_cache()
+
+    # ---- HOT slabs (HotSlabs; granikv only) -----------------------------------------------
+    def compact(self) -> list[KVCopy]:
+        """Compact the HOT pool now; the copies are also queued for the executor."""
+        return self.hot_slabs.compact() if self.hot_slabs is not None else []
+
+    def take_copies(self) -> list[KVCopy]:
+        """KV copies queued since the last call (the executor applies them before the step)."""
+        return self.hot_slabs.take_copies() if self.hot_slabs is not None else []
+
+    def rebalance(self) -> None:
+        """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
+        if self.hot_slabs is not None:
+            self.hot_slabs.rebalance()
+
+    def hot_demand(self) -> int:
+        """Tokens of the distinct shared prefixes asked for in the last DEMAND_WINDOW admissions
+        (adaptive HOT; 0 otherwise)."""
+        demand = self.hot_slabs.demand if self.hot_slabs is not None else None
+        return demand.total() if demand is not None else 0
+
+    # ---- layouts and reports (AllocatorViews) ---------------------------------------------
+    def layout(self, rid: int) -> RequestLayout:
+        return self.views.layout(rid)
+
+    def prefix_group(self, rid: int) -> tuple[int, int, str] | None:
+        """(group node id, shared tokens, storage 'slab' | pool name) or None."""
+        return self.views.prefix_group(rid)
+
+    def num_tokens(self, rid: int) -> int:
+        return self.views.num_tokens(rid)
+
+    def live_requests(self) -> list[int]:
+        return self.views.live_requests()
+
+    def ownership(self) -> list[tuple[str, int, str, np.ndarray]]:
+        """(owner kind 'request' | 'node', owner id, pool, slots) for every owned slot run."""
+        return self.views.ownership()
+
+    def pools(self) -> dict[str, object]:
+        return self.views.pools()
+
+    def occupancy(self) -> dict[str, tuple[int, int]]:
+        """(used, cached) tokens per pool — the cheap part of :meth:`stats`, for per-step logs."""
+        return self.views.occupancy()
+
+    def stats(self) -> AllocatorStats:
+        return self.views.stats()
+
+    @property
+    def hit_rate(self) -> float:
+        return self.views.hit_rate()
+
+    @property
+    def evictions(self) -> int:
+        return self.counters.evictions
 
 
 def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int | None = None,

@@ -12,7 +12,8 @@ moves because of it:
   (``ElasticColdPool.take_low``), where those slots are used last.
 
 Everything here is integer bookkeeping; the policy that decides where ``b`` should be
-lives in :class:`granisim.kv.hot_slabs.HotSlabs` (``_grow_hot`` / ``rebalance``).
+lives in :class:`granisim.kv.hot_slabs.HotSlabs` (``can_place`` grows HOT, ``rebalance``
+shrinks it towards :class:`granisim.kv.hot_demand.HotDemand`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,21 @@
 """The HOT side of the ``granikv`` allocator: slab placement, compaction, adaptive boundary.
 
-A mixin of :class:`granisim.kv.allocator.KVAllocator`, separate because only ``granikv``
-has a HOT pool: the ``token`` and ``paged`` policies never reach this code. It works on
-the host's state (``hot``, ``store``, ``radix``, ``capacity``, ``adaptive``, ``_n``,
-``_slab_owner``, ``_copies`` and the demand fields set in ``KVAllocator.__init__``) and
-calls back into it (``_free_node``, ``_relock``, ``_path_slots``).
+:class:`HotSlabs` exists only for ``granikv`` (the ``token`` and ``paged`` policies have no
+HOT pool and no ``HotSlabs``). :class:`granisim.kv.allocator.KVAllocator` builds it and
+hands it what it works on:
+
+* the HOT pool (it decides where slabs go; the pool itself only allocates runs),
+* the radix index and the private store (read for what is cached and what COLD can spare),
+* the :class:`granisim.kv.eviction.Eviction` part (it evicts HOT leaves through it),
+* the shared counters (``hot_placements``, ``hot_fallbacks``),
+* for ``hot_fraction = "adaptive"`` a :class:`granisim.kv.hot_demand.HotDemand`; with a
+  fixed fraction there is none and the boundary never moves.
+
+It owns the queue of KV copies that compaction produces (:meth:`HotSlabs.take_copies`
+hands them to the executor) and the adaptive boundary's hysteresis. A slab belongs to
+a live request (``_Seq.slab``) until :meth:`HotSlabs.cache_slab` gives it to a radix node
+(``RadixNode.slab``); :func:`slab_splitter` keeps node and slab in step when the radix
+index splits a HOT node.
 
 HOT placement rule (``granikv``): a prefix goes to HOT when the workload *declares* it
 shared (``shared_len`` at admission: the agent role's system prompt) and the part not
@@ -13,115 +24,82 @@ already cached needs a slab. When HOT has no free run long enough, the allocator
 nodes with no HOT node below them; their cached COLD descendants go with them) in LRU order
 and compacts, (3) else falls back to COLD. Each outcome is
 counted in stats (``hot_placements``, ``compactions``, ``hot_evictions``, ``hot_fallbacks``).
-Compaction's KV copies are queued for the executor (:meth:`take_copies`).
 
 Adaptive HOT (``hot_fraction="adaptive"``): the HOT/COLD boundary moves online with
 demand instead of sitting at a fixed share (mechanics: :mod:`granisim.kv.elastic`; the
 boundary only ever moves across free slots). HOT starts empty. When an admission wants a
 slab that HOT cannot place, HOT first grows into the free run at COLD's low end — never
-taking what COLD needs for the request and the scheduler's reserve, plus a 2% headroom.
-:meth:`rebalance` (the scheduler calls it before each plan) shrinks HOT back towards the
-demand — the total length of the distinct shared prefixes asked for in the last
-``DEMAND_WINDOW`` admissions — evicting least-recently-used unlocked slabs beyond it and
-handing HOT's free top run back to COLD.
+taking what COLD needs for the request and the scheduler's reserve, plus a 2% headroom
+(:meth:`HotSlabs.can_place`). :meth:`HotSlabs.rebalance` (the scheduler calls it before
+each plan) shrinks HOT back towards the demand — the total length of the distinct shared
+prefixes asked for in the last ``DEMAND_WINDOW`` admissions — evicting least-recently-used
+unlocked slabs beyond it and handing HOT's free top run back to COLD.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from granisim.kv.hot_pool import KVCopy
-from granisim.kv.radix import RadixNode
-from granisim.kv.sequence import _Seq
+from granisim.kv.counters import AllocatorCounters
+from granisim.kv.eviction import Eviction
+from granisim.kv.hot_demand import DEMAND_WINDOW, HotDemand
+from granisim.kv.hot_pool import HotPool, KVCopy
+from granisim.kv.radix import MatchResult, RadixIndex, RadixNode
+from granisim.kv.sequence import _Seq, path_slots
 
-DEMAND_WINDOW = 256  # admissions over which a shared prefix counts as in demand (adaptive HOT)
+__all__ = ["DEMAND_WINDOW", "HOT_HEADROOM", "HotSlabs", "slab_splitter"]
+
 HOT_HEADROOM = 0.02  # share of the budget COLD keeps free when HOT grows (adaptive HOT)
 
 
+def slab_splitter(pool: HotPool) -> Callable[[RadixNode, RadixNode], None]:
+    """The radix index's ``on_split`` for ``granikv``: a split HOT node splits its slab too."""
+
+    def on_split(head: RadixNode, tail: RadixNode) -> None:
+        if tail.pool == "hot":
+            head.slab = tail.slab
+            tail.slab = pool.split(tail.slab, len(head))
+
+    return on_split
+
+
 class HotSlabs:
-    """KVAllocator's HOT-pool methods (mixin)."""
+    def __init__(self, pool: HotPool, radix: RadixIndex, store, eviction: Eviction, counters: AllocatorCounters,
+                 *, budget: int, demand: HotDemand | None = None):
+        self.pool = pool
+        self.radix = radix
+        self.store = store
+        self.eviction = eviction
+        self.counters = counters
+        self.budget = budget  # the whole KV budget (HOT + COLD), for the headroom
+        self.demand = demand  # None: the HOT/COLD boundary is fixed
+        self.hysteresis = max(1, budget // 64)  # smallest boundary move worth making (adaptive HOT)
+        self._copies: list[KVCopy] = []
+        self._drained_at = -1  # admission count when COLD's free stack was last re-sorted
 
     # ---- placement ------------------------------------------------------------------------
-    def _wants_slab(self, shared_len: int, matched: int, prompt_len: int) -> bool:
-        return self.hot is not None and (self.hot.capacity > 0 or self.adaptive) and matched < shared_len <= prompt_len
+    def wants_slab(self, shared_len: int, matched: int, prompt_len: int) -> bool:
+        return (self.pool.capacity > 0 or self.demand is not None) and matched < shared_len <= prompt_len
 
-    # ---- adaptive HOT boundary ------------------------------------------------------------
-    def _note_demand(self, tokens: np.ndarray, shared_len: int) -> None:
-        self._demand[hash(tokens[:shared_len].tobytes())] = (shared_len, self._admissions)
+    def can_place(self, n: int, cold_need: int, m: MatchResult) -> bool:
+        """Whether a slab of ``n`` can be had, from free or evictable HOT; adaptive HOT first
+        grows towards it (see :meth:`_grow`)."""
+        if self.demand is not None:
+            self._grow(n, cold_need, m)
+        return self.pool.free + self.radix.evictable.get("hot", 0) >= n
 
-    def hot_demand(self) -> int:
-        """Tokens of the distinct shared prefixes asked for in the last DEMAND_WINDOW admissions."""
-        horizon = self._admissions - self._demand_window
-        stale = [k for k, (_, t) in self._demand.items() if t < horizon]
-        for k in stale:
-            del self._demand[k]
-        return sum(n for n, _ in self._demand.values())
-
-    def _grow_hot(self, n: int, cold_need: int, m) -> None:
-        """Grow HOT so that a slab of ``n`` fits, out of COLD's free low run, leaving COLD
-        what the request (``cold_need`` tokens incl. the scheduler's reserve) and the headroom need."""
-        hot, pool = self.hot, self.store.pool
-        if hot.largest_free >= n:
-            return
-        on_path = sum(len(x) for x in m.path() if x.lock_ref == 0 and x.pool == self.store.name)
-        spare = pool.free + self.radix.evictable.get(self.store.name, 0) - on_path - max(0, cold_need) \
-            - int(HOT_HEADROOM * self.capacity)
-        want = n - hot.top_free_run()
-        if want <= 0 or spare < want:
-            return
-        run = pool.low_free_run()
-        if run < want and self._drained_at != self._admissions:
-            pool.prefer_high()  # let the low end drain as requests finish
-            self._drained_at = self._admissions
-        if run >= want:
-            pool.give_low(want)
-            hot.grow_top(want)
-
-    def rebalance(self) -> None:
-        """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
-        if not self.adaptive:
-            return
-        hot, target = self.hot, self.hot_demand()
-        if hot.capacity - target < self._hyst:
-            return
-        while hot.capacity - hot.free > target:  # stale slabs beyond the demand, LRU first
-            victims = self._hot_leaves()
-            if not victims:
-                break
-            self.radix.evict_subtree(min(victims, key=lambda x: (x.last_access, x.id)), self._free_node)
-            self._n["hot_evictions"] += 1
-        give = min(hot.capacity - target, hot.free)
-        if hot.top_free_run() < give and give - hot.top_free_run() >= self._hyst:
-            self.compact()
-        give = min(give, hot.top_free_run())
-        if give >= self._hyst:
-            hot.shrink_top(give)
-            self.store.pool.take_low(give)
-
-    # ---- slab to cached prefix ------------------------------------------------------------
-    def _cache_slab(self, seq: _Seq, tokens: np.ndarray) -> None:
-        start, _ = self.hot.span(seq.slab)
-        slots = np.concatenate([self._path_slots(seq.node), np.arange(start, start + seq.slab_len)])
-        node, already = self.radix.insert(tokens, slots, "hot")
-        dup = already - seq.cached_len
-        slab = seq.slab
-        del self._slab_owner[slab]
-        if dup >= seq.slab_len:
-            self.hot.release(slab)
+    def place(self, seq: _Seq, n: int) -> None:
+        """Reserve a slab of ``n`` for ``seq`` (counted as a placement), or count a fallback to COLD."""
+        if self._make_room(n):
+            seq.slab, seq.slab_len = self.pool.allocate(n), n
+            self.counters.hot_placements += 1
         else:
-            if dup > 0:
-                tail = self.hot.split(slab, dup)
-                self.hot.release(slab)
-                slab = tail
-            node.slab = slab
-            self._slab_owner[slab] = node
-        self._relock(seq, node, tokens.size)
-        seq.n_new -= seq.slab_len
-        seq.slab, seq.slab_len = None, 0
+            self.counters.hot_fallbacks += 1
 
-    # ---- room, compaction, radix splits ---------------------------------------------------
-    def _make_hot_room(self, n: int) -> bool:
-        hot = self.hot
+    def _make_room(self, n: int) -> bool:
+        hot = self.pool
         if n > hot.capacity:
             return False
         if hot.largest_free >= n:
@@ -129,37 +107,41 @@ class HotSlabs:
         if hot.free + self.radix.evictable.get("hot", 0) < n:
             return False
         while hot.free < n:
-            victims = self._hot_leaves()
-            if not victims:
+            if not self.eviction.evict_lru_hot_leaf():
                 return False
-            victim = min(victims, key=lambda x: (x.last_access, x.id))
-            self.radix.evict_subtree(victim, self._free_node)
-            self._n["hot_evictions"] += 1
         if hot.largest_free < n:
             self.compact()
         return hot.largest_free >= n
 
-    def _hot_leaves(self) -> list[RadixNode]:
-        """Unlocked HOT nodes with no HOT node below them (LRU candidates: evicting one frees
-        its slab and only its cold descendants, never a more recent HOT child's slab)."""
-        hot_nodes = [x for x in self.radix.nodes() if x.pool == "hot"]
-        above: set[int] = set()  # ids of nodes that have a HOT descendant
-        for x in hot_nodes:
-            p = x.parent
-            while p is not None and p.id not in above:
-                above.add(p.id)
-                p = p.parent
-        return [x for x in hot_nodes if x.lock_ref == 0 and x.id not in above]
+    # ---- slab to cached prefix ------------------------------------------------------------
+    def cache_slab(self, seq: _Seq, tokens: np.ndarray) -> RadixNode:
+        """Insert ``tokens`` (``seq``'s cached path plus its filled slab) into the radix index,
+        handing the slab to the new HOT node; returns the deepest node. The part of the slab
+        that duplicates what was already cached goes back to the pool. The caller relocks
+        ``seq`` on the node and clears its slab."""
+        start, _ = self.pool.span(seq.slab)
+        slots = np.concatenate([path_slots(seq.node), np.arange(start, start + seq.slab_len)])
+        node, already = self.radix.insert(tokens, slots, "hot")
+        dup = already - seq.cached_len
+        slab = seq.slab
+        if dup >= seq.slab_len:
+            self.pool.release(slab)
+        else:
+            if dup > 0:
+                tail = self.pool.split(slab, dup)
+                self.pool.release(slab)
+                slab = tail
+            node.slab = slab
+        return node
 
+    # ---- compaction -----------------------------------------------------------------------
     def compact(self) -> list[KVCopy]:
         """Compact the HOT pool now; the copies are also queued for the executor."""
-        if self.hot is None:
-            return []
-        copies = self.hot.compact()
-        for slab, owner in self._slab_owner.items():
-            if isinstance(owner, RadixNode):
-                start, length = self.hot.span(slab)
-                owner.value = np.arange(start, start + length, dtype=np.int64)
+        copies = self.pool.compact()
+        for node in self.radix.nodes():
+            if node.pool == "hot":
+                start, length = self.pool.span(node.slab)
+                node.value = np.arange(start, start + length, dtype=np.int64)
         self._copies.extend(copies)
         return copies
 
@@ -168,9 +150,48 @@ class HotSlabs:
         out, self._copies = self._copies, []
         return out
 
-    def _on_split(self, head: RadixNode, tail: RadixNode) -> None:
-        if tail.pool == "hot":
-            head.slab = tail.slab
-            tail.slab = self.hot.split(tail.slab, len(head))
-            self._slab_owner[head.slab] = head
-            self._slab_owner[tail.slab] = tail
+    # ---- adaptive HOT boundary ------------------------------------------------------------
+    def note_demand(self, tokens: np.ndarray, shared_len: int, *, admitted: bool = False) -> None:
+        """A request declaring a shared prefix was asked about (``admitted``: and admitted)."""
+        if self.demand is not None:
+            self.demand.note(tokens, shared_len)
+            if admitted:
+                self.demand.count_admission()
+
+    def _grow(self, n: int, cold_need: int, m: MatchResult) -> None:
+        """Grow HOT so that a slab of ``n`` fits, out of COLD's free low run, leaving COLD
+        what the request (``cold_need`` tokens incl. the scheduler's reserve) and the headroom need."""
+        hot, pool = self.pool, self.store.pool
+        if hot.largest_free >= n:
+            return
+        on_path = sum(len(x) for x in m.path() if x.lock_ref == 0 and x.pool == self.store.name)
+        spare = pool.free + self.radix.evictable.get(self.store.name, 0) - on_path - max(0, cold_need) \
+            - int(HOT_HEADROOM * self.budget)
+        want = n - hot.top_free_run()
+        if want <= 0 or spare < want:
+            return
+        run = pool.low_free_run()
+        if run < want and self._drained_at != self.demand.admissions:
+            pool.prefer_high()  # let the low end drain as requests finish
+            self._drained_at = self.demand.admissions
+        if run >= want:
+            pool.give_low(want)
+            hot.grow_top(want)
+
+    def rebalance(self) -> None:
+        """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
+        if self.demand is None:
+            return
+        hot, target = self.pool, self.demand.total()
+        if hot.capacity - target < self.hysteresis:
+            return
+        while hot.capacity - hot.free > target:  # stale slabs beyond the demand, LRU first
+            if not self.eviction.evict_lru_hot_leaf():
+                break
+        give = min(hot.capacity - target, hot.free)
+        if hot.top_free_run() < give and give - hot.top_free_run() >= self.hysteresis:
+            self.compact()
+        give = min(give, hot.top_free_run())
+        if give >= self.hysteresis:
+            hot.shrink_top(give)
+            self.store.pool.take_low(give)

@@ -1,16 +1,25 @@
-"""A live request's KV bookkeeping (``_Seq``) and the slot-run test the layouts use.
+"""A live request's KV bookkeeping (``_Seq``), the table of live requests (``Requests``)
+and the slot-run test the layouts use.
 
-Kept apart from the allocator because it is plain per-request state: the allocator, its
-HOT-slab side and its views all read it, and none of them needs the others to do so.
+Kept apart from the allocator because it is plain per-request state. The allocator owns
+the one :class:`Requests` table and is the only part that adds or removes records; it
+hands single records to :class:`granisim.kv.hot_slabs.HotSlabs` (slab placement and
+caching) and the whole table to :class:`granisim.kv.views.AllocatorViews` (read only).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from granisim.kv.radix import RadixNode
+from granisim.kv.radix import RadixNode, path_to
 
 _EMPTY = np.empty(0, np.int64)
+
+
+def path_slots(node: RadixNode) -> np.ndarray:
+    """Slots of every token on the radix path from the root down to ``node``."""
+    vals = [n.value for n in path_to(node)]
+    return np.concatenate(vals) if vals else _EMPTY
 
 
 def _is_run(slots: np.ndarray) -> bool:
@@ -64,3 +73,38 @@ class _Seq:
     @property
     def num_tokens(self) -> int:
         return self.cached_len + self.n_new
+
+
+class Requests:
+    """Live requests by id, in admission order."""
+
+    __slots__ = ("_seqs",)
+
+    def __init__(self):
+        self._seqs: dict[int, _Seq] = {}
+
+    def __contains__(self, rid: int) -> bool:
+        return rid in self._seqs
+
+    def __iter__(self):
+        return iter(self._seqs.values())
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def add(self, seq: _Seq) -> None:
+        if seq.rid in self._seqs:
+            raise ValueError(f"request id {seq.rid} is already admitted")
+        self._seqs[seq.rid] = seq
+
+    def get(self, rid: int) -> _Seq:
+        try:
+            return self._seqs[rid]
+        except KeyError:
+            raise ValueError(f"unknown request id {rid!r} (never admitted or already released)") from None
+
+    def remove(self, rid: int) -> None:
+        del self._seqs[rid]

@@ -1,26 +1,57 @@
 """The read side of :class:`granisim.kv.allocator.KVAllocator`: layouts and reports.
 
-A mixin, separate because none of it allocates or frees a slot: per-request layouts and
-prefix groups for the batch planner, and ownership / occupancy / stats for the fuzzer,
-the logs and the reports. It reads the host's ``_seqs``, ``hot``, ``store``, ``radix``,
-``page_size``, ``policy`` and ``_n``.
+:class:`AllocatorViews` never allocates or frees a slot: per-request layouts and prefix
+groups for the batch planner, and ownership / occupancy / stats for the fuzzer, the logs
+and the reports. The allocator builds it from what it reads — the table of live requests,
+the private store, the HOT pool (``granikv`` only), the radix index and the counters —
+and forwards its public methods to it. :func:`prefix_group_of` is the rule that tells
+which prefix group a request belongs to; the allocator stores the answer on the request.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from granisim.kv.counters import AllocatorCounters
+from granisim.kv.hot_pool import HotPool
 from granisim.kv.layout import AllocatorStats, KVSegment, PoolStats, RequestLayout
-from granisim.kv.radix import path_to
-from granisim.kv.sequence import _is_run, _Seq
+from granisim.kv.radix import RadixIndex, path_to
+from granisim.kv.sequence import Requests, _is_run, _Seq
+
+
+def prefix_group_of(seq: _Seq, page_size: int) -> tuple[int, int, str] | None:
+    """(group node id, shared tokens, storage 'slab' | pool name) once ``seq``'s declared
+    shared prefix (floored to whole pages) is cached on its path and ends at a node boundary."""
+    shared = seq.shared_len - seq.shared_len % page_size
+    if shared <= 0 or seq.cached_len < shared:
+        return None
+    depth, path = 0, []
+    for node in path_to(seq.node):
+        depth += len(node)
+        path.append(node)
+        if depth >= shared:
+            break
+    if depth != shared:
+        return None
+    slots = np.concatenate([n.value for n in path])
+    slab = all(n.pool == "hot" for n in path) and _is_run(slots)
+    return (path[-1].id, shared, "slab" if slab else path[-1].pool)
 
 
 class AllocatorViews:
-    """KVAllocator's layout and reporting methods (mixin)."""
+    def __init__(self, policy: str, requests: Requests, store, hot: HotPool | None, radix: RadixIndex,
+                 counters: AllocatorCounters):
+        self.policy = policy
+        self.requests = requests
+        self.store = store
+        self.hot = hot
+        self.radix = radix
+        self.counters = counters
+        self.page_size = store.page_size
 
     # ---- layouts --------------------------------------------------------------------------
     def layout(self, rid: int) -> RequestLayout:
-        seq = self._seq(rid)
+        seq = self.requests.get(rid)
         segs: list[KVSegment] = []
         for node in path_to(seq.node):
             self._append(segs, node.pool, node.value)
@@ -43,36 +74,19 @@ class AllocatorViews:
 
     def prefix_group(self, rid: int) -> tuple[int, int, str] | None:
         """(group node id, shared tokens, storage 'slab' | pool name) or None."""
-        return self._seq(rid).group
+        return self.requests.get(rid).group
 
     def num_tokens(self, rid: int) -> int:
-        return self._seq(rid).num_tokens
-
-    def _update_group(self, seq: _Seq) -> None:
-        shared = seq.shared_len - seq.shared_len % self.page_size
-        seq.group = None
-        if shared <= 0 or seq.cached_len < shared:
-            return
-        depth, path = 0, []
-        for node in path_to(seq.node):
-            depth += len(node)
-            path.append(node)
-            if depth >= shared:
-                break
-        if depth != shared:
-            return
-        slots = np.concatenate([n.value for n in path])
-        slab = all(n.pool == "hot" for n in path) and _is_run(slots)
-        seq.group = (path[-1].id, shared, "slab" if slab else path[-1].pool)
+        return self.requests.get(rid).num_tokens
 
     # ---- reports --------------------------------------------------------------------------
     def live_requests(self) -> list[int]:
-        return list(self._seqs)
+        return self.requests.ids()
 
     def ownership(self) -> list[tuple[str, int, str, np.ndarray]]:
         """(owner kind 'request' | 'node', owner id, pool, slots) for every owned slot run."""
         out = []
-        for seq in self._seqs.values():
+        for seq in self.requests:
             if seq.slab is not None:
                 s0, ln = self.hot.span(seq.slab)
                 out.append(("request", seq.rid, "hot", np.arange(s0, s0 + ln, dtype=np.int64)))
@@ -96,14 +110,9 @@ class AllocatorViews:
             out[name] = (pool.capacity - pool.free - cached, cached)
         return out
 
-    @property
     def hit_rate(self) -> float:
-        n = self._n
-        return n["hit_tokens"] / n["lookup_tokens"] if n["lookup_tokens"] else 0.0
-
-    @property
-    def evictions(self) -> int:
-        return self._n["evictions"]
+        n = self.counters
+        return n.hit_tokens / n.lookup_tokens if n.lookup_tokens else 0.0
 
     def stats(self) -> AllocatorStats:
         pools, objs = {}, self.pools()
@@ -113,7 +122,7 @@ class AllocatorViews:
             if name == "hot":
                 frag = pool.external_fragmentation()
             elif self.page_size > 1:
-                spare = sum(s.priv.size - s.n_priv for s in self._seqs.values())
+                spare = sum(s.priv.size - s.n_priv for s in self.requests)
                 frag = spare / used if used else 0.0
             else:
                 frag = 0.0
@@ -122,5 +131,5 @@ class AllocatorViews:
         return AllocatorStats(
             policy=self.policy, pools=pools,
             compactions=hot.compactions if hot else 0, copied_tokens=hot.copied_tokens if hot else 0,
-            **self._n,
+            **self.counters.as_dict(),
         )

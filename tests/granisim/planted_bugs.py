@@ -5,6 +5,7 @@ from __future__ import annotations
 from granisim.experiments.fuzz import FUZZ_CAPACITY
 from granisim.kv.allocator import KVAllocator
 from granisim.kv.hot_pool import HotPool
+from granisim.kv.hot_slabs import HotSlabs
 from granisim.kv.radix import RadixIndex
 
 
@@ -31,7 +32,7 @@ class OffByOneHotPool(HotPool):
 class OffByOneSlabEnd(KVAllocator):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.hot = OffByOneHotPool(self.hot.capacity, self.hot.slot_start)
+        self.hot.__class__ = OffByOneHotPool  # the pool every part holds, still empty
 
 
 class EvictsLockedRadix(RadixIndex):
@@ -57,7 +58,7 @@ class EvictsLockedRadix(RadixIndex):
 class EvictsLockedNode(KVAllocator):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.radix = EvictsLockedRadix(self.page_size, on_split=self._on_split)
+        self.radix.__class__ = EvictsLockedRadix  # the index every part holds, still empty
 
 
 class LosesSlotOnSplitRadix(RadixIndex):
@@ -72,14 +73,20 @@ class LosesSlotOnSplitRadix(RadixIndex):
 class LosesSlotOnSplit(KVAllocator):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.radix = LosesSlotOnSplitRadix(self.page_size, on_split=self._on_split)
+        self.radix.__class__ = LosesSlotOnSplitRadix  # the index every part holds, still empty
+
+
+class StaleLayoutHotSlabs(HotSlabs):
+    def compact(self):
+        copies = self.pool.compact()  # BUG: node values keep pointing at the old slab positions
+        self._copies.extend(copies)
+        return copies
 
 
 class StaleLayoutAfterCompaction(KVAllocator):
-    def compact(self):
-        copies = self.hot.compact()  # BUG: node values keep pointing at the old slab positions
-        self._copies.extend(copies)
-        return copies
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.hot_slabs.__class__ = StaleLayoutHotSlabs
 
 
 def _hot(cls):

@@ -68,6 +68,6 @@ def test_adaptive_allocator_grows_for_demand_and_shrinks_back():
         alloc.admit(rid, prompt, 10)
         alloc.release(rid)
     alloc.rebalance()
-    assert alloc.hot.capacity <= alloc.hot_demand() + alloc._hyst
+    assert alloc.hot.capacity <= alloc.hot_demand() + alloc.hot_slabs.hysteresis
     assert alloc.hot.capacity + alloc.store.capacity == 1000
     assert alloc.store.pool.slot_start == alloc.hot.capacity

@@ -1,9 +1,9 @@
 """The simulator against the real engine's speedup grid, unit by unit (no GPU needed).
 
-    python scripts/engine_vs_sim.py reports/engine/h200_run_s9 --profiles h200,h200-engine --out reports/engine/sim_vs_measured_s9
-    python scripts/engine_vs_sim.py reports/engine/h200_run_s9 --fit granisim/profiles/h200-engine.json --out ...
+    granisim validation engine-vs-sim RAW/engine/speedup_2048 --profiles h200,h200-engine --out reports/engine/sim_vs_measured
+    granisim validation engine-vs-sim RAW/engine/speedup_2048 --fit granisim/config/profiles/h200-engine.json --out ...
 
-Each grid unit (``scripts/engine_h200.py speedup``) is simulated with the same scenario and seed under
+Each grid unit (``granisim validation gpu-run speedup``) is simulated with the same scenario and seed under
 each profile; the table sets throughput and the decode-step median (steps with no prefill) side by
 side with the measured ones. The validation runs cover granikv only; this is where the baselines'
 predictions are checked. ``--fit PROFILE.json`` fits, by simulation, the engine coefficient only the

@@ -1,6 +1,6 @@
-"""Validation report from a real-engine run (``scripts/engine_h200.py validate --out RUN``), no GPU needed.
+"""Validation report from a real-engine run (``granisim validation gpu-run validate --out RUN``), no GPU needed.
 
-    python scripts/validation_report.py RUN --out reports/validation --profile-out granisim/profiles/h200-engine.json
+    granisim validation report RUN --out OUT [--profile-out granisim/config/profiles/h200-engine.json]
 
 For every workload of the run, with the CURRENT cost model (the run's stored plans re-priced,
 so a model change needs no new GPU run): the errors with the microbenchmark profile, then with
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = json.loads(base_file.read_text())
         doc["name"] = args.profile_out.stem
         doc["notes"] += (f" Engine-calibrated ({args.profile_out.stem}): plus the real engine's per-key corrections and "
-                         f"host overhead fitted on the validation run of {source.date} (reports/validation/h200.md); "
+                         f"host overhead fitted on the validation run of {source.date} (reports/validation/README.md); "
                          f"use it to predict the GraniKV engine itself.")
         for name, v in report["fit_all"].items():
             doc["coefficients"][name] = {"value": v, "unit": unit_of(name),

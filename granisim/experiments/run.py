@@ -89,6 +89,10 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
 
 
 def simulate(setup: Setup, executor=None, progress: bool = True):
+    if setup.scenario.fleet is not None:  # N replicas behind a router (granisim.fleet)
+        from granisim.fleet.build import simulate_setup
+
+        return simulate_setup(setup, executor, progress)
     from granisim.core.serving_loop import ServingLoop
     from granisim.costmodel.executor import CostExecutor
 

@@ -75,3 +75,26 @@ def with_router(scenario: Scenario, router: str) -> Scenario:
     data = scenario.model_dump()
     data["fleet"] = dict(data.get("fleet") or {}, router=router)
     return parse_scenario(data, source=f"--routers {router}")
+
+
+def simulate_setup(setup, executor=None, progress: bool = True):
+    """``experiments.run.simulate`` for a fleet scenario: the fleet's run as one SimResult
+    (all requests, all replicas' steps by start time); ``executor`` (if given) serves every replica."""
+    from granisim.core.serving_loop import SimResult
+    from granisim.fleet.outputs import fleet_steps
+
+    make = (lambda _setup: executor) if executor is not None else None
+    res = simulate_fleet(setup.scenario, "<scenario>", make, progress)
+    steps = fleet_steps(res)
+    return SimResult([r for _, r in res.records], _Frame(steps), res.end_s,
+                     dict(kv_budget=setup.kv_budget, replicas=len(res.replicas), router=res.router))
+
+
+class _Frame:
+    """Stands in for a StepLog: its frame() is the fleet's steps."""
+
+    def __init__(self, frame):
+        self._frame = frame
+
+    def frame(self):
+        return self._frame

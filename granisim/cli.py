@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -298,13 +299,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+RESUMABLE = ("sweep", "paper")  # commands that keep every finished point and skip it on a re-run
+
+
+def _stopped_line(err, argv: list[str]) -> str:
+    import shlex
+
+    again = "granisim " + shlex.join(argv)
+    if argv and argv[0] in RESUMABLE:
+        return f"stopped by {err}: finished points are kept; resume with the same command: {again}"
+    return f"stopped by {err}: run the same command to start again: {again}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from granisim.experiments import stopping
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    previous = {s: signal.getsignal(s) for s in stopping.SIGNALS}
+    stopping.install()  # SIGINT / SIGTERM: workers stopped, one line, exit 130 / 143
     try:
         return args.fn(args)
     except ValueError as err:  # ScenarioError, ProfileError and other user input: one line, exit 2
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except stopping.Stopped as err:
+        print(_stopped_line(err, argv), file=sys.stderr, flush=True)
+        return err.exit_code
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 if __name__ == "__main__":

@@ -179,10 +179,9 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
     jobs = [(blob, pol, slo, lo, hi, rel_tol, max_probes) for pol in policies]
     workers = min(workers or len(jobs), len(jobs))
     if workers > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from granisim.experiments.stopping import process_pool
 
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("forkserver")) as ex:
+        with process_pool(workers) as ex:  # SIGINT / SIGTERM terminate the workers at once
             results = list(ex.map(_search_policy, jobs))
     else:
         results = [_search_policy(j) for j in jobs]

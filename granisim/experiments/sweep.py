@@ -5,7 +5,9 @@ of them) or on a Ray cluster (``ray_address``: ``"local"`` starts a local Ray wi
 ``workers`` CPUs, anything else is passed to ``ray.init(address=...)``). Either way the
 driver process is the only writer of the results table (:mod:`granisim.experiments.sweep_results`): each
 point's row is written as soon as that point finishes. A re-run skips every point whose
-row exists, so a killed sweep loses at most the points in flight.
+row exists, so a killed sweep loses at most the points in flight. SIGINT / SIGTERM
+(:mod:`granisim.experiments.stopping`) terminate the local workers or cancel the Ray tasks
+in flight at once.
 
 A row holds the point id, the overrides that define it (JSON), the full resolved
 scenario (JSON), every scenario field flattened to a dotted column, the summary metrics
@@ -17,11 +19,11 @@ scenario.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import multiprocessing as mp
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +32,7 @@ from tqdm import tqdm
 from granisim.experiments.sweep_results import ResultsStore
 from granisim.config.scenario import Scenario, parse_scenario
 from granisim.experiments.sweep_file import SweepSpec
+from granisim.experiments.stopping import process_pool
 
 ALLOC_STATS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens",
                "evicted_tokens")
@@ -154,9 +157,7 @@ def _run_local(todo, done, workers: int, _addr) -> None:
         for p in todo:
             done(p.pid, lambda p=p: run_point(*_args(p)))
         return
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["granisim.experiments.sweep"])
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+    with process_pool(workers, preload=["granisim.experiments.sweep"]) as ex:  # a stop terminates the workers
         futures = {ex.submit(run_point, *_args(p)): p.pid for p in todo}
         pending = set(futures)
         while pending:
@@ -204,10 +205,16 @@ def _run_ray(todo, done, workers: int, address: str) -> None:
         remote = ray.remote(num_cpus=1)(run_point)
         refs = {remote.remote(*_args(p)): p.pid for p in todo}
         pending = list(refs)
-        while pending:
-            finished, pending = ray.wait(pending, num_returns=min(len(pending), 8), timeout=0.5)
-            for ref in finished:
-                done(refs[ref], lambda ref=ref: ray.get(ref))
+        try:
+            while pending:
+                finished, pending = ray.wait(pending, num_returns=min(len(pending), 8), timeout=0.5)
+                for ref in finished:
+                    done(refs[ref], lambda ref=ref: ray.get(ref))
+        except BaseException:  # a stop or an error: the cluster drops the points in flight
+            for ref in pending:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+            raise
     finally:
         if started:
             ray.shutdown()

@@ -119,6 +119,10 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_capacity(args) -> int:
+    if args.rate is not None:  # the fewest replicas that hold this rate (granisim.fleet.capacity)
+        from granisim.fleet.capacity import fleet_capacity_cli
+
+        return fleet_capacity_cli(args)
     from granisim.experiments.capacity import capacity_cli
 
     return capacity_cli(args)
@@ -259,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--rel-tol", type=float, default=0.02, help="stop when (hi - lo) / hi is below this")
     ca.add_argument("--max-probes", type=int, default=24, help="simulations per policy at most")
     ca.add_argument("--workers", type=int, help="policies searched in parallel (local processes)")
+    ca.add_argument("--rate", type=float, help="fleet: the fewest replicas that hold this rate (req/s) instead")
+    ca.add_argument("--max-replicas", type=int, default=16, help="fleet: largest fleet to try (with --rate)")
+    ca.add_argument("--routers", help="fleet: routers to search (with --rate; default: the scenario's)")
     ca.set_defaults(fn=cmd_capacity)
     pa = sub.add_parser("paper", help="the paper's claims in simulation: reports/paper/")
     pa.add_argument("--out", default="reports/paper")

@@ -1,0 +1,166 @@
+"""Fleet capacity: the fewest replicas that hold arrival rate R within an SLO, per router × policy.
+
+Each probe is a full fleet simulation of the scenario at ``workload.rate = R`` with ``n``
+replicas (the scenario's [fleet] router parameters and staleness; faults whose replica
+index is below ``n``). A probe passes as in :mod:`granisim.experiments.capacity`: every
+request completes and every SLO metric is at or under its limit. The search bisects ``n``
+over ``1 .. max_replicas`` assuming more replicas never hurt (true in expectation; every
+probe is kept in the output). Router × policy pairs are searched in parallel (local
+processes).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from granisim.config.scenario import Scenario, ScenarioError
+from granisim.experiments.capacity import meets
+
+
+@dataclass
+class FleetCapacity:
+    router: str
+    policy: str
+    replicas: int | None  # fewest passing (None: not even max_replicas)
+    gpus: int | None
+    probes: list[dict] = field(default_factory=list)
+
+
+def fleet_scenario(scenario: Scenario, n: int, router: str, policy: str, rate: float) -> Scenario:
+    from granisim.config.scenario import parse_scenario
+
+    data = scenario.model_dump()
+    fleet = dict(data.get("fleet") or {})
+    fleet.update(replicas=n, router=router, groups=(),
+                 faults=[f for f in fleet.get("faults", ()) if f["replica"] < n])
+    data["fleet"] = fleet
+    data["policy"]["name"] = policy
+    data["workload"]["rate"] = float(rate)
+    return parse_scenario(data, source=f"<{n} replicas, {router}, {policy}>")
+
+
+def probe(scenario: Scenario) -> dict:
+    from granisim.fleet.build import simulate_fleet
+    from granisim.fleet.outputs import fleet_requests, fleet_steps, fleet_summary
+
+    res = simulate_fleet(scenario, progress=False)
+    s = fleet_summary(res, fleet_requests(res), fleet_steps(res))
+    s.pop("replicas")
+    return s
+
+
+def fewest_replicas(test, max_replicas: int) -> int | None:
+    """Smallest n in 1..max_replicas with test(n) true, by bisection (test assumed monotone)."""
+    if not test(max_replicas):
+        return None
+    lo, hi = 0, max_replicas  # test(lo) false (or lo = 0), test(hi) true
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _search(args: tuple) -> FleetCapacity:
+    blob, router, policy, rate, slo, max_replicas = args
+    from granisim.config.scenario import parse_scenario
+
+    base = parse_scenario(json.loads(blob))
+    res = FleetCapacity(router, policy, None, None)
+
+    def test(n: int) -> bool:
+        s = probe(fleet_scenario(base, n, router, policy, rate))
+        ok = meets(s, slo)
+        res.probes.append({"replicas": n, "ok": ok, **{k: s.get(k) for k in slo},
+                           "throughput_rps": s.get("throughput_rps"), "rejected": s.get("rejected", 0),
+                           "prefix_hit_rate": s.get("prefix_hit_rate")})
+        return ok
+
+    res.replicas = fewest_replicas(test, max_replicas)
+    res.gpus = res.replicas  # tp = 1 per replica today
+    return res
+
+
+def fleet_capacity_table(results: list[FleetCapacity], slo: dict[str, float], rate: float, max_n: int) -> str:
+    head = f"{'router':<14}{'policy':<10}{'replicas':>9}{'GPUs':>6}" + "".join(f"{k[:-2]:>11}" for k in slo) + \
+        f"{'hit':>6}{'probes':>8}"
+    lines = [f"fewest replicas holding {rate:g} req/s (searched 1..{max_n})", head, "-" * len(head)]
+    for r in results:
+        best = next((p for p in r.probes if p["ok"] and p["replicas"] == r.replicas), None)
+        cells = "".join(f"{best[k]:>11.4f}" if best else f"{'-':>11}" for k in slo)
+        hit = f"{best['prefix_hit_rate']:>6.2f}" if best else f"{'-':>6}"
+        n = str(r.replicas) if r.replicas else f">{max_n}"
+        lines.append(f"{r.router:<14}{r.policy:<10}{n:>9}{(r.gpus or '-')!s:>6}{cells}{hit}{len(r.probes):>8}")
+    return "\n".join(lines)
+
+
+def plot_fleet_capacity(results: list[FleetCapacity], slo: dict[str, float], path: Path, title: str) -> None:
+    from granisim.experiments.plots import plt, save_figure
+
+    fig, axes = plt.subplots(1, len(slo), figsize=(6 * len(slo), 4.5), squeeze=False)
+    for ax, (k, limit) in zip(axes[0], slo.items()):
+        for r in results:
+            pts = sorted((p["replicas"], p[k]) for p in r.probes if p[k] is not None and p[k] == p[k])
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{r.router} / {r.policy}")
+        ax.axhline(limit, color="red", ls="--", lw=1, label=f"SLO {limit:g} s")
+        ax.set_yscale("log")
+        ax.set_xlabel("replicas")
+        ax.set_ylabel(f"{k} (s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def fleet_capacity(scenario: Scenario, routers: list[str], policies: list[str], slo: dict[str, float], rate: float,
+                   max_replicas: int, out: Path, workers: int | None = None) -> list[FleetCapacity]:
+    if scenario.fleet is not None and scenario.fleet.groups:
+        raise ScenarioError("--rate: the fewest-replicas search needs a fleet of one kind; remove [[fleet.groups]]")
+    if rate <= 0 or max_replicas < 1:
+        raise ScenarioError(f"--rate {rate:g} / --max-replicas {max_replicas}: need a rate > 0 and at least 1 replica")
+    blob = json.dumps(scenario.model_dump(mode="json"))
+    jobs = [(blob, r, p, rate, slo, max_replicas) for r in routers for p in policies]
+    workers = min(workers or len(jobs), len(jobs))
+    if workers > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("forkserver")) as ex:
+            results = list(ex.map(_search, jobs))
+    else:
+        results = [_search(j) for j in jobs]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fleet_capacity.json").write_text(json.dumps({
+        "scenario": scenario.model_dump(mode="json"), "slo": slo, "rate": rate, "max_replicas": max_replicas,
+        "results": [{"router": r.router, "policy": r.policy, "replicas": r.replicas, "gpus": r.gpus,
+                     "probes": r.probes} for r in results]}, indent=2))
+    (out / "fleet_capacity.txt").write_text(fleet_capacity_table(results, slo, rate, max_replicas) + "\n")
+    plot_fleet_capacity(results, slo, out / "fleet_capacity.png",
+                        f"{scenario.name}: {rate:g} req/s within SLO, by fleet size")
+    return results
+
+
+def fleet_capacity_cli(args) -> int:
+    from granisim.config.scenario import load_scenario
+    from granisim.experiments.capacity import parse_slo
+    from granisim.fleet.compare import parse_routers
+
+    scenario = load_scenario(args.scenario)
+    slo = parse_slo(args.slo)
+    default_router = scenario.fleet.router if scenario.fleet is not None else "round_robin"
+    routers = parse_routers(args.routers or default_router)
+    from granisim.experiments.run import prepare
+
+    policies = [p.strip() for p in (args.policies or scenario.policy.name).split(",") if p.strip()]
+    for p in policies:  # names and budgets, early: one line and exit 2 before any simulation
+        prepare(scenario.with_changes(**{"policy.name": p}), args.scenario)
+    out = Path(args.out or f"out/{scenario.name}-fleet-capacity")
+    results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
+    print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))
+    print(f"\nwrote {out}/ (fleet_capacity.json, fleet_capacity.txt, fleet_capacity.png)")
+    return 0

@@ -1,0 +1,59 @@
+"""Fleet capacity: the fewest replicas that hold a rate within the SLO."""
+
+import json
+
+from granisim.cli import main
+from granisim.fleet.capacity import fewest_replicas
+
+TOML = """name = "tiny"
+seed = 2
+[workload]
+roles = 4
+prefix_len = 2048
+num_requests = 60
+rate = 10.0
+max_output_len = 32
+[fleet]
+router = "cache_aware"
+"""
+
+
+def test_fewest_replicas_bisects_a_monotone_test():
+    asked = []
+
+    def holds(n):
+        asked.append(n)
+        return n >= 5
+
+    assert fewest_replicas(holds, 16) == 5
+    assert len(asked) <= 5  # 16, then log2(16) halvings
+    assert fewest_replicas(lambda n: False, 8) is None
+    assert fewest_replicas(lambda n: True, 8) == 1
+
+
+def test_cli_finds_more_replicas_for_a_higher_rate(tmp_path, capsys):
+    path = tmp_path / "f.toml"
+    path.write_text(TOML)
+    got = {}
+    for rate in (2.0, 80.0):
+        out = tmp_path / f"r{rate:g}"
+        assert main(["capacity", str(path), "--slo", "ttft_p99=0.5s", "--rate", str(rate), "--max-replicas", "6",
+                     "--policies", "granikv", "--routers", "round_robin,cache_aware", "--workers", "1",
+                     "--out", str(out)]) == 0
+        res = json.loads((out / "fleet_capacity.json").read_text())["results"]
+        got[rate] = {r["router"]: r["replicas"] for r in res}
+        assert (out / "fleet_capacity.png").exists()
+    assert "fewest replicas holding 80 req/s" in capsys.readouterr().out
+    for router in ("round_robin", "cache_aware"):
+        low, high = got[2.0][router], got[80.0][router]
+        assert low is not None and (high is None or high > low), got
+
+
+def test_cli_rejects_groups_and_bad_routers(tmp_path, capsys):
+    path = tmp_path / "g.toml"
+    path.write_text(TOML + "[[fleet.groups]]\nreplicas = 2\n")
+    assert main(["capacity", str(path), "--slo", "ttft_p99=1s", "--rate", "5"]) == 2
+    assert "remove [[fleet.groups]]" in capsys.readouterr().err
+    path.write_text(TOML)
+    assert main(["capacity", str(path), "--slo", "ttft_p99=1s", "--rate", "5", "--routers", "fastest"]) == 2
+    assert "unknown router 'fastest'" in capsys.readouterr().err

@@ -186,7 +186,7 @@ class Scenario(_Strict):
 
 def short_repr(value, limit: int = 80) -> str:
     """repr() on one line, cut to ``limit`` characters (an error message stays one readable line)."""
-    r = repr(value)
+    r = ("true" if value else "false") if isinstance(value, bool) else repr(value)  # booleans as TOML writes them
     return r if len(r) <= limit else r[:limit - 3] + "..."
 
 

@@ -75,8 +75,13 @@ def load_trace(path: str | Path | None = None) -> pd.DataFrame:
         raise TraceError(f"{name}: the trace file is empty (need a header row {','.join(TRACE_COLUMNS)})") from None
     except pd.errors.ParserError as err:
         raise TraceError(f"{name}: not a readable CSV ({' '.join(str(err).split())[:200]})") from None
-    except UnicodeDecodeError as err:
-        raise TraceError(f"{name}: not UTF-8 text (offset {err.start})") from None
+    except UnicodeDecodeError:
+        try:  # pandas decodes in chunks: find the first bad byte's offset in the whole file
+            Path(path).read_bytes().decode("utf-8")
+            where = ""
+        except UnicodeDecodeError as err:
+            where = f" (byte at offset {err.start})"
+        raise TraceError(f"{name}: not UTF-8 text{where}") from None
     return check_trace(df, name)
 
 

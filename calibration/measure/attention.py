@@ -156,7 +156,7 @@ def s_extend(run):
         pts += [(st, c, q, nr) for st in ("pages16", "slots", "slab") for c in (1024, 4096, 16384)
                 for q in (16, 128, 512, 2048) for nr in (1, 4)]
         # 8K-token chunks over a long cached prefix (a 16K prompt's later chunks): beyond 2K query tokens the model
-        # extrapolated and priced them 2-8% over the real engine (reports/validation/h200.md, session 9)
+        # extrapolated and priced them 2-8% over the real engine (reports/validation/)
         pts += [(st, c, 8192, 1) for st in ("slots", "slab") for c in (8192, 16384)]
     _extend_points(run, pts, "extend", "attention.csv")
 

@@ -5,7 +5,7 @@ only the layer's q/K/V tensors change. So the host work of each launcher (split 
 argument tuples, scratch buffers) is done once here, from the step's metadata and shape, and
 the per-layer loop only launches (the plan/run split of FlashInfer's wrappers). On an eager mixed
 step of ~1K prefill rows plus decodes this host work, repeated per layer, was as long as the
-device's attention time (reports/validation/h200.md, "eager stalls").
+device's attention time (gpu_backend/bench/eager_stalls.py measures it).
 
 Scratch (attention output, LSEs, the prefix and suffix halves) is allocated once per step and
 reused by every layer: layers run one after another on one stream. Built inside `_forward`, so a

@@ -104,14 +104,14 @@ def _offset_lsq(x: np.ndarray, y: np.ndarray, n: np.ndarray) -> tuple[float, flo
 
 LAUNCHES = {"attn_decode": "decode_launches", "attn_prefix": "passes"}  # keys launched more than once a step
 # Eager steps launch every kernel from the host, and their small attention and KV kernels wait on it: their
-# times scatter with the host's delays (a few steps in a run take 10-30 ms more, reports/validation/h200.md).
+# times scatter with the host's delays (a few steps in a run take 10-30 ms more, reports/validation/).
 # Those keys get the model's time plus a host excess per launch fitted to the mean (absolute error), which is
 # what a request's TPOT sums, not to the typical step (relative error).
 HOST_BOUND_EAGER = ("attn_decode", "attn_prefix", "merge", "kv_write")
 # Prefill attention is priced by its own kernel's microbenchmark, whose error depends on the shapes (chunk and
 # cached-prefix lengths) and not on the engine: a scale fitted on some workloads' chunks does not carry to another's.
-# Fitted on the control's and Azure's prefill, the scale came out 1.55 for graph steps (run 12) and 1.10 for 2-4K-token
-# eager steps (run 13), against 0.97-1.06 with the multi-agent's 16K-prefix chunks in the fit, and the held-out
+# Fitted on the control's and Azure's prefill, the scale came out 1.55 for graph steps and 1.10 for 2-4K-token
+# eager steps, against 0.97-1.06 with the multi-agent's 16K-prefix chunks in the fit, and the held-out
 # multi-agent's TPOT p50 was 10-17% off end to end. So its scale stays 1 and the engine adds an offset per step.
 UNIT_SCALE = ("attn_prefill",)
 

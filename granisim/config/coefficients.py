@@ -105,7 +105,7 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     "engine.graph_max_tokens": ("tokens", "nonneg", 0),
     # graph-replayed steps' linear offset by step size (knots in tokens, log-linear between them; where a
     # profile has them they replace engine.linear.offset_s): with one flat offset the engine's 1-token steps
-    # measured 2% under it, its 2-32-token steps 1-2% over (runs 10/10b, reports/validation/h200.md)
+    # measured 2% under it, its 2-32-token steps 1-2% over (reports/validation/)
     **{f"engine.linear.offset_t{n}_s": ("s", "nonneg", 0.0) for n in LINEAR_KNOTS},
     # decode over a shared prefix that every member of a group re-reads in the same launch (the baselines):
     # the members after the first cost this fraction of a first read (their reads hit L2); 1 = no reuse

@@ -146,7 +146,7 @@ def test_the_linear_offset_follows_the_step_size():
 
 
 def test_prefill_attention_keeps_the_microbenchmark_scale():
-    """A prefill scale fitted on some workloads' chunk shapes does not carry to another's (run 13: 1.10 on 2-4K-token
+    """A prefill scale fitted on some workloads' chunk shapes does not carry to another's (measured: 1.10 on 2-4K-token
     chunks, 0.97 with 8K chunks over a 16K prefix): attn_prefill keeps scale 1, graph and eager, plus its offset."""
     rng = np.random.default_rng(2)
     graph = _steps(rng, 200, 64, lambda p: 1.1 * p + 3e-4)

@@ -156,13 +156,13 @@ def cmd_fuzz(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.what == "alloc":
-        from granisim import bench_alloc
+        from granisim.experiments import bench_alloc
 
-        bench_alloc.run(args.out or "reports/alloc.json")
+        bench_alloc.run(args.out or bench_alloc.DEFAULT_OUT)
     elif args.what == "sweep":
-        from granisim import bench_sweep
+        from granisim.experiments import bench_sweep
 
-        bench_sweep.run(args.out or "reports/sweep_speed.json", points=args.points, requests=args.requests,
+        bench_sweep.run(args.out or bench_sweep.DEFAULT_OUT, points=args.points, requests=args.requests,
                         workers=args.workers, ray=args.ray)
     return 0
 
@@ -282,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_fuzz)
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=["alloc", "sweep"])
-    b.add_argument("--out")
+    b.add_argument("--out", help="JSON report to write (default out/bench/alloc.json, out/bench/sweep_speed.json; "
+                                 "the tracked reports/ copies are refreshed with --out reports/NAME.json)")
     b.add_argument("--points", type=int, default=1000, help="sweep: points")
     b.add_argument("--requests", type=int, default=200, help="sweep: requests per point")
     b.add_argument("--workers", type=int, help="sweep: local processes (default: CPU count)")

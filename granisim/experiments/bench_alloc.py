@@ -1,6 +1,6 @@
 """Allocator micro-benchmark: COLD bulk throughput, HOT slab latency, radix match, policy cycles.
 
-``python -m granisim.experiments.bench_alloc [--repeats N] [--out reports/alloc.json]`` prints a table and
+``python -m granisim.experiments.bench_alloc [--repeats N] [--out out/bench/alloc.json]`` prints a table and
 writes JSON (date, machine, versions, git commit, command). Every figure is the median over
 ``repeats`` independent repeats (each repeat's own figure is a median over many operations,
 or a throughput over a batch), with the min/max and p10/p90 across repeats as its spread.
@@ -35,6 +35,7 @@ TARGETS = {  # metric -> (direction, bound)
     "radix_match_common_start": ("<=", 50.0),
 }
 SEED = 20261129
+DEFAULT_OUT = "out/bench/alloc.json"  # outside the tracked tree; reports/alloc.json is refreshed with --out
 
 
 # ---- measurement helpers ----------------------------------------------------------------------
@@ -190,7 +191,7 @@ def _git_commit() -> str | None:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "granisim/kv", "granisim/bench_alloc.py"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "granisim/kv", "granisim/experiments/bench_alloc.py"],
                                cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -212,7 +213,7 @@ def _verdict(name: str, s: dict) -> tuple[str, str]:
     return f"{op} {shown}", "ok" if ok else "MISSED"
 
 
-def run(out_path: str = "reports/alloc.json", repeats: int = 15, command: str | None = None) -> dict:
+def run(out_path: str = DEFAULT_OUT, repeats: int = 15, command: str | None = None) -> dict:
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
     results: dict[str, dict] = {}
@@ -257,7 +258,7 @@ def run(out_path: str = "reports/alloc.json", repeats: int = 15, command: str | 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m granisim.experiments.bench_alloc", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="reports/alloc.json", help="JSON output path ('' to skip)")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON output path (default {DEFAULT_OUT}; '' to skip)")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv

@@ -1,6 +1,7 @@
 """Microseconds per `step_cost` call (the simulator calls it tens of thousands of times).
 
-    .venv/bin/python benchmarks/costmodel_speed.py [--profile a100-80gb] [--model llama-3.1-8b]
+    python -m granisim.experiments.bench_costmodel [--profile a100-80gb] [--model llama-3.1-8b]
+        [--out out/bench/costmodel_speed.json]
 
 Plans (warm memo tables unless marked cold): 64 decode requests in 4 prefix groups (cascade / dense / paged mixes), a mixed
 prefill + decode step, and a 64-request decode fast-forward of 100 steps.
@@ -8,7 +9,7 @@ prefill + decode step, and a 64-request decode fast-forward of 100 steps.
 from __future__ import annotations
 
 import argparse
-import sys
+import json
 import timeit
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from granisim.costmodel import cost_tables, step_cost
 from granisim.config.hardware import get_profile
 from granisim.config.models import get_model
 from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup
+
+DEFAULT_OUT = "out/bench/costmodel_speed.json"  # outside the tracked tree
 
 
 def decode_plan(n_req=64, n_groups=4, prefix=16384, paths=("cascade", "dense", "cascade", "paged"), steps=1, G=4):
@@ -55,18 +58,25 @@ def bench(label, plan, profile, model, number=20000, cold=False):
     return t
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="a100-80gb")
     ap.add_argument("--model", default="llama-3.1-8b")
-    a = ap.parse_args()
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON of the timings (default {DEFAULT_OUT}; '' to skip)")
+    a = ap.parse_args(argv)
     profile, model = get_profile(a.profile), get_model(a.model)
     print(f"step_cost on {profile.name} / {model.name}")
-    bench("64 decode requests, 4 groups (cascade, dense, cascade, paged)", decode_plan(), profile, model)
-    bench("  same, memo tables emptied before every call (cold)", decode_plan(), profile, model, 3000, cold=True)
-    bench("64 decode requests, 4 cascade groups", decode_plan(paths=("cascade",)), profile, model)
-    bench("60 decode requests + 4 prefill chunks of 512", mixed_plan(), profile, model)
-    bench("64 decode requests, 4 groups, num_steps=100 (fast-forward)", decode_plan(steps=100), profile, model, 5000)
+    cases = [("64 decode requests, 4 groups (cascade, dense, cascade, paged)", decode_plan(), {}),
+             ("  same, memo tables emptied before every call (cold)", decode_plan(), {"number": 3000, "cold": True}),
+             ("64 decode requests, 4 cascade groups", decode_plan(paths=("cascade",)), {}),
+             ("60 decode requests + 4 prefill chunks of 512", mixed_plan(), {}),
+             ("64 decode requests, 4 groups, num_steps=100 (fast-forward)", decode_plan(steps=100), {"number": 5000})]
+    us = {label.strip(): bench(label, plan, profile, model, **kw) * 1e6 for label, plan, kw in cases}
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"profile": profile.name, "model": model.name, "us_per_call": us},
+                                          indent=2) + "\n")
+        print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Simulator speed: replay the full Azure conversation trace (19,366 requests, ~1 h of arrivals)
 on Llama-3.1-8B / a100-80gb and report wall time, speed vs real time and peak memory.
 
-    python benchmarks/sim_speed.py [--policy granikv] [--repeats 3] [--out reports/sim_speed.json]
+    python -m granisim.experiments.bench_sim [--policy granikv] [--repeats 3] [--out out/bench/sim_speed.json]
 
 Target (issue 3): >= 1,000x faster than real time on one core (under ~4 s) and < 1 GB.
 """
@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = "out/bench/sim_speed.json"  # outside the tracked tree; --out reports/sim_speed.json refreshes it
 
 from granisim.core.serving_loop import ServingLoop
 from granisim.costmodel.executor import CostExecutor
@@ -38,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policy", default="granikv")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "reports" / "sim_speed.json"))
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON report to write (default {DEFAULT_OUT})")
     args = ap.parse_args()
     sc = load_scenario(ROOT / "scenarios" / "azure_replay.toml").with_changes(**{"policy.name": args.policy})
     setup = prepare(sc)

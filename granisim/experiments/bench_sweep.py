@@ -1,4 +1,4 @@
-"""Sweep speed benchmark (``granisim bench sweep``): ``reports/sweep_speed.json``.
+"""Sweep speed benchmark (``granisim bench sweep [--out out/bench/sweep_speed.json]``).
 
 1. Single-core simulator speed: the demo scenario (600 requests, Llama-3.1-8B on
    a100-80gb, 4 roles x 16K prefixes), each policy once, in this process: wall seconds,
@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+DEFAULT_OUT = "out/bench/sweep_speed.json"  # outside the tracked tree; --out reports/sweep_speed.json refreshes it
 POLICIES = ("granikv", "token")
 ROLES = (1, 2, 4, 8, 16)
 RATES = (2.0, 3.0, 4.0, 5.0, 6.0)
@@ -71,7 +72,7 @@ def sweep_points(points: int, requests: int) -> dict:
                      "seed": list(range(seeds))}}
 
 
-def run(out_json: str = "reports/sweep_speed.json", points: int = 1000, requests: int = 200,
+def run(out_json: str = DEFAULT_OUT, points: int = 1000, requests: int = 200,
         workers: int | None = None, ray: str | None = None) -> dict:
     from granisim.experiments.sweep import run_sweep
     from granisim.experiments.sweep_file import sweep_from_dict

@@ -130,3 +130,75 @@ def test_paths_seen(recorded):
     if recorded.steps[0][0].policy == "granikv":
         assert ("dense", True) in kinds and any(h.shape.ext_rows for _, h in recorded.steps)
         assert any(len(h.shape.passes) > 1 for _, h in recorded.steps)  # pads between passes
+
+
+def _fit_steps(rng, n, tokens, scale):
+    """Synthetic steps.parquet rows of one size: every key measured at ``scale`` x its prediction."""
+    import pandas as pd
+
+    from granisim.costmodel import ENGINE_KEYS
+
+    pred = rng.uniform(1e-3, 2e-1, n)
+    batch = rng.integers(1, 64, n)
+    df = pd.DataFrame({"tokens": np.full(n, tokens), "batch": batch, "kv_tokens": 0, "passes": 0,
+                       "decode_launches": 1, "measured_overhead": 5e-4 + 1e-5 * batch, "predicted_overhead": 1e-3})
+    for k in ENGINE_KEYS:
+        df[f"predicted_{k}"] = pred
+        df[f"measured_{k}"] = scale * pred * rng.normal(1.0, 0.002, n)
+    return df
+
+
+def test_engine_calibration_knows_the_graph_limit(tmp_path):
+    """The CUDA-graph limit travels from the executor that ran the steps to the price of a step: the executor's
+    stats carry its own limit (700 rows here, neither the default 2048 nor the other known limit, 512), the
+    validation report reads it from the run's stats, the fit splits the steps there (600-token steps measured at
+    1.1x the model, 900-token ones at 1.8x) and records it, and the fitted profile prices a 700-token plan with
+    the graph set and a 701-token plan with the eager set. Planted bugs: stats() reporting the GRAPH_MAX_ROWS
+    constant, the report taking a constant limit (2048: the 900-token steps join the graph set), the fit
+    splitting at 2048 whatever it is given, and the cost model's ``T > graph_max`` written ``T >= graph_max``
+    each fail here."""
+    import json
+
+    import pandas as pd
+    import torch
+
+    from gpu_backend.executor import GpuExecutor
+    from gpu_backend.executor.graphs import GraphCache
+    from granisim.calibration.engine_fit import fit, with_engine
+    from granisim.config.hardware import Source, get_profile
+    from granisim.config.models import get_model
+    from granisim.core.contract import BatchPlan, PlannedRequest
+    from granisim.costmodel import step_cost
+    from granisim.validation.report import graph_limit
+
+    limit = 700
+    ex = GpuExecutor(get_model("tiny"), 64, device="cpu", graph_max_rows=limit)
+    ex.graphs = GraphCache(torch.device("cpu"))  # as on a GPU (graphs on); no step is run, only stats() read
+    stats = ex.stats()
+    assert stats["graph_max_rows"] == limit
+    run = tmp_path / "run"
+    run.mkdir()
+    rng = np.random.default_rng(0)
+    graph, eager = _fit_steps(rng, 200, 600, 1.1), _fit_steps(rng, 120, 900, 1.8)
+    steps = pd.concat([graph, eager], ignore_index=True)
+    stats["eager_steps"] = int((steps.tokens > limit).sum())
+    (run / "validation_control_short.json").write_text(json.dumps({"executor": stats}))
+    got = graph_limit(run, ["control_short"], {"control_short": steps})
+    assert got == limit
+
+    vals = fit([steps], got)
+    assert vals["engine.graph_max_tokens"] == limit
+    assert vals["engine.lm_head.scale"] == pytest.approx(1.1, rel=0.01)
+    assert vals["engine.eager.lm_head.scale"] == pytest.approx(1.8, rel=0.01)
+    base, model = get_profile("h200"), get_model("llama-3.1-8b")
+    fitted = with_engine(base, vals, Source("measured"))
+
+    def lm_head_time(prefill_tokens, profile):  # one prefill chunk plus a decode: the step's LM head
+        plan = BatchPlan(0, "token", 1, (PlannedRequest(0, 0, prefill_tokens - 1, True),
+                                          PlannedRequest(1, 3000, 1, False)))
+        assert plan.num_tokens == prefill_tokens
+        return step_cost(plan, profile, model).breakdown["lm_head"]
+
+    for tokens, scale in ((limit, "engine.lm_head"), (limit + 1, "engine.eager.lm_head")):
+        want = vals[f"{scale}.scale"] * lm_head_time(tokens, base) + vals[f"{scale}.offset_s"]
+        assert lm_head_time(tokens, fitted) == pytest.approx(want, rel=1e-9), tokens

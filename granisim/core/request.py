@@ -10,20 +10,27 @@ from granisim.core.workload import RequestSpec
 
 
 class Request:
-    """Mutable runtime state. ``tokens`` = prompt + outputs so far; ``computed`` of them
-    have K/V in the cache (the last sampled token is fed in the next decode step)."""
+    """Mutable runtime state. ``tokens`` = prompt + outputs so far (``n_tokens`` of them);
+    ``computed`` of them have K/V in the cache (the last sampled token is fed in the next
+    decode step).
 
-    __slots__ = ("spec", "rid", "tokens", "n_tokens", "prompt_len", "computed", "generated", "admitted_s",
-                 "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding", "prefix_cached", "group")
+    The token buffer is built on first read of ``tokens`` (admission), not on arrival, so a
+    waiting request holds only its suffix. Tokens sampled one at a time (``append_one``) are
+    kept in a plain list and written into the buffer when ``tokens`` is next read (at the
+    latest when the request finishes): a list append instead of an array store per step."""
+
+    __slots__ = ("spec", "rid", "_buf", "_suffix", "_pending", "n_tokens", "prompt_len", "computed", "generated",
+                 "admitted_s", "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding",
+                 "prefix_cached", "group")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
         self.rid = spec.rid
-        prompt = spec.prompt()
-        self.prompt_len = prompt.size
-        self.tokens = np.empty(prompt.size + spec.output_len, dtype=np.int64)
-        self.tokens[: prompt.size] = prompt
-        self.n_tokens = prompt.size
+        self._suffix = spec.suffix  # drawn now (arrivals come in request order) and held while it runs
+        self.prompt_len = spec.prompt_len
+        self._buf: np.ndarray | None = None
+        self._pending: list[int] = []  # sampled tokens n_tokens - len(_pending) .. n_tokens, not yet in _buf
+        self.n_tokens = self.prompt_len
         self.computed = 0
         self.generated = 0
         self.admitted_s: float | None = None
@@ -36,11 +43,26 @@ class Request:
         self.group: tuple[int, int, str] | None = None  # the allocator's prefix group, while running
 
     @property
+    def tokens(self) -> np.ndarray:
+        """The int64 token buffer (prompt + outputs; positions ``n_tokens`` and on are unset)."""
+        buf = self._buf
+        if buf is None:
+            buf = self._buf = np.empty(self.prompt_len + self.spec.output_len, dtype=np.int64)
+            p = self.spec.prefix.size
+            buf[:p] = self.spec.prefix
+            buf[p : self.prompt_len] = self._suffix
+        if self._pending:
+            pending = self._pending
+            buf[self.n_tokens - len(pending) : self.n_tokens] = pending
+            pending.clear()
+        return buf
+
+    @property
     def remaining_output(self) -> int:
         return self.spec.output_len - self.generated
 
     def append_one(self, token: int) -> None:
-        self.tokens[self.n_tokens] = token
+        self._pending.append(token)
         self.n_tokens += 1
         self.generated += 1
 

@@ -10,11 +10,17 @@
 
 Every random stream has its own generator seeded from (seed, stream name), so changing
 one knob (say, role popularity) leaves the other streams' draws unchanged.
+
+Token ids are held as int32 (any vocabulary fits). The initial requests' suffix tokens are
+drawn lazily, when a request first reads them (normally on arrival, in request order),
+from the one ``suffix_tokens`` stream in request order — the same values as drawing them
+all up front, without holding every prompt in memory.
 """
 
 from __future__ import annotations
 
 import heapq
+import weakref
 import zlib
 from dataclasses import dataclass
 from importlib import resources
@@ -25,6 +31,71 @@ import pandas as pd
 
 VOCAB = 32000  # synthetic token ids; only equality matters to the radix index
 AZURE_CONV = "azure_conv_2023.csv"
+PROMPT_DTYPE = np.int32
+
+
+class SuffixStream:
+    """The initial requests' suffix tokens: one generator, drawn in request order on demand.
+
+    Reading request ``i`` first skips (draws and drops) the suffixes of the requests before
+    it that were never read (rejected on arrival, say). A suffix read again after it was
+    dropped, or read after a later one, is redrawn from the generator state saved every
+    ``MARK_EVERY`` requests. Values never depend on the order of reads.
+    """
+
+    MARK_EVERY = 64
+
+    def __init__(self, gen: np.random.Generator, lengths: np.ndarray, vocab: int):
+        self._gen = gen
+        self._lengths = lengths
+        self._vocab = vocab
+        self._next = 0  # the request whose suffix the generator draws next
+        self._marks: dict[int, dict] = {}  # request index (multiple of MARK_EVERY) -> generator state
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def draw(self, i: int) -> np.ndarray:
+        if i < self._next:
+            return self._redraw(i)
+        while self._next < i:
+            self._take()
+        return self._take()
+
+    def _take(self) -> np.ndarray:
+        i = self._next
+        if i % self.MARK_EVERY == 0:
+            self._marks[i] = self._gen.bit_generator.state
+        self._next += 1
+        return self._gen.integers(0, self._vocab, int(self._lengths[i]), dtype=PROMPT_DTYPE)
+
+    def _redraw(self, i: int) -> np.ndarray:
+        start = i - i % self.MARK_EVERY
+        gen = np.random.Generator(type(self._gen.bit_generator)())
+        gen.bit_generator.state = self._marks[start]
+        for j in range(start, i):
+            gen.integers(0, self._vocab, int(self._lengths[j]), dtype=PROMPT_DTYPE)
+        return gen.integers(0, self._vocab, int(self._lengths[i]), dtype=PROMPT_DTYPE)
+
+
+class LazySuffix:
+    """Request ``index``'s suffix in a :class:`SuffixStream`, drawn when first read and kept only
+    while someone (its running request) holds the array."""
+
+    __slots__ = ("size", "_stream", "_index", "_ref")
+
+    def __init__(self, stream: SuffixStream, index: int, size: int):
+        self.size = size
+        self._stream = stream
+        self._index = index
+        self._ref: weakref.ref | None = None
+
+    def get(self) -> np.ndarray:
+        arr = self._ref() if self._ref is not None else None
+        if arr is None:
+            arr = self._stream.draw(self._index)
+            self._ref = weakref.ref(arr)
+        return arr
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +103,7 @@ class RequestSpec:
     rid: int
     arrival_s: float
     prefix: np.ndarray  # shared part of the prompt (a role's system prompt); may be empty
-    suffix: np.ndarray  # per-request part of the prompt
+    suffix_source: np.ndarray | LazySuffix  # per-request part of the prompt (read it as ``suffix``)
     output_len: int
     shared_len: int  # tokens of the prompt declared shared (the role prefix)
     role: int = -1
@@ -40,11 +111,17 @@ class RequestSpec:
     turn: int = 0
 
     @property
+    def suffix(self) -> np.ndarray:
+        src = self.suffix_source
+        return src.get() if isinstance(src, LazySuffix) else src
+
+    @property
     def prompt_len(self) -> int:
-        return int(self.prefix.size + self.suffix.size)
+        return int(self.prefix.size + self.suffix_source.size)
 
     def prompt(self) -> np.ndarray:
-        return np.concatenate([self.prefix, self.suffix]) if self.prefix.size else self.suffix
+        """The whole prompt as int64 token ids."""
+        return np.concatenate([self.prefix, self.suffix]).astype(np.int64, copy=False)
 
 
 def rng_for(seed: int, stream: str) -> np.random.Generator:
@@ -135,7 +212,7 @@ class Workload:
         self._sessions = 0
         rng = rng_for(seed, "prefixes")
         k = cfg.roles if cfg.kind != "azure" else 0
-        self.prefixes = [rng.integers(0, self.vocab, cfg.prefix_len, dtype=np.int64) for _ in range(k)]
+        self.prefixes = [rng.integers(0, self.vocab, cfg.prefix_len, dtype=PROMPT_DTYPE) for _ in range(k)]
 
     def initial(self) -> list[RequestSpec]:
         cfg, tr = self.cfg, self._trace
@@ -154,13 +231,14 @@ class Workload:
         if cfg.max_output_len:
             out_lens = np.minimum(out_lens, cfg.max_output_len)
         roles = self._roles(len(rows))
-        tokens = rng_for(self.seed, "suffix_tokens")
+        stream = SuffixStream(rng_for(self.seed, "suffix_tokens"), suffix_lens, self.vocab)
         specs = []
         self._sessions = len(rows)
+        no_prefix = np.empty(0, PROMPT_DTYPE)
         for i in range(len(rows)):
             role = int(roles[i]) if self.prefixes else -1
-            prefix = self.prefixes[role] if role >= 0 else np.empty(0, np.int64)
-            suffix = tokens.integers(0, self.vocab, int(suffix_lens[i]), dtype=np.int64)
+            prefix = self.prefixes[role] if role >= 0 else no_prefix
+            suffix = LazySuffix(stream, i, int(suffix_lens[i]))
             session = i if cfg.turns > 1 else -1
             specs.append(RequestSpec(i, float(times[i]), prefix, suffix, int(out_lens[i]),
                                      int(prefix.size), role, session, 0))
@@ -185,8 +263,8 @@ class Workload:
         suffix_len = max(1, int(self._trace["num_prefill_tokens"].iloc[int(rng.integers(len(self._trace)))]
                                 * self.cfg.suffix_scale * self.cfg.followup_scale))
         out_len = spec.output_len
-        new = rng.integers(0, self.vocab, suffix_len, dtype=np.int64)
-        suffix = np.concatenate([spec.suffix, outputs, new])
+        new = rng.integers(0, self.vocab, suffix_len, dtype=PROMPT_DTYPE)
+        suffix = np.concatenate([spec.suffix, np.asarray(outputs).astype(PROMPT_DTYPE), new])
         think = float(rng.exponential(self.cfg.think_time_s)) if self.cfg.think_time_s > 0 else 0.0
         rid = (spec.turn + 1) * self._sessions + spec.session  # independent of completion order
         return RequestSpec(rid, finish_s + think, spec.prefix, suffix, out_len, spec.shared_len,

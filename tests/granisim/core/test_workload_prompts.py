@@ -1,0 +1,89 @@
+"""Prompts drawn lazily as int32 hold exactly the tokens of drawing every prompt up front."""
+
+import gc
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from granisim.config.scenario import parse_scenario
+from granisim.core.workload import SuffixStream, Workload, load_trace, rng_for
+
+TRACE = load_trace()
+
+
+def workload(kind="multi_agent", n=200, **wl):
+    cfg = {"kind": kind, "num_requests": n, "rate": 5.0, **wl}
+    if kind == "multi_agent":
+        cfg.setdefault("roles", 3)
+        cfg.setdefault("prefix_len", 32)
+    sc = parse_scenario({"name": "t", "seed": 7, "workload": cfg})
+    return Workload(sc.workload, sc.seed, TRACE)
+
+
+def eager_prompts(wl: Workload, specs) -> dict[int, list[int]]:
+    """The draw as it was: every suffix in request order from one int64 stream, up front."""
+    gen = rng_for(wl.seed, "suffix_tokens")
+    return {s.rid: s.prefix.tolist() + gen.integers(0, wl.vocab, s.suffix_source.size, dtype=np.int64).tolist()
+            for s in specs}
+
+
+SMALL = workload(n=150, suffix_scale=0.05)  # ~50-token suffixes: many requests per redraw mark
+SMALL_WANT = eager_prompts(SMALL, SMALL.initial())
+
+
+@settings(max_examples=20, deadline=None)
+@given(order=st.lists(st.integers(0, 149), max_size=40), keep=st.booleans())
+def test_any_read_order_gives_the_up_front_tokens(order, keep):
+    """Reads in any order (skips, rereads after the array was dropped, reads behind the cursor)
+    return the eagerly drawn tokens. Shown to catch planted bugs: redrawing from the mark one
+    request late, and not skipping unread requests' suffixes, both fail here."""
+    specs = SMALL.initial()
+    held = []
+    for i in order + list(range(150)):
+        got = specs[i].prompt()
+        assert got.dtype == np.int64 and got.tolist() == SMALL_WANT[i]
+        assert specs[i].suffix.dtype == np.int32
+        if keep:
+            held.append(specs[i].suffix)
+
+
+def test_azure_replay_prompts_match_and_are_not_held_up_front():
+    wl = workload("azure", n=0, arrivals="trace")
+    specs = wl.initial()
+    assert len(specs) == len(TRACE)
+    stream = specs[0].suffix_source._stream
+    assert isinstance(stream, SuffixStream) and stream._next == 0  # nothing drawn yet
+    assert sum(s.prompt_len for s in specs) == int(TRACE.num_prefill_tokens.sum())
+    assert stream._next == 0  # prompt lengths come without drawing
+    want = eager_prompts(wl, specs[:300])
+    for s in specs[:300]:
+        assert s.prompt().tolist() == want[s.rid]
+
+
+def test_a_read_suffix_is_freed_with_its_last_holder():
+    wl = workload()
+    specs = wl.initial()
+    arr = specs[5].suffix
+    ref = specs[5].suffix_source._ref
+    assert ref() is arr and specs[5].suffix is arr  # held: read again without a redraw
+    del arr
+    gc.collect()
+    assert ref() is None
+    assert specs[5].suffix.tolist() == eager_prompts(wl, specs)[5][wl.cfg.prefix_len:]
+
+
+def test_follow_up_turns_keep_their_tokens():
+    """A follow-up turn's prompt = previous prompt + its outputs + new tokens drawn as before."""
+    wl = workload(turns=3, think_time_s=1.0)
+    spec = wl.initial()[4]
+    outputs = np.arange(spec.output_len, dtype=np.int64) % 1000
+    nxt = wl.follow_up(spec, outputs, 10.0)
+    gen = rng_for(wl.seed, f"followup/{spec.session}/1")
+    n = max(1, int(TRACE["num_prefill_tokens"].iloc[int(gen.integers(len(TRACE)))] * wl.cfg.suffix_scale
+                   * wl.cfg.followup_scale))
+    new = gen.integers(0, wl.vocab, n, dtype=np.int64)
+    think = float(gen.exponential(wl.cfg.think_time_s))
+    assert nxt.suffix.dtype == np.int32
+    assert nxt.prompt().tolist() == spec.prompt().tolist() + outputs.tolist() + new.tolist()
+    assert nxt.arrival_s == 10.0 + think

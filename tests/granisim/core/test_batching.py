@@ -41,7 +41,7 @@ def test_baselines_have_no_prefix_pass(policy, dispatch):
 
 
 def test_forced_dispatch():
-    """catches: forced dense on a non-slab prefix; forced cascade answering dense."""
+    """catches: forced dense on a non-slab prefix; forced cascade falling through to the threshold rule."""
     assert [path(1, "slab", dispatch="dense"), path(100, "cold", dispatch="dense")] == ["dense", "cascade"]
     assert [path(100, s, dispatch="cascade") for s in ("slab", "cold")] == ["cascade", "cascade"]
 
@@ -75,6 +75,7 @@ def test_auto_dispatch_passes_private_length_and_the_paged_option():
 
 @pytest.mark.parametrize("dispatch", ["cost", "auto"])
 def test_a_cost_dispatch_without_the_cost_model_is_refused(dispatch):
+    """catches: a cost dispatch accepted without its cost model (it would fail at the first group)."""
     with pytest.raises(ValueError, match="needs a path_chooser"):
         BatchBuilder("granikv", G, M_SAT, dispatch)
 

@@ -240,6 +240,7 @@ def _tenancy(**kw):
 
 
 def test_fcfs_admits_in_arrival_order():
+    """catches: the tenancy-aware reordering applied under admission = "fcfs" too."""
     s, admitted = _tenancy(admission="fcfs")
     assert admitted == 2 and waiting(s) == [1, 3]
 

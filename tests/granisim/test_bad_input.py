@@ -285,3 +285,15 @@ def test_every_command_reports_a_scenario_mistake(tmp_path, capsys, argv):
     path.write_text(SMALL.replace("rate = 5.0", "rate = inf"))
     argv = [str(path) if a == "S" else a for a in argv] + ["--out", str(tmp_path / "o")]
     _one_line_error(capsys, main(argv), str(path), "workload.rate", "inf")
+
+
+def test_the_docs_list_every_metric_column():
+    """docs/scenarios.md names every results metric a sweep's [speedup] or [[plot]] may use.
+    Planted bug: removing `sim_wall_s` from the docs' list fails here."""
+    from granisim.core.metrics import BREAKDOWN_KEYS
+    from granisim.experiments.sweep_file import METRIC_COLUMNS
+
+    doc = (ROOT / "docs" / "scenarios.md").read_text()
+    parts = {f"t_{k}_s": k for k in BREAKDOWN_KEYS}
+    missing = [m for m in METRIC_COLUMNS if f"`{parts.get(m, m)}`" not in doc]
+    assert not missing and "`t_<part>_s`" in doc, missing

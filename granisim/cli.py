@@ -329,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except ValueError as err:  # ScenarioError, ProfileError and other user input: one line, exit 2
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {' '.join(str(err).splitlines())}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an --out that is a file, an unwritable folder, ...: one line naming the path, exit 2
+        print(f"error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return 2
     except stopping.Stopped as err:
         print(_stopped_line(err, argv), file=sys.stderr, flush=True)

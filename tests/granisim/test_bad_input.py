@@ -297,3 +297,12 @@ def test_the_docs_list_every_metric_column():
     parts = {f"t_{k}_s": k for k in BREAKDOWN_KEYS}
     missing = [m for m in METRIC_COLUMNS if f"`{parts.get(m, m)}`" not in doc]
     assert not missing and "`t_<part>_s`" in doc, missing
+
+
+def test_an_out_folder_that_is_a_file(tmp_path, capsys):
+    """`--out` naming an existing file: one line naming it, exit 2 (not a FileExistsError traceback)."""
+    path = tmp_path / "s.toml"
+    path.write_text(SMALL)
+    (tmp_path / "taken").write_text("")
+    _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "taken")]), str(tmp_path / "taken"),
+                    "File exists")

@@ -12,57 +12,69 @@ BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_pref
                   "kv_copy", "overhead")
 
 
+STEP_COLS = ("step", "start_s", "duration_s", "num_steps", "batch", "prefill_tokens", "decode_requests",
+             "groups_dense", "groups_cascade", "groups_paged", "copies", "hit_rate", "evictions")
+_ZEROS = (0.0,) * len(BREAKDOWN_KEYS)
+
+
 class StepLog:
-    """Columnar log of executed plans (one row per plan; ``num_steps`` > 1 when fast-forwarded)."""
+    """Columnar log of executed plans (one row per plan; ``num_steps`` > 1 when fast-forwarded).
+
+    A plan is recorded as one tuple (step columns, pool occupancy, breakdown); every ``CHUNK``
+    rows are packed into one numpy array per column, so a long run keeps ~8 bytes per value."""
+
+    CHUNK = 4096
 
     def __init__(self):
-        self.cols: dict[str, list] = {k: [] for k in (
-            "step", "start_s", "duration_s", "num_steps", "batch", "prefill_tokens", "decode_requests",
-            "groups_dense", "groups_cascade", "groups_paged", "copies", "hit_rate", "evictions")}
-        self.pool_cols: dict[str, list] = {}
-        self.breakdown: dict[str, list] = {k: [] for k in BREAKDOWN_KEYS}
+        self._rows: list[tuple] = []
+        self._chunks: list[list[np.ndarray]] = []  # per packed chunk, one array per column
+        self._pools: tuple[str, ...] | None = None  # the pools' names, in occupancy() order
+
+    def __len__(self) -> int:
+        return len(self._rows) + sum(c[0].size for c in self._chunks)
 
     def record(self, start: float, plan: BatchPlan, result: StepResult, allocator) -> None:
-        c = self.cols
-        prefill = sum(r.num_new for r in plan.requests if r.is_prefill)
+        prefill = [r.num_new for r in plan.requests if r.is_prefill]
         paths = [g.path for g in plan.groups]
-        c["step"].append(plan.step)
-        c["start_s"].append(start)
-        c["duration_s"].append(result.duration_s)
-        c["num_steps"].append(plan.num_steps)
-        c["batch"].append(len(plan.requests))
-        c["prefill_tokens"].append(prefill)
-        c["decode_requests"].append(len(plan.requests) - sum(r.is_prefill for r in plan.requests))
-        c["groups_dense"].append(paths.count("dense"))
-        c["groups_cascade"].append(paths.count("cascade"))
-        c["groups_paged"].append(paths.count("paged"))
-        c["copies"].append(sum(x.length for x in plan.copies))
-        c["hit_rate"].append(allocator.hit_rate)
-        c["evictions"].append(allocator.evictions)
-        for name, (used, cached) in allocator.occupancy().items():
-            self.pool_cols.setdefault(f"{name}_used", []).append(used)
-            self.pool_cols.setdefault(f"{name}_cached", []).append(cached)
-        for k in BREAKDOWN_KEYS:
-            self.breakdown[k].append(result.breakdown.get(k, 0.0))
+        occ = allocator.occupancy()
+        if self._pools is None:
+            self._pools = tuple(occ)
+        elif tuple(occ) != self._pools:
+            raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
+        bd = result.breakdown
+        self._rows.append((plan.step, start, result.duration_s, plan.num_steps, len(plan.requests), sum(prefill),
+                           len(plan.requests) - len(prefill), paths.count("dense"), paths.count("cascade"),
+                           paths.count("paged"), sum(x.length for x in plan.copies) if plan.copies else 0,
+                           allocator.hit_rate, allocator.evictions, *(v for pair in occ.values() for v in pair),
+                           *map(bd.get, BREAKDOWN_KEYS, _ZEROS)))
+        if len(self._rows) >= self.CHUNK:
+            self._pack()
+
+    def _pack(self) -> None:
+        self._chunks.append([np.array(col) for col in zip(*self._rows)])
+        self._rows = []
+
+    def _columns(self) -> list[str]:
+        pools = [f"{n}_{what}" for n in self._pools for what in ("used", "cached")]
+        return [*STEP_COLS, *pools, *(f"t_{k}" for k in BREAKDOWN_KEYS)]
 
     def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.cols)
-        for k, v in self.pool_cols.items():
-            df[k] = v
-        for k, v in self.breakdown.items():
-            df[f"t_{k}"] = v
-        return df
+        if self._pools is None:  # nothing recorded
+            return pd.DataFrame({**{k: [] for k in STEP_COLS}, **{f"t_{k}": [] for k in BREAKDOWN_KEYS}})
+        if self._rows:
+            self._pack()
+        cols = [np.concatenate(parts) for parts in zip(*self._chunks)]
+        return pd.DataFrame(dict(zip(self._columns(), cols)))
+
+
+REQUEST_COLS = ("rid", "role", "session", "turn", "status", "reason", "arrival_s", "prompt_len", "output_len",
+                "generated", "cached_tokens", "preemptions", "queue_s", "ttft_s", "tpot_s", "e2e_s", "finish_s")
 
 
 def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
-    rows = []
-    for r in records:
-        rows.append(dict(rid=r.rid, role=r.role, session=r.session, turn=r.turn, status=r.status,
-                         reason=r.reason, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
-                         output_len=r.output_len, generated=r.generated, cached_tokens=r.cached_tokens, preemptions=r.preemptions,
-                         queue_s=r.queue_s, ttft_s=r.ttft_s, tpot_s=r.tpot_s, e2e_s=r.e2e_s,
-                         finish_s=r.finish_s))
-    return pd.DataFrame(rows).sort_values("rid", kind="stable").reset_index(drop=True)
+    """One row per request, by rid (built column by column: no per-request dict)."""
+    cols = {k: [getattr(r, k) for r in records] for k in REQUEST_COLS}
+    return pd.DataFrame(cols).sort_values("rid", kind="stable").reset_index(drop=True)
 
 
 def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, end_s: float) -> dict:

@@ -1,4 +1,8 @@
-"""GraniKV's memory core: KV pools, radix prefix index and allocator policies (integers only)."""
+"""GraniKV's memory core: KV pools, radix prefix index and allocator policies (integers only).
+
+:class:`KVAllocator` owns its parts (pools, radix index, request table, counters, eviction,
+HOT slabs, views); :mod:`granisim.kv.allocator` says who owns what.
+"""
 
 from granisim.kv.allocator import POLICIES, KVAllocator, OutOfKVMemory, make_allocator
 from granisim.kv.cold_pool import ColdPool

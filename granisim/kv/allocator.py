@@ -78,6 +78,9 @@ def build_pools(policy: str, capacity: int, hot_fraction: float | str, page_size
 
 
 class KVAllocator:
+    """One policy's KV memory: the scheduler's paired questions (``can_admit``/``admit``,
+    ``can_extend``/``extend``, ``release``) over the parts listed in the module docstring."""
+
     def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
                  demand_window: int = DEMAND_WINDOW):
         if policy not in POLICIES:
@@ -345,7 +348,12 @@ class KVAllocator:
 
 def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int | None = None,
                    demand_window: int = DEMAND_WINDOW) -> KVAllocator:
-    """``policy`` is ``granikv``, ``token``, ``paged`` or ``pagedN`` (e.g. ``paged16``)."""
+    """``policy`` is ``granikv``, ``token``, ``paged`` or ``pagedN`` (e.g. ``paged16``).
+
+    ``hot_fraction`` (``granikv`` only): a number sets the HOT/COLD split in
+    :func:`build_pools`; ``"adaptive"`` gives :class:`granisim.kv.hot_slabs.HotSlabs` a
+    :class:`granisim.kv.hot_demand.HotDemand` over ``demand_window`` admissions, and the
+    boundary moves in ``HotSlabs.can_place`` (grow) and ``HotSlabs.rebalance`` (shrink)."""
     if policy.startswith("paged") and policy != "paged":
         digits = policy[len("paged"):]
         if not digits.isdigit():

@@ -83,8 +83,8 @@ class RoleCache:
         self._value = (frozenset(), frozenset())
 
     def roles(self, radix: RadixIndex) -> tuple[frozenset[int], frozenset[int]]:
-        key = (id(radix), radix._next_id, radix.num_nodes)
-        if key != self._key:
+        key = (radix, radix._next_id, radix.num_nodes)  # the index itself: a new incarnation's never matches
+        if self._key is None or key[0] is not self._key[0] or key[1:] != self._key[1:]:
             cached, hot = [], []
             ps = radix.page_size
             for role, p in enumerate(self.prefixes):

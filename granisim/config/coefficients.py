@@ -124,7 +124,23 @@ KERNEL_MODEL_COEFFICIENTS = {
     # optional so that profiles fitted to them stay valid)
     "attn.cascade.balance_chunk": ("tokens", "int", 0),
     "attn.cascade.balance_skew": ("", "pos", 2.0)}
-OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS}
+# Tensor parallelism and mixture of experts (granisim/costmodel/parallel.py). A profile without them prices
+# tp = 1 and dense models as before; a tp > 1 scenario needs its tp's all-reduce pair.
+TP_DEGREES = (2, 4, 8)
+PARALLEL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
+    # one all-reduce of S bytes per GPU over tp GPUs (ring / NVLS):
+    #   t = latency_s + S * 2 (tp - 1) / tp / busbw        (busbw: nccl-tests' "bus bandwidth")
+    **{f"comm.allreduce.tp{n}.{k}": (u, r, 0.0)
+       for n in TP_DEGREES for k, u, r in (("latency_s", "s", "nonneg"), ("busbw", "B/s", "pos"))},
+    # the MoE grouped GEMMs (all active experts' up+gate, then down, one launch each), roofline per family as
+    # the dense linear families; absent: the dense mlp_up / mlp_down coefficients (default 0 = absent)
+    **{f"linear.moe_{fam}.{k}": (u, r, 0.0)
+       for fam in ("up", "down")
+       for k, u, r in (("launch_s", "s", "nonneg"), ("flop_eff", "", "frac"), ("mem_eff", "", "frac"))},
+    # rows of an expert's tile in the grouped GEMM: an active expert's rows are padded up to a multiple
+    "moe.m_tile": ("rows", "int", 16),
+}
+OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS, **PARALLEL_COEFFICIENTS}
 FORM2_COEFFICIENTS = tuple(FORM2_DEFAULTS)
 
 

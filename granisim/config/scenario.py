@@ -29,6 +29,13 @@ class _Strict(BaseModel):
 
 class ModelCfg(_Strict):
     name: str = "llama-3.1-8b"
+    # mixture-of-experts models only: how tokens pick experts (the cost model's expected active experts)
+    expert_routing: Literal["uniform", "zipf"] | None = None  # None: uniform (for MoE models)
+    expert_zipf_s: float | None = Field(None, gt=0)  # zipf routing's exponent (default 1.0)
+
+    @model_serializer(mode="wrap")
+    def _without_unset_moe(self, handler):
+        return _drop_defaults(handler(self), {"expert_routing": None, "expert_zipf_s": None})
 
 
 class HardwareCfg(_Strict):
@@ -36,6 +43,21 @@ class HardwareCfg(_Strict):
     mem_fraction: float = Field(0.9, gt=0, le=1)  # share of GPU memory the engine may take
     reserve_gb: float = Field(4.0, ge=0)  # activations, workspace, CUDA graphs
     kv_budget_tokens: int | None = Field(None, gt=0)  # override the derived budget
+    tp: Literal[1, 2, 4, 8] = 1  # tensor-parallel GPUs per replica (the profile's GPU, tp of them)
+
+    @model_serializer(mode="wrap")
+    def _without_default_tp(self, handler):
+        return _drop_defaults(handler(self), {"tp": 1})
+
+
+def _drop_defaults(data, defaults: dict):
+    """A dump without fields added later at their defaults: earlier scenarios' dumps (sweep point ids) stay
+    as they were."""
+    if isinstance(data, dict):
+        for k, v in defaults.items():
+            if k in data and data[k] == v:
+                del data[k]
+    return data
 
 
 class PolicyCfg(_Strict):
@@ -178,10 +200,16 @@ class Scenario(_Strict):
                 if p not in target or not isinstance(target[p], dict):
                     raise ScenarioError(f"unknown scenario field {key!r}")
                 target = target[p]
-            if parts[-1] not in target:
+            if parts[-1] not in target and not _optional_field(parts):
                 raise ScenarioError(f"unknown scenario field {key!r}")
             target[parts[-1]] = value
         return parse_scenario(data, source="<override>")
+
+
+def _optional_field(parts: list[str]) -> bool:
+    """A field that dumps leave out at its default (hardware.tp, model.expert_*)."""
+    return len(parts) == 2 and (parts[0], parts[1]) in (("hardware", "tp"), ("model", "expert_routing"),
+                                                          ("model", "expert_zipf_s"))
 
 
 def short_repr(value, limit: int = 80) -> str:
@@ -258,6 +286,8 @@ _INERT = (
     ("workload", "followup_scale", lambda sc: sc.workload.turns > 1, "has no effect unless workload.turns > 1"),
     ("scheduler", "admission_max_wait_s", lambda sc: sc.scheduler.admission == "prefix",
      "has no effect unless scheduler.admission = 'prefix'"),
+    ("model", "expert_zipf_s", lambda sc: sc.model.expert_routing == "zipf",
+     "has no effect unless model.expert_routing = 'zipf'"),
 )
 
 

@@ -60,7 +60,8 @@ def cheapest_group_path(profile: HardwareProfile, model: ModelShape, prefix_len:
     """'dense', 'cascade' or (if ``allow_paged``) 'paged' (no prefix pass), whichever the cost model
     predicts cheapest."""
     bb, pb = _bucket_b(b), _bucket_private(private_len)
-    key = (id(profile), model.name, prefix_len, bb, storage, pb, page_size, allow_paged)
+    key = (id(profile), model.name, model.tp, model.expert_routing, model.expert_zipf_s, prefix_len, bb, storage, pb,
+           page_size, allow_paged)  # tp shards of a model share its name
     path = _MEMO.get(key)
     if path is None:
         costs = group_step_costs(profile, model, prefix_len, bb, storage, pb, page_size)

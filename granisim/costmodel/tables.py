@@ -14,10 +14,11 @@ from .correction import page_eff, storage_class
 from .kernels import KernelForms
 from .operators import (_MEMO_MAX, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,
                         op_work, roofline_time)
+from .parallel import ParallelPricing, skips_dense_mlp
 from .step import StepPricing
 
 
-class CostTables(KernelForms, StepPricing):
+class CostTables(KernelForms, StepPricing, ParallelPricing):
     """Constants of one (profile, model) pair, and memoised pieces of the step cost."""
 
     def __init__(self, profile: HardwareProfile, model: ModelShape, use_table: bool = True):
@@ -76,6 +77,7 @@ class CostTables(KernelForms, StepPricing):
             self._init_form2()
             if use_table and profile.kernel_table is not None:
                 self.corr = self._build_corrections(profile.kernel_table)
+        self._init_parallel()
         self._lin_grid = self._build_linear_grid()
         self._memo_lin: dict[int, float] = {}
         self._memo_head: dict[int, float] = {}
@@ -111,6 +113,8 @@ class CostTables(KernelForms, StepPricing):
         total = np.zeros_like(n)
         for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
             for family, col, count in ops:
+                if skips_dense_mlp(self.model, family):
+                    continue
                 fm, bm = op_work(family, n, self.dims)
                 fr, br = op_work(family, n, ref)
                 ratio = np.maximum(fm / self.P, bm / self.BW) / np.maximum(fr / self.P, br / self.BW)
@@ -139,7 +143,11 @@ class CostTables(KernelForms, StepPricing):
             v = 0.0
             for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
                 for family, _, count in ops:
+                    if skips_dense_mlp(self.model, family):
+                        continue
                     v += float(self._family_time(family, tokens)) * count * mult
+        if self.has_parallel:  # tp > 1: the all-reduces; MoE: the expert layers (granisim/costmodel/parallel.py)
+            v += self.parallel_time(tokens)
         if len(self._memo_lin) > _MEMO_MAX:
             self._memo_lin.clear()
         self._memo_lin[tokens] = v
@@ -149,6 +157,8 @@ class CostTables(KernelForms, StepPricing):
         v = self._memo_head.get(rows)
         if v is None:
             v = 0.0 if rows <= 0 else float(self._family_time("lm_head", rows))
+            if self.tp > 1:
+                v += self.logits_gather_time(rows)
             if len(self._memo_head) > _MEMO_MAX:
                 self._memo_head.clear()
             self._memo_head[rows] = v

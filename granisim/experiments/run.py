@@ -13,6 +13,7 @@ import pandas as pd
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.core.metrics import requests_frame, summarize
 from granisim.config.models import ModelShape, get_model, kv_budget_tokens
+from granisim.config.replica import replica_shard
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.workload import load_trace
 
@@ -39,6 +40,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         profile = get_profile(scenario.hardware.profile)
     except ValueError as err:
         raise ScenarioError(f"{source}: field hardware.profile = {scenario.hardware.profile!r}: {err}") from None
+    model = replica_shard(model, scenario, profile, source)  # tp > 1: one GPU's shard; MoE: its routing
     hw = scenario.hardware
     budget = hw.kv_budget_tokens or kv_budget_tokens(model, profile.memory_bytes, hw.mem_fraction,
                                                      hw.reserve_gb * 1e9)
@@ -114,5 +116,5 @@ def write_outputs(setup: Setup, result, out: Path, plots: bool = True) -> dict:
         from granisim.experiments.plots import perfetto_trace, plot_run
 
         plot_run(reqs, steps, out, title=f"{setup.scenario.name} ({setup.scenario.policy.name})")
-        perfetto_trace(steps, out / "trace.json")
+        perfetto_trace(steps, out / "trace.json", reqs)
     return summary

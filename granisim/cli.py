@@ -164,6 +164,10 @@ def cmd_bench(args) -> int:
 
         bench_sweep.run(args.out or bench_sweep.DEFAULT_OUT, points=args.points, requests=args.requests,
                         workers=args.workers, ray=args.ray)
+    elif args.what == "sim":
+        from granisim.experiments import bench_sim
+
+        bench_sim.run(args.out or bench_sim.DEFAULT_OUT)
     return 0
 
 
@@ -281,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(fn=cmd_fuzz)
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=["alloc", "sweep"])
+    b.add_argument("what", choices=["alloc", "sweep", "sim"])
     b.add_argument("--out", help="JSON report to write (default out/bench/alloc.json, out/bench/sweep_speed.json; "
                                  "the tracked reports/ copies are refreshed with --out reports/NAME.json)")
     b.add_argument("--points", type=int, default=1000, help="sweep: points")

@@ -1,0 +1,35 @@
+"""granisim bench sim: the trace repetition, one measurement, the table and bad arguments."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from granisim.experiments import bench_sim
+
+
+def test_repeat_trace_puts_copies_back_to_back_one_mean_gap_apart():
+    tr = pd.DataFrame({"arrived_at": [10.0, 11.0, 14.0], "num_prefill_tokens": [5, 6, 7], "num_decode_tokens": [1, 2, 3]})
+    got = bench_sim.repeat_trace(tr, 3)
+    assert got.arrived_at.tolist() == [10, 11, 14, 16, 17, 20, 22, 23, 26]  # period 4 * 3 / 2 = 6
+    assert got.num_prefill_tokens.tolist() == [5, 6, 7] * 3 and got.index.tolist() == list(range(9))
+    assert (np.diff(got.arrived_at) > 0).all()
+    assert bench_sim.repeat_trace(tr, 1) is tr
+
+
+def test_one_measurement_reports_its_figures(monkeypatch):
+    monkeypatch.setitem(bench_sim.CASES, "tiny", bench_sim.Case(
+        "control_short_prefix.toml", (("workload.num_requests", 12),), copies=2))
+    got = bench_sim.measure("tiny", "granikv")
+    assert got["case"] == "tiny" and got["requests"] == 12 and got["plans"] > 0
+    assert got["cpu_s"] > 0 and got["speed_x_real_time"] == pytest.approx(got["simulated_s"] / got["cpu_s"])
+    assert got["peak_rss_mb"] > 10
+    line = bench_sim.format_table([got]).splitlines()[1]
+    assert line.startswith("tiny") and " 12 " in line
+
+
+@pytest.mark.parametrize("argv, msg", [(["--cases", "azure_replay,nope"], "unknown case 'nope'"),
+                                        (["--repeats", "0"], "--repeats: must be >= 1, got 0")])
+def test_bad_arguments_exit_2_with_one_line(argv, msg, capsys):
+    assert bench_sim.main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1

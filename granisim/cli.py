@@ -186,7 +186,8 @@ def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
     out = Path(args.out)
-    cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds)
+    cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds,
+                    progress=True)
     print(format_errors(cal.result))
     ms = cal.msat
     print(f"\nM_sat (dense beats cascade from M_eff =): {ms['overall']} overall; per L_p measured "

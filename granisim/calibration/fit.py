@@ -1,7 +1,7 @@
 """Fit the cost model's coefficients (``attn.form = 2``) to raw calibration data.
 
-Pure numpy/pandas. Each operator family's coefficients are fitted by Levenberg-Marquardt on the
-log of predicted / measured time (a relative-error least squares), parameters in log space,
+numpy/pandas and scipy's bounded least squares (fitting.py says why). Each operator family's
+coefficients are fitted on the log of predicted / measured time (a relative-error least squares), parameters in log space,
 several starts; predictions come from :mod:`granisim.costmodel` itself (the same code the
 simulator runs), per layer. 20% of each family's points (seeded) are held out and only used to
 report the error.
@@ -24,7 +24,7 @@ from granisim.config.coefficients import KERNEL_MODEL_COEFFICIENTS
 from granisim.config.models import ModelShape, get_model
 
 from .fit_linear import fit_linear, host_bound, host_floor, step_overhead, vidur_table
-from .fitting import folds_of, lm_fit, rel_err, summary
+from .fitting import bounded_fit, folds_of, rel_err, summary
 from .raw import Raw, hbm_ceiling, kernel_table_of, predict_attention, prepare_rows
 
 # (name, lower, upper) of each fitted parameter; an efficiency is at most 1
@@ -65,10 +65,15 @@ KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.casca
                 "storage.slab_eff": 1.0, "attn.form": 2}
 
 
-def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape):
-    """Fit family ``fam``'s parameters (and its whole-number one, by trying each) to ``rows``."""
+def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape, warm: bool = False):
+    """Fit family ``fam``'s parameters (and its whole-number one, by trying each) to ``rows``.
+    ``warm``: one start, from ``values`` as they are, whole-number parameter kept (a re-fit near a
+    known solution: the cross-validation folds)."""
     names = FAMILY_PARAMS[fam]
     disc = DISCRETE.get(fam)
+    if warm:
+        fit_params(values, names, rows, model)
+        return values
     if disc is None:
         fit_params(values, names, rows, model, _starts(names))
         return values
@@ -103,7 +108,7 @@ def fit_params(values: dict, names, rows: pd.DataFrame, model: ModelShape, start
         inits.append(np.log([s.get(k, values[k]) for k in keys]))
     best = None
     for x0 in inits:
-        x, c = lm_fit(resid, np.clip(x0, lo, hi), lo, hi)
+        x, c = bounded_fit(resid, np.clip(x0, lo, hi), lo, hi)
         if best is None or c < best[1]:
             best = (x, c)
     values.update(zip(keys, np.exp(best[0]).tolist()))
@@ -171,33 +176,41 @@ def _starts(names):
     return out
 
 
-def fit_attention_rows(train: pd.DataFrame, values: dict, model: ModelShape) -> dict:
-    """Fit every attention / KV family's coefficients to ``train`` (attention.csv rows)."""
+ATTENTION_FITS = 8  # fit_family calls of one fit_attention_rows (progress units)
+
+
+def fit_attention_rows(train: pd.DataFrame, values: dict, model: ModelShape, warm: bool = False,
+                       tick=lambda: None) -> dict:
+    """Fit every attention / KV family's coefficients to ``train`` (attention.csv rows); ``warm``:
+    see :func:`fit_family`; ``tick()`` after each family."""
     slab = train["storage"].fillna("") == "slab"
+
+    def fit_one(fam, r):
+        if len(r):
+            fit_family(values, fam, r, model, warm)
+        tick()
 
     def rows(fam, only_slab=False):
         r = train[train["family"] == RAW_FAMILY.get(fam, fam)]
         return r[r["storage"] == "slab"] if only_slab else r
 
     for fam in ("merge", "kv_write", "kv_copy"):
-        if len(rows(fam)):
-            fit_family(values, fam, rows(fam), model)
+        fit_one(fam, rows(fam))
     for fam in ("cascade", "dense", "decode"):
-        r = rows(fam, only_slab=True)
-        if len(r):
-            fit_family(values, fam, r, model)
+        fit_one(fam, rows(fam, only_slab=True))
     values["attn.decode.flop_eff"] = values["attn.cascade.flop_eff"]  # never binding for decode (G rows)
-    gathered = train[train["family"].isin(["decode", "cascade"]) & ~slab]
-    if len(gathered):
-        fit_family(values, "storage", gathered, model)
-    if len(rows("prefill")):
-        fit_family(values, "prefill", rows("prefill"), model)
+    fit_one("storage", train[train["family"].isin(["decode", "cascade"]) & ~slab])
+    fit_one("prefill", rows("prefill"))
     return values
 
 
-def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: int = 5):
-    """Coefficients fitted on every row; held-out errors by cross-validation: per fold, the coefficients
-    and the measured correction (kernel table) come from the other rows only and predict the fold's rows.
+def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: int = 5, tick=lambda: None):
+    """Coefficients fitted on every row (several starts, every whole-number value tried); held-out
+    errors by cross-validation: per fold, the coefficients are re-fitted on the other rows only, one
+    start from the all-rows solution with its whole-number values kept, and predict the fold's rows
+    together with the measured correction (kernel table) of the other rows. (The warm start makes the
+    folds ~20x cheaper than fits from scratch; it also lets the held-out rows choose the start point
+    and the whole-number values, a small optimistic bias of the held-out errors.)
     Returns (values, residual frame, errors)."""
     df = raw.attention.copy().reset_index(drop=True)
     df = df[~host_bound(df, host_floor(raw))].reset_index(drop=True)  # none in the H200 run
@@ -207,14 +220,13 @@ def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, fold
     df["fold"] = fold
     df["pred_s"] = np.nan
     df["formula_s"] = np.nan
-    start = dict(values)
+    values = fit_attention_rows(df, values, model, tick=tick)
     for k in sorted(set(fold[fold >= 0])):
         train = df[fold != k]
-        v = fit_attention_rows(train, dict(start), model)
+        v = fit_attention_rows(train, dict(values), model, warm=True, tick=tick)
         h = fold == k
         df.loc[h, "formula_s"] = predict_attention(v, df[h], model)
         df.loc[h, "pred_s"] = predict_attention(v, df[h], model, table=kernel_table_of(train, model))
-    values = fit_attention_rows(df, values, model)
     nh = ~df["heldout"].to_numpy()
     if nh.any():  # rows never held out (folds = 1): the final coefficients and table
         df.loc[nh, "formula_s"] = predict_attention(values, df[nh], model)
@@ -262,15 +274,23 @@ def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
     return {"rows": total, "agree": agree, "examples": bad}
 
 
-def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5) -> FitResult:
+def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5, progress: bool = False) -> FitResult:
     """Every coefficient of a form-2 profile from ``raw`` (``base_values``: start values); held-out
     errors by ``folds``-fold cross-validation (each fold holds out ~20% of each family's points;
-    ``folds = 1``: one seeded 20% hold-out)."""
+    ``folds = 1``: one seeded 20% hold-out). ``progress``: a progress bar on stderr."""
+    from tqdm import tqdm
+
     model = get_model(raw.meta.get("model", "llama-3.1-8b"))
     bw, bw_how = hbm_ceiling(raw)
     values = initial_values(base_values, {**raw.meta, "max_stream_Bps": bw})
-    values, att, errors = fit_attention(raw, values, model, seed, folds)
-    values, lin, lerr = fit_linear(raw, values, model, seed, folds)
+    bar = tqdm(total=ATTENTION_FITS * (1 + max(1, folds)) + 1, desc="fit", unit="family", disable=not progress)
+    try:
+        values, att, errors = fit_attention(raw, values, model, seed, folds, tick=lambda: bar.update(1))
+        bar.set_description("fit linear")
+        values, lin, lerr = fit_linear(raw, values, model, seed, folds)
+        bar.update(1)
+    finally:
+        bar.close()
     errors.update(lerr)
     values["overhead.step_s"], how = step_overhead(raw)
     errors["linear_censored"] = {"rows": int(lin["censored"].sum()), "of": int(len(lin)),

@@ -57,7 +57,7 @@ def _how(name: str, res: FitResult) -> str:
                 "the kernels' own coefficients held fixed")
     if fam is not None:
         what = "whole-number value with the least error, tried one by one" if name in DISCRETE.values() else \
-            "Levenberg-Marquardt on log(predicted / measured), train rows"
+            "bounded least squares (scipy TRF) on log(predicted / measured), all rows"
         return f"fitted (granisim.calibration.fit, family {fam}: {what}){_err_txt(res.errors, fam)}"
     if name == "attn.decode.flop_eff":
         return "set equal to attn.cascade.flop_eff: decode (G query rows per KV head) is never compute-bound"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 
@@ -75,9 +76,20 @@ def unit_of(name: str) -> str:
 _FIT_SOURCE = Source("measured", date="(fit)", command="(fit)")
 
 
+_LAST_COEF: dict[str, Coefficient] = {}  # per name, the last one built (a fit changes a few values per call)
+
+
+def _coef(k: str, v) -> Coefficient:
+    c = _LAST_COEF.get(k)
+    v = float(v)
+    if c is None or c.value != v:
+        c = _LAST_COEF[k] = Coefficient(v, unit_of(k), _FIT_SOURCE)
+    return c
+
+
 def profile_of(values: dict, name: str = "fit", gpu: str = "fit", table=None) -> HardwareProfile:
     """An in-memory profile with these coefficient values (no linear table; ``table``: a KernelTable)."""
-    coefs = {k: Coefficient(float(v), unit_of(k), _FIT_SOURCE) for k, v in values.items()}
+    coefs = {k: _coef(k, v) for k, v in values.items()}
     return HardwareProfile(name, gpu, MappingProxyType(coefs), kernel_table=table)
 
 
@@ -93,6 +105,7 @@ def kernel_table_of(df: pd.DataFrame, model: ModelShape, source: Source = _FIT_S
     return KernelTable(path, MappingProxyType(dims), source, MappingProxyType(cols))
 
 
+@lru_cache(maxsize=64)
 def layer_model(model: ModelShape, G: int) -> ModelShape:
     """One layer of ``model`` with G query heads per KV head (per-layer times, other group sizes)."""
     return replace(model, num_layers=1, n_q_heads=model.n_kv_heads * int(G))

@@ -148,7 +148,7 @@ def capacity_table(results: list[CapacityResult], slo: dict[str, float]) -> str:
 
 
 def plot_capacity(results: list[CapacityResult], slo: dict[str, float], path: Path, title: str = "") -> None:
-    from granisim.experiments.plots import plt, save_figure  # report sets the Agg backend
+    from granisim.experiments.plots import latency_axis, metric_label, plt, save_figure  # sets the Agg backend
 
     fig, axes = plt.subplots(1, len(slo), figsize=(6 * len(slo), 4.5), squeeze=False)
     for ax, (k, limit) in zip(axes[0], slo.items()):
@@ -159,9 +159,9 @@ def plot_capacity(results: list[CapacityResult], slo: dict[str, float], path: Pa
                 if r.rate > 0:
                     ax.axvline(r.rate, color=line.get_color(), ls=":", lw=1)
         ax.axhline(limit, color="red", ls="--", lw=1, label=f"SLO {limit:g} s")
-        ax.set_yscale("log")
+        latency_axis(ax, [limit], *[[p[k] for p in r.probes if p[k] is not None] for r in results], which="y")
         ax.set_xlabel("arrival rate (req/s)")
-        ax.set_ylabel(f"{k} (s)")
+        ax.set_ylabel(metric_label(k))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title or "capacity within SLO (dotted: highest passing rate)")

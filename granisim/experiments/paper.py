@@ -53,16 +53,23 @@ def _md_table(rows: list[dict]) -> str:
 def _plot(rows: list[dict], path: Path, title: str) -> None:
     from granisim.experiments.plots import plt, save_figure  # report sets the Agg backend
 
+    import textwrap
+
     rs = [x for x in rows if x["paper_value"] is not None]
-    fig, ax = plt.subplots(figsize=(14, 6))
+    labels = [textwrap.fill(x["claim"], 48, max_lines=4, placeholder=" ...") for x in rs]
+    lines = max((lb.count("\n") + 1 for lb in labels), default=1)
+    fig, ax = plt.subplots(figsize=(15, 1.0 + len(rs) * max(0.55, 0.19 * lines + 0.2)))
     y = np.arange(len(rs))
-    ax.barh(y - 0.2, [x["paper_value"] for x in rs], 0.4, label="paper (arXiv 2608.15584)")
-    ax.barh(y + 0.2, [x["ours"] for x in rs], 0.4, label="granisim")
-    ax.set_yticks(y, [x["claim"][:70] for x in rs], fontsize=7)
+    pb = ax.barh(y - 0.2, [x["paper_value"] for x in rs], 0.4, label="paper (arXiv 2608.15584)")
+    ob = ax.barh(y + 0.2, [x["ours"] for x in rs], 0.4, label="granisim")
+    for bars in (pb, ob):
+        ax.bar_label(bars, fmt="%.2fx", padding=2, fontsize=8)
+    ax.set_yticks(y, labels, fontsize=9)
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_xlabel("throughput ratio (x)")
+    ax.set_xlim(0, 1.12 * max([x["paper_value"] for x in rs] + [x["ours"] for x in rs] + [1.0]))
     ax.invert_yaxis()
-    ax.legend()
+    ax.legend(loc="upper right")
     ax.set_title(title)
     save_figure(fig, path)
 

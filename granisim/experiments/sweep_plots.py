@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from granisim.experiments.plots import plt, save_figure
+from granisim.experiments.plots import metric_label, plt, save_figure
 from granisim.experiments.sweep_file import PlotSpec, Speedup, SweepSpec
 
 
@@ -74,9 +74,9 @@ def plot(df: pd.DataFrame, p: PlotSpec, path: Path, title: str = "") -> Path:
         for i in range(len(ys)):
             for j in range(len(xs)):
                 if np.isfinite(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=10,
                             color="white" if grid[i, j] < np.nanmean(grid) else "black")
-        fig.colorbar(im, ax=ax, label=p.value)
+        fig.colorbar(im, ax=ax, label=metric_label(p.value))
         ax.set_ylabel(p.y)
     else:
         by = p.y or ("policy.name" if "policy.name" in df.columns and df["policy.name"].nunique() > 1 else None)
@@ -90,7 +90,7 @@ def plot(df: pd.DataFrame, p: PlotSpec, path: Path, title: str = "") -> Path:
                     label=", ".join(f"{b}={_label(v)}" for b, v in zip(by, name)) if by else None)
         if by:
             ax.legend(fontsize=8)
-        ax.set_ylabel(p.value)
+        ax.set_ylabel(metric_label(p.value))
         ax.grid(alpha=0.3)
     ax.set_xlabel(p.x)
     ax.set_title(p.title or title or f"{p.value} over {p.x}" + (f" x {p.y}" if p.y else ""))

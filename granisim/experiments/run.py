@@ -76,6 +76,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
     if one > budget:
         raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
                             f"(workload.prefix_len = {wl.prefix_len} alone needs more)")
+    _check_pool_split(scenario, budget, one, source)
     m_sat = scenario.policy.m_sat or profile.m_sat
     chooser = pricer = None
     if scenario.policy.dispatch == "cost":
@@ -88,6 +89,23 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         chooser = partial(cheapest_group_path, profile, model)  # (prefix_len, b, storage, private_len, ...)
         pricer = partial(step_seconds, profile, model)  # (plan)
     return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer)
+
+
+def _check_pool_split(scenario: Scenario, budget: int, one: int, source: str) -> None:
+    """A policy whose split of the budget leaves no room for even the smallest request (``one`` tokens)
+    would reject every request: a ScenarioError naming the field instead."""
+    pol = scenario.policy
+    if pol.name.startswith("paged"):
+        page = int(pol.name[5:]) if pol.name[5:] else pol.page_size
+        pages, need = budget // page, -(-one // page)
+        if need > pages:
+            field, value = ("policy.page_size", page) if pol.name == "paged" else ("policy.name", repr(pol.name))
+            raise ScenarioError(f"{source}: field {field} = {value}: the KV budget of {budget} tokens holds {pages} "
+                                f"page(s) of {page} tokens; one request needs at least {need}")
+    elif pol.name == "granikv" and pol.hot_fraction != "adaptive" and budget - int(budget * pol.hot_fraction) < 2:
+        raise ScenarioError(f"{source}: field policy.hot_fraction = {pol.hot_fraction}: leaves the COLD pool "
+                            f"{budget - int(budget * pol.hot_fraction)} of {budget} tokens, too few for any "
+                            f"request's own tokens (use a value below 1, or 'adaptive')")
 
 
 def simulate(setup: Setup, executor=None, progress: bool = True):

@@ -1,7 +1,7 @@
 """Real-size engine check on a GPU (bf16, Llama-3.1-8B shape): the attention paths agree with
 each other and with a full-attention forward. bf16 rounding differs between paths, so a near
-tie can flip a greedy token; we require high agreement and report it, and compare logits
-with a stated tolerance (relative L2 error < 3e-2, bf16)."""
+tie can flip a greedy token; we require high agreement and report it, and compare every step's
+logits with a stated tolerance (relative L2 error < 3e-2 against the float64 reference, bf16)."""
 
 import numpy as np
 import pytest
@@ -9,13 +9,17 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
+# bf16 logits against the float64 reference: the engine's layer ops in bf16 on a 32-layer model of width 1024
+# (on a CPU) come out 1.4-1.6% off by relative L2, and the error is one of rounding, not of width
 BF16_LOGIT_RTOL = 3e-2
 MIN_AGREEMENT = 0.9
 
 
 def _run(policy, m_sat, graphs=True):
+    """The run, with each request's spec (its prompt) and the engine's logits by the position they predict."""
     from gpu_backend.executor import GpuExecutor
     from granisim.core.serving_loop import ServingLoop
+    from granisim.core.workload import Workload
     from granisim.config.scenario import parse_scenario
     from granisim.experiments.run import prepare
 
@@ -30,38 +34,63 @@ def _run(policy, m_sat, graphs=True):
     setup = prepare(sc)
     ex = GpuExecutor(setup.model, setup.kv_budget, device="cuda", seed=3, keep_logits=True, graphs=graphs)
     eng = ServingLoop(setup, ex, progress=False, keep_outputs=True)
+    s = setup.scenario
+    specs = {spec.rid: spec for spec in Workload(s.workload, s.seed, setup.trace, setup.model.vocab).initial()}
+    logits: dict[int, dict[int, torch.Tensor]] = {}
+    follow_up, execute = eng.workload.follow_up, ex.execute
+
+    def recording_follow_up(*args, **kw):
+        spec = follow_up(*args, **kw)
+        if spec is not None:
+            specs[spec.rid] = spec
+        return spec
+
+    def recording_execute(plan):
+        out = execute(plan)
+        for r in plan.requests:
+            logits.setdefault(r.rid, {})[r.context_len + r.num_new] = ex.last_logits[r.rid]
+        return out
+
+    eng.workload.follow_up, ex.execute = recording_follow_up, recording_execute
     eng.run()
-    return eng, ex
+    return eng, ex, specs, logits
+
+
+def _logit_errors(eng, ex, specs, logits) -> list[float]:
+    """Relative L2 error of the engine's logits at every generated token against the float64 reference over the
+    request's own sequence (its prompt and the tokens it generated before)."""
+    from gpu_backend.executor.reference import all_logits
+
+    errs = []
+    for rid, outs in eng.outputs.items():
+        prompt = specs[rid].prompt()
+        ref = all_logits(ex.w, torch.from_numpy(np.concatenate([prompt, outs[:-1]]).astype(np.int64)))
+        for n, tok in enumerate(outs):
+            got = logits[rid][len(prompt) + n].double()
+            assert int(got.argmax()) == int(tok), (rid, n)  # the token is its own logits' argmax
+            want = ref[len(prompt) + n - 1]
+            errs.append(float((got - want).norm() / want.norm()))
+    return errs
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_llama_shape_paths_agree_in_bf16():
+    """Every path's logits at every generated token are within BF16_LOGIT_RTOL (relative L2) of the float64
+    reference's over the same sequence, and the paths' greedy tokens mostly agree (a near tie may flip one)."""
     runs = {name: _run(pol, m) for name, pol, m in
             [("token", "token", 4), ("dense", "granikv", 4), ("cascade", "granikv", 10**6), ("paged16", "paged16", 4)]}
     ref = runs["token"][0].outputs
-    for name, (eng, _) in runs.items():
+    for name, (eng, ex, specs, logits) in runs.items():
         same = sum(int(np.array_equal(eng.outputs[r], ref[r])) for r in ref)
         tok = sum(int((eng.outputs[r] == ref[r]).sum()) for r in ref) / sum(len(ref[r]) for r in ref)
-        print(f"{name}: {same}/{len(ref)} requests identical, token agreement {tok:.3f}")
+        errs = _logit_errors(eng, ex, specs, logits)
+        print(f"{name}: {same}/{len(ref)} requests identical, token agreement {tok:.3f}; logits vs reference: "
+              f"relative L2 median {np.median(errs):.2e}, max {max(errs):.2e} over {len(errs)} tokens")
+        assert len(errs) == sum(len(o) for o in eng.outputs.values()) > 0, name
+        assert max(errs) < BF16_LOGIT_RTOL, name
         assert tok >= MIN_AGREEMENT, name
     for name in ("dense", "cascade"):
         assert runs[name][1].stats()["graph_replays"] > 0, name
-
-    from gpu_backend.executor.reference import next_token_logits
-
-    eng, ex = runs["dense"]
-    wl = type(eng.workload)(eng.setup.scenario.workload, eng.setup.scenario.seed, eng.setup.trace,
-                            eng.setup.model.vocab)
-    worst = 0.0
-    for spec in wl.initial()[:3]:
-        ctx = torch.from_numpy(spec.prompt())
-        ref_lg = next_token_logits(ex.w, ctx).double()
-        # the engine's first token came from these logits; recompute them through the engine path
-        first = int(eng.outputs[spec.rid][0])
-        top = int(ref_lg.argmax())
-        print(f"request {spec.rid}: engine first token {first}, reference argmax {top}")
-        worst = max(worst, float((ref_lg[first] - ref_lg[top]).abs() / ref_lg.abs().max()))
-    assert worst < BF16_LOGIT_RTOL
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -71,10 +100,10 @@ def test_graph_replays_equal_eager_steps_bit_for_bit(monkeypatch):
     otherwise, and the 8 requests' ~1K-row first prefill step, a replay at the 2048-row limit, flipped a tie)."""
     from gpu_backend.executor import rows
 
-    g_eng, g_ex = _run("granikv", 4, graphs=True)
+    g_eng, g_ex, _, _ = _run("granikv", 4, graphs=True)
     build = rows.build
     monkeypatch.setattr(rows, "build", lambda plan, num_slots, pad=True: build(plan, num_slots, pad=True))
-    e_eng, e_ex = _run("granikv", 4, graphs=False)
+    e_eng, e_ex, _, _ = _run("granikv", 4, graphs=False)
     print("graphs:", g_ex.stats(), "eager:", e_ex.stats())
     assert g_ex.stats()["graph_replays"] > 0 and e_ex.stats()["graph_replays"] == 0
     assert g_eng.outputs.keys() == e_eng.outputs.keys()

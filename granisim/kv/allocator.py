@@ -48,6 +48,7 @@ from granisim.kv.hot_pool import HotPool, KVCopy
 from granisim.kv.hot_slabs import HOT_HEADROOM, HotSlabs, slab_splitter
 from granisim.kv.layout import AllocatorStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
+from granisim.kv.protocol import CachedRun
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode
 from granisim.kv.sequence import Requests, _Seq, path_slots
 from granisim.kv.stores import PageStore, TokenStore
@@ -329,6 +330,20 @@ class KVAllocator:
 
     def pools(self) -> dict[str, object]:
         return self.views.pools()
+
+    # ---- introspection for the fuzzer (granisim.kv.protocol) -------------------------------
+    def lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """Slots of the longest cached prefix of ``tokens`` (a use, for LRU)."""
+        return path_slots(self.radix.match_prefix(tokens).node)
+
+    def cached_runs(self) -> list[CachedRun]:
+        return self.views.cached_runs()
+
+    def free_slots(self) -> dict[str, np.ndarray]:
+        return self.views.free_slots()
+
+    def pool_bounds(self) -> dict[str, tuple[int, int]]:
+        return self.views.pool_bounds()
 
     def occupancy(self) -> dict[str, tuple[int, int]]:
         """(used, cached) tokens per pool — the cheap part of :meth:`stats`, for per-step logs."""

@@ -71,6 +71,13 @@ class HotPool:
     def free_ranges(self) -> list[tuple[int, int]]:
         return list(zip(self._free_starts, self._free_lens))
 
+    def free_mask(self) -> np.ndarray:
+        """Per-slot free flags (index = slot - slot_start), from the free ranges."""
+        mask = np.zeros(self.capacity, bool)
+        for start, length in zip(self._free_starts, self._free_lens):
+            mask[start - self.slot_start : start - self.slot_start + length] = True
+        return mask
+
     # ---- allocation ----------------------------------------------------------------------
     def allocate(self, n: int) -> int | None:
         """A slab of exactly ``n`` slots (best fit), or None when no free range is large enough."""

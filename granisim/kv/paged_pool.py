@@ -35,6 +35,10 @@ class PagedPool:
     def free_pages(self) -> int:
         return self._pages.free
 
+    def free_mask(self) -> np.ndarray:
+        """Per-slot free flags (index = slot - slot_start), from the page flags."""
+        return np.repeat(self._pages.free_mask(), self.page_size)
+
     def allocate_pages(self, n_pages: int) -> np.ndarray:
         return self._pages.allocate(n_pages)
 

@@ -31,6 +31,10 @@ class _Store:
     def free(self) -> int:
         return self.pool.free
 
+    def free_mask(self) -> np.ndarray:
+        """Per-slot free flags of the pool (index = slot - the pool's first slot)."""
+        return self.pool.free_mask()
+
 
 class TokenStore(_Store):
     page_size = 1

@@ -15,6 +15,7 @@ import numpy as np
 from granisim.kv.counters import AllocatorCounters
 from granisim.kv.hot_pool import HotPool
 from granisim.kv.layout import AllocatorStats, KVSegment, PoolStats, RequestLayout
+from granisim.kv.protocol import CachedRun
 from granisim.kv.radix import RadixIndex, path_to
 from granisim.kv.sequence import Requests, _is_run, _Seq
 
@@ -95,6 +96,26 @@ class AllocatorViews:
         for node in self.radix.nodes():
             out.append(("node", node.id, node.pool, node.value))
         return out
+
+    def cached_runs(self) -> list[CachedRun]:
+        """Every radix node as a :class:`granisim.kv.protocol.CachedRun` (for the fuzzer)."""
+        root = self.radix.root
+        return [CachedRun(n.id, 0 if n.parent is root else n.parent.id, n.key, n.value, n.pool, n.lock_ref > 0)
+                for n in self.radix.nodes()]
+
+    def free_slots(self) -> dict[str, np.ndarray]:
+        """Free slot ids per pool (for the fuzzer)."""
+        out = {}
+        for name, pool in self.pools().items():
+            start, _ = self.pool_bounds()[name]
+            out[name] = np.flatnonzero(pool.free_mask()).astype(np.int64) + start
+        return out
+
+    def pool_bounds(self) -> dict[str, tuple[int, int]]:
+        """Slot range ``[start, stop)`` of every pool."""
+        return {name: (pool.pool.slot_start if hasattr(pool, "pool") else pool.slot_start,
+                       (pool.pool.slot_start if hasattr(pool, "pool") else pool.slot_start) + pool.capacity)
+                for name, pool in self.pools().items()}
 
     def pools(self) -> dict[str, object]:
         out = {self.store.name: self.store}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
@@ -32,7 +33,7 @@ from tqdm import tqdm
 from granisim.experiments.sweep_results import ResultsStore
 from granisim.config.scenario import Scenario, parse_scenario
 from granisim.experiments.sweep_file import SweepSpec
-from granisim.experiments.stopping import process_pool
+from granisim.experiments.stopping import SIGNALS, Stopped, process_pool
 
 ALLOC_STATS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens",
                "evicted_tokens")
@@ -188,6 +189,7 @@ def _run_ray(todo, done, workers: int, address: str) -> None:
         raise ValueError("--ray needs Ray: pip install 'granikv[cluster]' (or ray>=2.9)") from None
 
     started = False
+    handlers = {s: signal.getsignal(s) for s in SIGNALS}  # ray.init replaces them (SIGTERM: log and abort)
     if not ray.is_initialized():
         if address == "local":
             ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
@@ -201,6 +203,8 @@ def _run_ray(todo, done, workers: int, address: str) -> None:
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ValueError(f"--ray {address}: cannot connect to a Ray cluster ({msg})") from None
         started = True
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     try:
         remote = ray.remote(num_cpus=1)(run_point)
         refs = {remote.remote(*_args(p)): p.pid for p in todo}
@@ -210,10 +214,12 @@ def _run_ray(todo, done, workers: int, address: str) -> None:
                 finished, pending = ray.wait(pending, num_returns=min(len(pending), 8), timeout=0.5)
                 for ref in finished:
                     done(refs[ref], lambda ref=ref: ray.get(ref))
-        except BaseException:  # a stop or an error: the cluster drops the points in flight
+        except BaseException as err:  # a stop or an error: the cluster drops the points in flight
             for ref in pending:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
+            if isinstance(err, SystemError) and isinstance(err.__cause__, Stopped):
+                raise err.__cause__ from None  # a stop inside Ray's C code reaches us wrapped
             raise
     finally:
         if started:

@@ -21,6 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from granisim import costmodel as cm
+from granisim.calibration.collectives import add_to_file as add_parallel
 from granisim.config.hardware import PROFILE_DIR, load_profile
 from granisim.config.models import get_model
 
@@ -31,6 +32,8 @@ VIDUR = ("microsoft/vidur (MIT, Copyright (c) Microsoft Corporation), "
          "data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv: A100-80GB medians, TP=1")
 VIDUR_DIMS = dict(hidden=4096, n_q_heads=32, n_kv_heads=8, head_dim=128, intermediate=14336, vocab=128256,
                   dtype_bytes=2)
+TP_ROWS = "; TP=2/4/8 rows of the same file (per-GPU shard medians) for tensor-parallel replicas"
+TP_SCALING = "; with hardware.tp > 1 the rows of that tp, against one GPU's shard of the table's model"
 FA2_SRC = "Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h"
 DESIGN9 = "DESIGN.md §9 (one H200 run, 2026-11-29)"
 PAPER = "GraniKV paper, arXiv 2608.15584"
@@ -174,8 +177,8 @@ def a100(dense_flop_eff, linear):
             "file": TABLE, "model": VIDUR_DIMS,
             "scaling": ("t_model(n) = t_table(n) * max(F_model(n)/P, B_model(n)/BW) / max(F_table(n)/P, B_table(n)/BW) "
                         "per operator (FLOPs-scaled where compute-bound, bytes-scaled where memory-bound); linear "
-                        "interpolation in num_tokens, proportional beyond 32768"),
-            "source": pub(VIDUR),
+                        "interpolation in num_tokens, proportional beyond 32768" + TP_SCALING),
+            "source": pub(VIDUR + TP_ROWS),
         },
         "coefficients": c,
     }
@@ -266,7 +269,7 @@ def main():
             hi = mid
     eff = float(f"{hi * (1 + 2e-6):.8f}")
     base = a100(eff, linear)
-    write(base)
+    add_parallel(write(base))  # the tp all-reduce curve and MoE grouped-GEMM coefficients (extrapolated)
     # h200 is the measured profile and h100-sxm / b200 derive from it (scripts/make_calibrated_profiles.py);
     # `derived(name, base)` (the first, a100-carried what-if profiles) is kept for reference only.
     for name in ["a100-80gb", *DATASHEETS]:

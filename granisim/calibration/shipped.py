@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from granisim.calibration.collectives import add_to_file as add_parallel
 from granisim.calibration.profile import derive
 from granisim.calibration.run import calibrate, format_errors, write_figures
 from granisim.costmodel import m_sat_threshold
@@ -37,12 +38,14 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
         print(format_errors(cal.result))
         write_figures(cal, ROOT / "reports" / "calibration", "h200")
         shutil.copyfile(out, shipped)
+    add_parallel(shipped)  # the tp all-reduce curve and MoE grouped-GEMM coefficients (extrapolated until measured)
     load_profile(shipped)
     model = get_model("llama-3.1-8b")
     for target in ("h100-sxm", "b200"):
         doc = derive(cal.doc, target, source_name="h200 (calibration/profiles/h200.json)")  # the name it was derived under
         path = PROFILE_DIR / f"{target}.json"
         path.write_text(json.dumps(doc, indent=2) + "\n")
+        add_parallel(path)
         prof = load_profile(path)
         xs = {lp: m_sat_threshold(prof, model, lp) for lp in (1024, 4096, 16384, 32768)}
         print(f"{target}: m_sat {prof.m_sat}; formula best threshold by L_p {xs}")

@@ -9,8 +9,9 @@ calibration and the loader share one definition.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Mapping
 
 # name -> (unit, rule). Rules: pos = finite > 0; frac = 0 < x <= 1; int = integer >= 1; nonneg = >= 0.
@@ -187,6 +188,8 @@ class LinearTable:
     source: Source
     num_tokens: tuple[int, ...]
     ops_ms: Mapping[str, tuple[float, ...]]  # column (e.g. 'mlp_up_proj') -> ms per num_tokens
+    # per-shard timings of tensor-parallel runs where the table has them: tp -> (num_tokens, ops_ms)
+    tp_ops: Mapping[int, tuple] = field(default_factory=lambda: MappingProxyType({}))
 
 
 KERNEL_TABLE_COLS = ("family", "storage", "G", "B", "L", "M_eff", "q_len", "n_req", "T", "median_us")

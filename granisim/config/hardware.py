@@ -131,6 +131,31 @@ def _read_table(file: Path | str, path: Path) -> tuple[tuple[int, ...], dict[str
     return ns, ops
 
 
+def _read_tp_tables(file: Path | str, path: Path) -> Mapping[int, tuple]:
+    """The table's TP > 1 rows (Vidur's per-shard timings), by tp: (num_tokens, ops_ms) as :func:`_read_table`."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    acc: dict[int, dict[int, list[list[float]]]] = {}
+    try:
+        for i, row in enumerate(rows, 1):
+            tp = int(row.get("num_tensor_parallel_workers", 1))
+            if tp == 1:
+                continue
+            vals = [_cell(file, "linear_table.file", path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
+            n = _cell(file, "linear_table.file", path, i, row, "num_tokens", positive=True)
+            acc.setdefault(tp, {}).setdefault(int(n), []).append(vals)
+    except (KeyError, ValueError) as e:
+        if isinstance(e, ProfileError):
+            raise
+        raise _fail(file, "linear_table.file", str(path), f"bad table column or value ({e})") from None
+    out = {}
+    for tp, by_n in acc.items():
+        ns = tuple(sorted(by_n))
+        out[tp] = (ns, MappingProxyType({op: tuple(sum(v[i] for v in by_n[n]) / len(by_n[n]) for n in ns)
+                                         for i, op in enumerate(_TABLE_OPS)}))
+    return MappingProxyType(out)
+
+
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read and validate one profile file."""
     path = Path(path)
@@ -188,7 +213,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
         tpath = _table_file(path, "linear_table", t)
         ns, ops = _read_table(path, tpath)
         table = LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
-                            MappingProxyType(ops))
+                            MappingProxyType(ops), _read_tp_tables(path, tpath))
     ktable = None
     if m.kernel_table is not None:
         t = m.kernel_table

@@ -14,7 +14,7 @@ from .correction import page_eff, storage_class
 from .kernels import KernelForms
 from .operators import (_MEMO_MAX, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,
                         op_work, roofline_time)
-from .parallel import ParallelPricing, skips_dense_mlp
+from .parallel import ParallelPricing, skips_dense_mlp, tp_shard_dims
 from .step import StepPricing
 
 
@@ -110,6 +110,11 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
             return None
         n = np.asarray(table.num_tokens, float)
         ref = Dims(**{k: int(v) for k, v in table.model.items()})
+        ops_ms = table.ops_ms
+        if self.model.tp > 1 and self.model.tp in table.tp_ops:  # measured per-shard timings (Vidur's TP rows)
+            ns, ops_ms = table.tp_ops[self.model.tp]
+            n = np.asarray(ns, float)
+            ref = tp_shard_dims(ref, self.model.tp)
         total = np.zeros_like(n)
         for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
             for family, col, count in ops:
@@ -118,7 +123,7 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
                 fm, bm = op_work(family, n, self.dims)
                 fr, br = op_work(family, n, ref)
                 ratio = np.maximum(fm / self.P, bm / self.BW) / np.maximum(fr / self.P, br / self.BW)
-                total += np.asarray(table.ops_ms[col]) * 1e-3 * ratio * count * mult
+                total += np.asarray(ops_ms[col]) * 1e-3 * ratio * count * mult
         # GEMMs at tile-aligned sizes run faster than at slightly smaller ones (n = 48 beats 40):
         # a step of n tokens costs no more than the cheapest measured size >= n (pad up to it),
         # so more tokens are never cheaper.

@@ -188,3 +188,21 @@ def test_tp_field_is_left_out_of_dumps_at_its_default():
     sc = parse_scenario({})
     assert "tp" not in sc.model_dump()["hardware"] and "expert_routing" not in sc.model_dump()["model"]
     assert sc.with_changes(**{"hardware.tp": 4}).hardware.tp == 4
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_a100_uses_vidurs_tensor_parallel_rows(tp):
+    """a100-80gb's table holds Vidur's TP = 2/4/8 per-shard timings of Llama-3-8B: at a measured size the
+    shard's linear part is those rows summed over layers (+ the all-reduces), not the TP = 1 rows carried by
+    the roofline ratio. Planted: _build_linear_grid ignoring table.tp_ops fails."""
+    prof = get_profile("a100-80gb")
+    m = get_model("llama-3.1-8b")
+    ns, ops = prof.linear_table.tp_ops[tp]
+    i = len(ns) - 1  # the largest measured size: not lowered by the table's non-decreasing rule
+    layer = sum(ops[c][i] for c in ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+                                    "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj"))
+    layer += 2 * ops["add"][i]
+    want = (m.num_layers * layer + ops["emb"][i] + ops["input_layernorm"][i]) * 1e-3
+    t = CostTables(prof, m.shard(tp))
+    got = t.linear_time(ns[i]) - float(t.allreduce_time(ns[i]))
+    assert got == pytest.approx(want, rel=1e-9)

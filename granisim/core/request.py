@@ -16,8 +16,9 @@ class Request:
 
     The token buffer is built on first read of ``tokens`` (admission), not on arrival, so a
     waiting request holds only its suffix. Tokens sampled one at a time (``append_one``) are
-    kept in a plain list and written into the buffer when ``tokens`` is next read (at the
-    latest when the request finishes): a list append instead of an array store per step."""
+    (``append_one``, or a few at a time by ``append``) are kept in a plain list and written
+    into the buffer when ``tokens`` is next read (at the latest when the request finishes):
+    a list append instead of an array store per step."""
 
     __slots__ = ("spec", "rid", "_buf", "_suffix", "_pending", "n_tokens", "prompt_len", "computed", "generated",
                  "admitted_s", "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding",
@@ -68,7 +69,10 @@ class Request:
 
     def append(self, tokens: np.ndarray) -> None:
         n = tokens.size
-        self.tokens[self.n_tokens : self.n_tokens + n] = tokens
+        if n <= 64:  # a fast-forward block is a few steps: cheaper as list items than as an array store
+            self._pending.extend(tokens.tolist())
+        else:
+            self.tokens[self.n_tokens : self.n_tokens + n] = tokens
         self.n_tokens += n
         self.generated += n
 

@@ -10,12 +10,12 @@ from granisim.core.workload import RequestSpec
 PREFIX = np.arange(100, 110, dtype=np.int32)
 
 
-def spec(suffix_len=5, output_len=40):
+def spec(suffix_len=5, output_len=400):
     return RequestSpec(3, 0.0, PREFIX, np.arange(suffix_len, dtype=np.int32) + 500, output_len, PREFIX.size)
 
 
 _step = st.one_of(st.tuples(st.just("one"), st.integers(0, 127_999)),
-                  st.tuples(st.just("block"), st.lists(st.integers(0, 127_999), min_size=1, max_size=5)),
+                  st.tuples(st.just("block"), st.lists(st.integers(0, 127_999), min_size=1, max_size=80)),
                   st.tuples(st.just("read")))
 
 
@@ -48,4 +48,4 @@ def test_tokens_read_back_every_append_in_order(steps):
 def test_a_waiting_request_holds_no_buffer():
     r = Request(spec())
     assert r._buf is None and r.n_tokens == 15
-    assert r.tokens.size == 15 + 40 and r._buf is not None
+    assert r.tokens.size == 15 + 400 and r._buf is not None

@@ -121,6 +121,28 @@ class WorkloadCfg(_Strict):
     turns: int = Field(1, ge=1)  # turns per session (multi-turn when > 1)
     think_time_s: float = Field(0.0, ge=0)
     followup_scale: float = Field(0.25, gt=0)  # follow-up message length vs a trace prompt
+    # prompt/output lengths from this trace instead (shipped name `arxiv`, or a CSV path); arrivals unchanged
+    lengths_trace: str | None = None
+
+    @field_validator("lengths_trace")
+    @classmethod
+    def _lengths_trace(cls, v):
+        if v is not None:
+            from granisim.core.workload import TraceError, load_lengths
+
+            try:
+                load_lengths(v)
+            except FileNotFoundError:
+                raise ValueError("file not found (give a CSV path or a shipped name: arxiv)") from None
+            except OSError as err:
+                raise ValueError(f"cannot read ({err.strerror})") from None
+            except TraceError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    @model_serializer(mode="wrap")
+    def _without_unset_lengths(self, handler):
+        return _drop_defaults(handler(self), {"lengths_trace": None})
 
 
 ROUTERS = ("round_robin", "least_load", "cache_aware", "role_affinity", "hot_aware")
@@ -209,7 +231,8 @@ class Scenario(_Strict):
 def _optional_field(parts: list[str]) -> bool:
     """A field that dumps leave out at its default (hardware.tp, model.expert_*)."""
     return len(parts) == 2 and (parts[0], parts[1]) in (("hardware", "tp"), ("model", "expert_routing"),
-                                                          ("model", "expert_zipf_s"))
+                                                          ("model", "expert_zipf_s"),
+                                                          ("workload", "lengths_trace"))
 
 
 def short_repr(value, limit: int = 80) -> str:

@@ -8,6 +8,10 @@
 * ``control`` — the same with a short prefix (``prefix_len`` defaults to 64 there).
 * ``azure`` — replay of the trace itself: its timestamps and lengths, no shared prefix.
 
+``lengths_trace`` (any kind): prompt and output lengths drawn from another trace that has
+lengths only (e.g. the shipped arXiv-summarization long prompts), arrivals as before (e.g. the
+Azure trace's timestamps).
+
 Every random stream has its own generator seeded from (seed, stream name), so changing
 one knob (say, role popularity) leaves the other streams' draws unchanged.
 
@@ -19,6 +23,7 @@ all up front, without holding every prompt in memory.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import weakref
 import zlib
@@ -31,6 +36,9 @@ import pandas as pd
 
 VOCAB = 32000  # synthetic token ids; only equality matters to the radix index
 AZURE_CONV = "azure_conv_2023.csv"
+# shipped length-only traces (workload.lengths_trace = NAME): prompt/output lengths without timestamps
+LENGTHS_TRACES = {"arxiv": "arxiv_summarization_lengths.csv"}
+LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 PROMPT_DTYPE = np.int32
 
 
@@ -201,6 +209,33 @@ def check_trace(df: pd.DataFrame, name: str) -> pd.DataFrame:
     return out
 
 
+def load_lengths(ref: str) -> pd.DataFrame:
+    """A lengths trace (``workload.lengths_trace``): a shipped name (``arxiv``: arXiv summarization,
+    from microsoft/vidur) or a CSV path with ``num_prefill_tokens`` and ``num_decode_tokens``
+    (integers >= 1; other columns ignored). Read once per process. Errors as :func:`load_trace`'s."""
+    return _load_lengths(ref).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_lengths(ref: str) -> pd.DataFrame:
+    try:
+        if ref in LENGTHS_TRACES:
+            with resources.files("granisim.config.data").joinpath(LENGTHS_TRACES[ref]).open("rb") as f:
+                df = pd.read_csv(f)
+        else:
+            df = pd.read_csv(ref)
+    except pd.errors.EmptyDataError:
+        raise TraceError(f"{ref}: the file is empty (need a header row {','.join(LENGTH_COLUMNS)})") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise TraceError(f"{ref}: not a readable UTF-8 CSV ({' '.join(str(err).split())[:160]})") from None
+    missing = [c for c in LENGTH_COLUMNS if c not in df.columns]
+    if missing:
+        raise TraceError(f"{ref}: missing column(s) {', '.join(missing)} (need {', '.join(LENGTH_COLUMNS)})")
+    # the same cell checks as a full trace (a constant arrival column passes the order check)
+    checked = check_trace(df[list(LENGTH_COLUMNS)].assign(arrived_at=0.0), ref)
+    return checked[list(LENGTH_COLUMNS)].reset_index(drop=True)
+
+
 class Workload:
     """Produces the initial arrivals and, for sessions, each follow-up turn."""
 
@@ -209,6 +244,8 @@ class Workload:
         self.seed = seed
         self.vocab = min(vocab, VOCAB)  # token ids must exist in the model's vocabulary
         self._trace = trace
+        # prompt/output lengths: from the lengths trace when one is given, else from the arrival trace
+        self._lengths = load_lengths(cfg.lengths_trace) if getattr(cfg, "lengths_trace", None) else trace
         self._sessions = 0
         rng = rng_for(seed, "prefixes")
         k = cfg.roles if cfg.kind != "azure" else 0
@@ -226,8 +263,12 @@ class Workload:
             rows = lengths.integers(0, len(tr), n)
             gaps = rng_for(self.seed, "arrivals").exponential(1.0 / cfg.rate, n)
             times = np.cumsum(gaps) - gaps[0]
-        suffix_lens = np.maximum(1, tr["num_prefill_tokens"].to_numpy()[rows] * cfg.suffix_scale).astype(np.int64)
-        out_lens = np.maximum(1, tr["num_decode_tokens"].to_numpy()[rows] * cfg.output_scale).astype(np.int64)
+        lt, len_rows = tr, rows
+        if self._lengths is not tr:  # each request's lengths from a random row of the lengths trace (own stream)
+            lt = self._lengths
+            len_rows = rng_for(self.seed, "lengths_trace").integers(0, len(lt), len(rows))
+        suffix_lens = np.maximum(1, lt["num_prefill_tokens"].to_numpy()[len_rows] * cfg.suffix_scale).astype(np.int64)
+        out_lens = np.maximum(1, lt["num_decode_tokens"].to_numpy()[len_rows] * cfg.output_scale).astype(np.int64)
         if cfg.max_output_len:
             out_lens = np.minimum(out_lens, cfg.max_output_len)
         roles = self._roles(len(rows))
@@ -260,7 +301,7 @@ class Workload:
             return None
         # one generator per (session, turn): the same follow-up whatever order turns finish in
         rng = rng_for(self.seed, f"followup/{spec.session}/{spec.turn + 1}")
-        suffix_len = max(1, int(self._trace["num_prefill_tokens"].iloc[int(rng.integers(len(self._trace)))]
+        suffix_len = max(1, int(self._lengths["num_prefill_tokens"].iloc[int(rng.integers(len(self._lengths)))]
                                 * self.cfg.suffix_scale * self.cfg.followup_scale))
         out_len = spec.output_len
         new = rng.integers(0, self.vocab, suffix_len, dtype=PROMPT_DTYPE)

@@ -31,6 +31,8 @@ one-offs an engine warmed up before serving would not pay (each counted in `stat
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -59,6 +61,7 @@ class GpuExecutor:
         self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
         self.num_slots = int(num_slots)
         # one scratch slot past the budget: padded rows write their K/V there; nothing reads it
+        self.idled_s = 0.0  # wall-clock seconds spent in idle()
         kv_shape = (self.num_slots + 1, shape.n_kv_heads, shape.head_dim)
         self.k_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.v_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
@@ -81,12 +84,22 @@ class GpuExecutor:
 
     def stats(self) -> dict:
         g = self.graphs
-        return dict(graph_max_rows=self.graph_max_rows if g else 0, eager_steps=self.eager_steps, reruns=self.reruns,
+        return dict(idled_s=round(self.idled_s, 3), graph_max_rows=self.graph_max_rows if g else 0,
+                    eager_steps=self.eager_steps, reruns=self.reruns,
                     graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats())
 
+
+    def idle(self, seconds: float) -> None:
+        """Wait out a gap between arrivals in wall-clock time (the serving loop calls this when it has no
+        step to run): the GPU finishes its queued work, then idles as a server's would between requests,
+        so its clock and power state between bursts are a server's, not those of steps run back to back."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.idled_s += seconds
+        time.sleep(seconds)
     # ---- the step ---------------------------------------------------------------------------
     def execute(self, plan: BatchPlan) -> StepResult:
         with GcWatch.hold(self.hold_gc), self._allocs.step(plan.step):

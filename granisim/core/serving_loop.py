@@ -130,6 +130,7 @@ class ServingLoop:
             if plan is None:
                 if not self._pending and not sched.has_work and self.feed is None:
                     break
+                self._idle_until_next_arrival()
                 self._wake = env.event()
                 yield self._wake
                 continue
@@ -162,6 +163,16 @@ class ServingLoop:
             if n_finished != n_done:
                 self._bar.update(n_finished - n_done)
                 n_done = n_finished
+
+    def _idle_until_next_arrival(self) -> None:
+        """An executor with an ``idle(seconds)`` method (the GPU executor) is told the gap until the next
+        arrival, so a measured run idles as a server would; the simulated clock is unchanged. Single-GPU
+        loop only (a fleet replica's next request depends on the router)."""
+        idle = getattr(self.executor, "idle", None)
+        if idle is not None and self.feed is None and self._pending:
+            gap = self._pending[0] - self.env.now
+            if gap > 0:
+                idle(gap)
 
     def _steps_until_event(self, durations, k: int) -> int:
         """Steps to run so that the block ends at the first step boundary at or after the next event."""

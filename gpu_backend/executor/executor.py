@@ -60,8 +60,8 @@ class GpuExecutor:
         self.device = torch.device(device)
         self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
         self.num_slots = int(num_slots)
-        # one scratch slot past the budget: padded rows write their K/V there; nothing reads it
         self.idled_s = 0.0  # wall-clock seconds spent in idle()
+        # one scratch slot past the budget: padded rows write their K/V there; nothing reads it
         kv_shape = (self.num_slots + 1, shape.n_kv_heads, shape.head_dim)
         self.k_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.v_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
@@ -91,7 +91,6 @@ class GpuExecutor:
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats())
 
-
     def idle(self, seconds: float) -> None:
         """Wait out a gap between arrivals in wall-clock time (the serving loop calls this when it has no
         step to run): the GPU finishes its queued work, then idles as a server's would between requests,
@@ -100,6 +99,7 @@ class GpuExecutor:
             torch.cuda.synchronize(self.device)
         self.idled_s += seconds
         time.sleep(seconds)
+
     # ---- the step ---------------------------------------------------------------------------
     def execute(self, plan: BatchPlan) -> StepResult:
         with GcWatch.hold(self.hold_gc), self._allocs.step(plan.step):

@@ -135,23 +135,9 @@ def cmd_paper(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    import hypothesis
-    from hypothesis.stateful import run_state_machine_as_test
+    from granisim.experiments.fuzz_cli import run_fuzz
 
-    from granisim.experiments.fuzz import allocator_machine, default_factory, fuzz_settings
-
-    machine = allocator_machine(default_factory(args.allocator))
-    hypothesis.seed(args.seed)(machine)
-    try:
-        run_state_machine_as_test(machine, settings=fuzz_settings(args.examples, args.steps))
-    except Exception as err:
-        # hypothesis attaches the shrunk, replayable rule sequence to the error as notes
-        for note in getattr(err, "__notes__", []):
-            print(note, file=sys.stderr)
-        print(f"\nFUZZ FAILURE ({args.allocator}): {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    print(f"fuzz {args.allocator}: {args.examples} examples, no invariant violated (seed {args.seed})")
-    return 0
+    return run_fuzz(args)
 
 
 def cmd_bench(args) -> int:
@@ -187,7 +173,7 @@ def cmd_calibrate(args) -> int:
 
     out = Path(args.out)
     cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds,
-                    progress=True)
+                    progress=True, workers=args.workers)
     print(format_errors(cal.result))
     ms = cal.msat
     print(f"\nM_sat (dense beats cascade from M_eff =): {ms['overall']} overall; per L_p measured "
@@ -281,9 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.set_defaults(fn=cmd_paper)
     f = sub.add_parser("fuzz", help="property-based fuzzing of an allocator policy")
     f.add_argument("--allocator", choices=["granikv", "granikv-adaptive", "paged", "token"], default="granikv")
-    f.add_argument("--examples", type=int, default=1000)
-    f.add_argument("--steps", type=int, default=30, help="rules per example")
+    f.add_argument("--examples", type=int, default=1000, help="examples (rule sequences) to try")
+    f.add_argument("--max-steps", "--steps", dest="max_steps", type=int, default=30, help="rules per example")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--repro", help="reproduction test file to write on failure (default out/fuzz/repro_POLICY.py)")
+    f.add_argument("--no-model", action="store_true", help="check invariants only, not the reference model")
     f.set_defaults(fn=cmd_fuzz)
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=["alloc", "sweep", "sim"])
@@ -308,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("--report", help="also write the M_sat and residual plots and a fit summary here")
     cf.add_argument("--folds", type=int, default=5,
                     help="cross-validation folds for the held-out errors (1: one seeded 20%% hold-out)")
+    cf.add_argument("--workers", type=int, help="local processes (default: CPU count, at most 5); same result")
     cf.set_defaults(fn=cmd_calibrate)
     return p
 

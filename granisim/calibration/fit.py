@@ -65,10 +65,17 @@ KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.casca
                 "storage.slab_eff": 1.0, "attn.form": 2}
 
 
-def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape, warm: bool = False):
+def _resident_fit(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape, r: int) -> tuple[float, dict]:
+    v = dict(values)
+    v[DISCRETE[fam]] = r
+    return fit_params(v, FAMILY_PARAMS[fam], rows, model, _starts(FAMILY_PARAMS[fam]), return_cost=True), v
+
+
+def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape, warm: bool = False, pool=None):
     """Fit family ``fam``'s parameters (and its whole-number one, by trying each) to ``rows``.
     ``warm``: one start, from ``values`` as they are, whole-number parameter kept (a re-fit near a
-    known solution: the cross-validation folds)."""
+    known solution: the cross-validation folds). ``pool``: an executor the whole-number values are
+    tried on in parallel (the same result as one by one)."""
     names = FAMILY_PARAMS[fam]
     disc = DISCRETE.get(fam)
     if warm:
@@ -77,11 +84,12 @@ def fit_family(values: dict, fam: str, rows: pd.DataFrame, model: ModelShape, wa
     if disc is None:
         fit_params(values, names, rows, model, _starts(names))
         return values
+    if pool is not None:
+        tried = [f.result() for f in [pool.submit(_resident_fit, values, fam, rows, model, r) for r in RESIDENT]]
+    else:
+        tried = (_resident_fit(values, fam, rows, model, r) for r in RESIDENT)
     best = None
-    for r in RESIDENT:
-        v = dict(values)
-        v[disc] = r
-        cost = fit_params(v, names, rows, model, _starts(names), return_cost=True)
+    for cost, v in tried:
         if best is None or cost < best[0] - 1e-12:
             best = (cost, v)
     values.update(best[1])
@@ -180,14 +188,14 @@ ATTENTION_FITS = 8  # fit_family calls of one fit_attention_rows (progress units
 
 
 def fit_attention_rows(train: pd.DataFrame, values: dict, model: ModelShape, warm: bool = False,
-                       tick=lambda: None) -> dict:
+                       tick=lambda: None, pool=None) -> dict:
     """Fit every attention / KV family's coefficients to ``train`` (attention.csv rows); ``warm``:
     see :func:`fit_family`; ``tick()`` after each family."""
     slab = train["storage"].fillna("") == "slab"
 
     def fit_one(fam, r):
         if len(r):
-            fit_family(values, fam, r, model, warm)
+            fit_family(values, fam, r, model, warm, pool)
         tick()
 
     def rows(fam, only_slab=False):
@@ -204,7 +212,8 @@ def fit_attention_rows(train: pd.DataFrame, values: dict, model: ModelShape, war
     return values
 
 
-def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: int = 5, tick=lambda: None):
+def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: int = 5, tick=lambda: None,
+                  pool=None):
     """Coefficients fitted on every row (several starts, every whole-number value tried); held-out
     errors by cross-validation: per fold, the coefficients are re-fitted on the other rows only, one
     start from the all-rows solution with its whole-number values kept, and predict the fold's rows
@@ -220,10 +229,18 @@ def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, fold
     df["fold"] = fold
     df["pred_s"] = np.nan
     df["formula_s"] = np.nan
-    values = fit_attention_rows(df, values, model, tick=tick)
-    for k in sorted(set(fold[fold >= 0])):
+    values = fit_attention_rows(df, values, model, tick=tick, pool=pool)
+    ks = sorted(set(fold[fold >= 0]))
+    if pool is not None:  # the folds in parallel
+        jobs = [pool.submit(fit_attention_rows, df[fold != k], dict(values), model, True) for k in ks]
+    for i, k in enumerate(ks):
         train = df[fold != k]
-        v = fit_attention_rows(train, dict(values), model, warm=True, tick=tick)
+        if pool is not None:
+            v = jobs[i].result()
+            for _ in range(ATTENTION_FITS):
+                tick()
+        else:
+            v = fit_attention_rows(train, dict(values), model, warm=True, tick=tick)
         h = fold == k
         df.loc[h, "formula_s"] = predict_attention(v, df[h], model)
         df.loc[h, "pred_s"] = predict_attention(v, df[h], model, table=kernel_table_of(train, model))
@@ -274,18 +291,30 @@ def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
     return {"rows": total, "agree": agree, "examples": bad}
 
 
-def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5, progress: bool = False) -> FitResult:
+def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5, progress: bool = False,
+        workers: int | None = None) -> FitResult:
     """Every coefficient of a form-2 profile from ``raw`` (``base_values``: start values); held-out
     errors by ``folds``-fold cross-validation (each fold holds out ~20% of each family's points;
-    ``folds = 1``: one seeded 20% hold-out). ``progress``: a progress bar on stderr."""
+    ``folds = 1``: one seeded 20% hold-out). ``progress``: a progress bar on stderr. ``workers``:
+    local processes for the independent pieces (whole-number values, folds; default: the CPU
+    count, at most 5); the result does not depend on it."""
+    import contextlib
+    import os
+
     from tqdm import tqdm
+
+    from granisim.experiments.stopping import process_pool
+
+    workers = min(workers or os.cpu_count() or 1, len(RESIDENT))
 
     model = get_model(raw.meta.get("model", "llama-3.1-8b"))
     bw, bw_how = hbm_ceiling(raw)
     values = initial_values(base_values, {**raw.meta, "max_stream_Bps": bw})
     bar = tqdm(total=ATTENTION_FITS * (1 + max(1, folds)) + 1, desc="fit", unit="family", disable=not progress)
     try:
-        values, att, errors = fit_attention(raw, values, model, seed, folds, tick=lambda: bar.update(1))
+        with (process_pool(workers) if workers > 1 else contextlib.nullcontext()) as pool:
+            values, att, errors = fit_attention(raw, values, model, seed, folds, tick=lambda: bar.update(1),
+                                                pool=pool)
         bar.set_description("fit linear")
         values, lin, lerr = fit_linear(raw, values, model, seed, folds)
         bar.update(1)

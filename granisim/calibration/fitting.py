@@ -21,7 +21,14 @@ test in tests/granisim/test_calibration_speed.py). Commands: the measurement har
 The whole fit (``granisim calibrate fit calibration/raw/h200``) spent its time in the solver's
 residual evaluations (cProfile: 99% in ``predict_attention``), most of it re-fitting every
 cross-validation fold from scratch (5 folds + the final fit, each 4 starts x 5 whole-number
-values per kernel family); the folds now re-fit warm from the all-rows solution (fit.py).
+values per kernel family); the folds now re-fit warm from the all-rows solution, and the
+whole-number values and the folds run on local processes (fit.py; the profile written is
+byte-identical with one process). Measured with ``/usr/bin/time -v granisim calibrate fit
+calibration/raw/h200 --out P.json`` on the shared 2-core machine (load average 9-13 from other
+jobs, so wall times there are not the machine's): before, 527 s wall; warm folds alone, 56 s of
+CPU in one process; warm folds + TRF, 64 s of CPU in one process (at the higher load). With two
+processes, the parts that run in parallel are most of that, so an idle 2-core machine should
+take well under a minute; not measured idle.
 """
 
 from __future__ import annotations

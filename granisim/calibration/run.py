@@ -37,10 +37,11 @@ class Calibration:
 
 
 def calibrate(raw_dir, out, *, name: str | None = None, start_profile: str = "h200", command: str | None = None,
-              seed: int = 0, folds: int = 5, extra_table_dirs=(), progress: bool = False) -> Calibration:
+              seed: int = 0, folds: int = 5, extra_table_dirs=(), progress: bool = False,
+              workers: int | None = None) -> Calibration:
     raw = load_raw(raw_dir)
     base = {k: c.value for k, c in get_profile(start_profile).coefficients.items()}
-    res = fit(raw, base, seed, folds, progress=progress)
+    res = fit(raw, base, seed, folds, progress=progress, workers=workers)
     p = paired(raw.attention)
     per_L = measured_crossovers(p) if len(p) else {}
     T, excess = best_threshold(p) if len(p) else (int(res.values.get("m_sat", 1024)), {})

@@ -1,18 +1,35 @@
-"""Property-based fuzzing of an allocator policy with hypothesis stateful testing.
+"""Property-based fuzzing of an allocator with hypothesis stateful testing.
 
-``allocator_machine(factory)`` builds a ``RuleBasedStateMachine`` for any object with the
-:class:`granisim.kv.KVAllocator` interface, so users can point it at their own policy.
-A shadow array records the token id last written into every slot (KV writes and the
-allocator's compaction copies are replayed on it), so any layout or radix node that maps
-to the wrong slots shows up as a token mismatch.
+``allocator_machine(factory, model)`` builds a ``RuleBasedStateMachine`` for any allocator
+that implements :class:`granisim.kv.protocol.AllocatorProtocol` (the machine reads nothing
+else), so users can point it at their own policy (``docs/fuzzing.md``). With ``model`` (a
+factory of :class:`granisim.experiments.fuzz_model.ReferenceModel`, for our three policies)
+every answer is also compared with a simple reference model run in lockstep.
 
-Invariants checked after every rule:
-  * no slot is owned twice, and no owned slot is free;
-  * per pool: free + used + cached == capacity, and owned slots == used + cached;
-  * every HOT node's slots are one contiguous run equal to its slab;
-  * reference counts are never negative and every locked node is still in the tree;
-  * every live request's layout, and every radix node, maps to exactly its own tokens;
-  * at teardown, after releasing everything and evicting all, every pool is full again.
+Rules drive the allocator the way the scheduler does: admission (``can_admit`` then
+``admit``, with prompt lengths drawn at the edges of the free space, of pages and of the
+HOT pool), chunked prefill that can be preempted after any chunk, single and batched
+decode (``can_extend_all`` / ``extend_all``), finish with or without caching, lookups,
+eviction, flushing, compaction and the adaptive boundary's ``rebalance``. A shadow array
+records the token last written into every slot (KV writes and compaction copies are
+replayed on it), so a layout or cached run that maps to the wrong slots shows up.
+
+Checked after every rule:
+  * promises: after ``can_admit`` says yes, extending by the whole uncached prompt (plus the
+    reserve) fits; after ``can_extend`` / ``can_extend_all`` says yes, the extend succeeds
+    and returns exactly the slots asked for; ``can_extend_all`` agrees with ``can_extend``;
+  * slots: every pool's free slots and owned slots exactly tile its range (no slot owned
+    twice, none both owned and free, none lost); pools are disjoint inside ``[0, capacity)``;
+    a pool boundary moves only across slots that were free on both sides;
+  * counts: free + used + cached == capacity; used + cached == owned; cached == the unlocked
+    cached runs; locks reach the root;
+  * HOT runs are contiguous; a request holds fewer than one page of reserved, unwritten
+    private slots (tightness);
+  * every live request's layout, and every cached run, maps to exactly its own tokens;
+  * with a model: admit yes/no, matched lengths, extend yes/no, tokens evicted, the event
+    counters, per-pool counts, each request's slots per pool and the whole prefix tree
+    (every cached run's token path, pool and lock state) equal the model's;
+  * at teardown, after releasing everything and clearing the cache, every pool is free.
 """
 
 from __future__ import annotations
@@ -20,148 +37,270 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from granisim.kv.allocator import KVAllocator, make_allocator
-from granisim.kv.radix import RadixNode
+from granisim.experiments.fuzz_model import ModelMismatch, ReferenceModel
+from granisim.kv.allocator import make_allocator
+from granisim.kv.protocol import AllocatorProtocol
 
 VOCAB = 6  # tiny vocabulary: many partial matches, hence many node splits
-AGENT_PROMPTS = [np.array(p, dtype=np.int64) for p in ([1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2],
-                                                      [1, 2, 3, 0, 0, 0, 4, 4, 4, 4, 1, 2],
-                                                      [5, 4, 3, 2, 1, 0, 5, 4, 3, 2, 1, 0, 5, 4, 3, 2, 1, 0])]
+_rng = np.random.default_rng(5)
+AGENT_PREFIXES = [_rng.integers(0, VOCAB, 56).astype(np.int64) for _ in range(3)]
 FUZZ_CAPACITY = 160
+FUZZ_HOT_FRACTION = 0.25
+FUZZ_PAGE = 4
+POLICIES = ("granikv", "granikv-adaptive", "token", "paged")
 
 
-def default_factory(policy: str) -> Callable[[], KVAllocator]:
-    if policy == "granikv-adaptive":  # HOT/COLD boundary that moves with demand
-        # a short demand window so that HOT also shrinks within one example
-        return lambda: make_allocator("granikv", FUZZ_CAPACITY, hot_fraction="adaptive", demand_window=1)
-    page = 4 if policy.startswith("paged") else None
-    return lambda: make_allocator(policy if policy != "paged" else "paged", FUZZ_CAPACITY, hot_fraction=0.25,
-                                  page_size=page)
+def _config(policy: str) -> tuple[str, dict]:
+    if policy == "granikv-adaptive":  # a short demand window so that HOT also shrinks within one example
+        return "granikv", dict(hot_fraction="adaptive", demand_window=1)
+    if policy == "granikv":
+        return "granikv", dict(hot_fraction=FUZZ_HOT_FRACTION)
+    if policy == "paged":
+        return "paged", dict(page_size=FUZZ_PAGE)
+    if policy == "token":
+        return "token", {}
+    raise ValueError(f"unknown fuzz policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 
-def allocator_machine(factory: Callable[[], KVAllocator]) -> type[RuleBasedStateMachine]:
+def default_factory(policy: str) -> Callable[[], AllocatorProtocol]:
+    """The allocator each fuzz policy name stands for (160 slots)."""
+    name, kw = _config(policy)
+    return lambda: make_allocator(name, FUZZ_CAPACITY, **kw)
+
+
+def default_model(policy: str) -> Callable[[], ReferenceModel]:
+    """The reference model matching :func:`default_factory`."""
+    name, kw = _config(policy)
+    return lambda: ReferenceModel(name, FUZZ_CAPACITY, **kw)
+
+
+class PromiseBroken(AssertionError):
+    """The allocator said yes to a question and then could not deliver."""
+
+
+def _agree(what: str, real, model) -> None:
+    if real != model:
+        raise ModelMismatch(f"{what}: allocator {real!r}, reference model {model!r}")
+
+
+def allocator_machine(factory: Callable[[], AllocatorProtocol],
+                      model: Callable[[], ReferenceModel] | None = None) -> type[RuleBasedStateMachine]:
     class AllocatorMachine(RuleBasedStateMachine):
         def __init__(self):
             super().__init__()
             self.alloc = factory()
+            self.model = model() if model is not None else None
             self.shadow = np.full(self.alloc.capacity, -1, dtype=np.int64)
-            self.reqs: dict[int, dict] = {}  # rid -> {tokens, done, shared}
+            self.reqs: dict[int, dict] = {}  # rid -> tokens, prompt, shared, done
             self.history: list[np.ndarray] = []
-            self.ext_locks: list[RadixNode] = []
             self.next_rid = 0
+            self.bounds = self.alloc.pool_bounds()
 
         # ---- helpers ---------------------------------------------------------------------
         def _sync_copies(self):
             for c in self.alloc.take_copies():
                 self.shadow[c.dst : c.dst + c.length] = self.shadow[c.src : c.src + c.length].copy()
 
-        def _write(self, rid: int, n: int) -> bool:
-            r = self.reqs[rid]
-            if not self.alloc.can_extend({rid: n}):
-                return False
-            slots = self.alloc.extend(rid, n)
-            assert slots.size == n, f"extend({rid}, {n}) returned {slots.size} slots"
+        def _hot_delta(self) -> int:
+            if self.model is None or "hot" not in self.model.cap:
+                return 0
+            lo, hi = self.alloc.pool_bounds().get("hot", (0, 0))
+            return (hi - lo) - self.model.cap["hot"]
+
+        def _pick(self, pick: int, pred) -> int | None:
+            rids = sorted(r for r, q in self.reqs.items() if pred(q))
+            return rids[pick % len(rids)] if rids else None
+
+        def _extend(self, rid: int, n: int, promised: str) -> None:
+            try:
+                slots = self.alloc.extend(rid, n)
+            except Exception as err:
+                raise PromiseBroken(f"{promised} said yes, then extend({rid}, {n}) raised {err!r}") from err
+            self._written(rid, n, slots)
+            if self.model is not None and not self.model.extend(rid, n):
+                raise ModelMismatch(f"extend({rid}, {n}) succeeded; the reference model has no room")
+
+        def _written(self, rid: int, n: int, slots: np.ndarray) -> None:
+            slots = np.asarray(slots)
+            if slots.size != n:
+                raise PromiseBroken(f"extend({rid}, {n}) returned {slots.size} slots")
             self._sync_copies()
+            r = self.reqs[rid]
             self.shadow[slots] = r["tokens"][r["done"] : r["done"] + n]
             r["done"] += n
-            return True
+
+        def _release(self, rid: int, tokens) -> None:
+            self.reqs.pop(rid)
+            self.alloc.release(rid, tokens)
+            self._sync_copies()
+            if self.model is not None:
+                self.model.release(rid, tokens)
+
+        def _edges(self) -> list[int]:
+            """Lengths at the edges of the free space, of pages and of HOT: where off-by-ones live."""
+            page = self.alloc.page_size
+            out = [1, 2, page - 1, page, page + 1, 2 * page, 2 * page + 1]
+            for ps in self.alloc.stats().pools.values():
+                for base in (ps.free, ps.free + ps.cached, ps.capacity):
+                    out += [base - 1, base, base + 1]
+            return [x for x in out if x >= 1]
 
         # ---- rules -----------------------------------------------------------------------
-        @rule(agent=st.integers(-1, len(AGENT_PROMPTS) - 1), reuse=st.integers(0, 30),
-              suffix=st.lists(st.integers(0, VOCAB - 1), min_size=0, max_size=12),
-              outputs=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
-              chunk=st.integers(1, 40))
-        def arrive(self, agent, reuse, suffix, outputs, chunk):
-            if agent >= 0:
-                prefix, shared = AGENT_PROMPTS[agent], len(AGENT_PROMPTS[agent])
-            elif self.history:
+        @rule(source=st.integers(-3, 2), reuse=st.integers(0, 10**6),
+              length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)),
+              shared=st.one_of(st.integers(0, 48), st.integers(-10**6, -1)),
+              fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]))
+        def admit(self, source, reuse, length, shared, fill, outputs, reserve):
+            """A prompt (``fill`` seeds its own tokens, 0 = all zeros) of ``length`` tokens, or an edge
+            length when negative; then ``outputs`` tokens to decode."""
+            edges = self._edges()
+            fill = _tokens(fill, 64)
+            if length < 0:  # negative draws pick a boundary length
+                length = edges[-length % len(edges)]
+            if shared < 0:
+                shared = edges[-shared % len(edges)]
+            if source >= 0:  # an agent role's prompt: its shared system prompt, then its own text
+                prefix = AGENT_PREFIXES[source][:shared]
+            elif source == -1 and self.history:  # a prefix of an earlier prompt
                 prev = self.history[reuse % len(self.history)]
-                prefix, shared = prev[: 1 + reuse % len(prev)], 0
+                prefix, shared = prev[: 1 + reuse % prev.size], 0
             else:
                 prefix, shared = np.empty(0, np.int64), 0
-            prompt = np.concatenate([prefix, np.array(suffix, np.int64)])
-            if prompt.size == 0:
-                prompt = np.array([0], np.int64)
-            if not self.alloc.can_admit(prompt, shared, 0):
+            body = np.concatenate([prefix, fill])
+            if body.size < length:
+                body = np.concatenate([body, np.zeros(length - body.size, np.int64)])
+            prompt = body[: max(length, prefix.size)] if source >= 0 else body[:length]
+            shared = min(shared, prompt.size)
+            yes = self.alloc.can_admit(prompt, shared, reserve)
+            if self.model is not None:
+                _agree(f"can_admit(len {prompt.size}, shared {shared}, reserve {reserve})", yes,
+                       self.model.can_admit(prompt, shared, reserve, self._hot_delta()))
+            self._sync_copies()
+            self._boundary_moves_over_free()
+            if not yes:
                 return
             rid = self.next_rid
             self.next_rid += 1
             cached = self.alloc.admit(rid, prompt, shared)
             self._sync_copies()
-            assert 0 <= cached < prompt.size
-            tokens = np.concatenate([prompt, np.array(outputs, np.int64)])
-            self.reqs[rid] = dict(tokens=tokens, done=cached, shared=shared, prompt=prompt.size)
+            if not 0 <= cached < prompt.size:
+                raise AssertionError(f"admit({rid}) says {cached} of {prompt.size} prompt tokens are cached")
+            if self.model is not None:
+                _agree(f"admit({rid}) matched length", cached, self.model.admit(rid, prompt, shared))
+            tokens = np.concatenate([prompt, _tokens(rid + 1, outputs)])
+            self.reqs[rid] = dict(tokens=tokens, prompt=prompt.size, shared=shared, done=cached)
             self.history.append(prompt)
-            # prefill in chunks; a request that cannot grow is preempted (nothing lost here)
-            while self.reqs[rid]["done"] < prompt.size:
-                n = min(chunk, prompt.size - self.reqs[rid]["done"])
-                if not self._write(rid, n):
-                    self.alloc.release(rid)
-                    del self.reqs[rid]
-                    return
-                if shared and self.reqs[rid]["done"] >= shared:
-                    self.alloc.cache_prefix(rid, tokens[:shared])
-                    self._sync_copies()
+            promise = {rid: prompt.size - cached + reserve}
+            if not self.alloc.can_extend(promise):
+                raise PromiseBroken(f"over-admission: can_admit said yes to request {rid} (prompt {prompt.size}, "
+                                    f"{cached} cached, reserve {reserve}), then can_extend({promise}) says no")
+            if self.model is not None:
+                _agree(f"can_extend({promise}) after admit", True, self.model.can_extend(promise))
+
+        @precondition(lambda self: any(r["done"] < r["prompt"] for r in self.reqs.values()))
+        @rule(pick=st.integers(0, 10**6), chunk=st.one_of(st.integers(1, 8), st.integers(1, 64)))
+        def prefill(self, pick, chunk):
+            """One prefill chunk; a request that cannot grow is preempted mid-prefill."""
+            rid = self._pick(pick, lambda r: r["done"] < r["prompt"])
+            r = self.reqs[rid]
+            n = min(chunk, r["prompt"] - r["done"])
+            yes = self.alloc.can_extend({rid: n})
+            if self.model is not None:
+                _agree(f"can_extend({{{rid}: {n}}})", yes, self.model.can_extend({rid: n}))
+            if not yes:
+                self._release(rid, None)
+                return
+            self._extend(rid, n, f"can_extend({{{rid}: {n}}})")
+            if r["shared"] and r["done"] >= r["shared"] and not r.get("cached_shared"):
+                r["cached_shared"] = True
+                self.alloc.cache_prefix(rid, r["tokens"][: r["shared"]])
+                self._sync_copies()
+                if self.model is not None:
+                    self.model.cache_prefix(rid, r["tokens"][: r["shared"]])
 
         @precondition(lambda self: self.reqs)
         @rule(pick=st.integers(0, 10**6))
+        def preempt(self, pick):
+            self._release(self._pick(pick, lambda r: True), None)
+
+        @precondition(lambda self: any(r["prompt"] <= r["done"] < r["tokens"].size for r in self.reqs.values()))
+        @rule(pick=st.integers(0, 10**6))
         def decode(self, pick):
-            rid = sorted(self.reqs)[pick % len(self.reqs)]
-            r = self.reqs[rid]
-            if r["done"] < r["tokens"].size:
-                self._write(rid, 1)
+            rid = self._pick(pick, lambda r: r["prompt"] <= r["done"] < r["tokens"].size)
+            yes = self.alloc.can_extend({rid: 1})
+            if self.model is not None:
+                _agree(f"can_extend({{{rid}: 1}})", yes, self.model.can_extend({rid: 1}))
+            if yes:
+                self._extend(rid, 1, f"can_extend({{{rid}: 1}})")
+
+        @precondition(lambda self: any(r["prompt"] <= r["done"] < r["tokens"].size for r in self.reqs.values()))
+        @rule(mask=st.integers(1, 2**12 - 1), n=st.sampled_from([1, 1, 2, 3]))
+        def decode_batch(self, mask, n):
+            """The scheduler's decode step: one batched question and one batched extend."""
+            ready = sorted(r for r, q in self.reqs.items() if q["prompt"] <= q["done"] <= q["tokens"].size - n)
+            rids = [r for i, r in enumerate(ready) if mask >> (i % 12) & 1]
+            if not rids:
+                return
+            yes = self.alloc.can_extend_all(rids, n)
+            _agree(f"can_extend_all({rids}, {n}) vs can_extend", yes, self.alloc.can_extend({r: n for r in rids}))
+            if self.model is not None:
+                _agree(f"can_extend_all({rids}, {n})", yes, self.model.can_extend({r: n for r in rids}))
+            if not yes:
+                return
+            try:
+                out = self.alloc.extend_all(rids, n)
+            except Exception as err:
+                raise PromiseBroken(f"can_extend_all({rids}, {n}) said yes, then extend_all raised {err!r}") from err
+            if len(out) != len(rids):
+                raise PromiseBroken(f"extend_all({rids}, {n}) returned {len(out)} slot arrays")
+            for rid, slots in zip(rids, out):
+                self._written(rid, n, slots)
+                if self.model is not None and not self.model.extend(rid, n):
+                    raise ModelMismatch(f"extend_all: request {rid} grew; the reference model has no room")
 
         @precondition(lambda self: self.reqs)
         @rule(pick=st.integers(0, 10**6), cache=st.booleans())
         def finish(self, pick, cache):
-            rid = sorted(self.reqs)[pick % len(self.reqs)]
-            r = self.reqs.pop(rid)
-            self.alloc.release(rid, r["tokens"][: r["done"]] if cache else None)
-            self._sync_copies()
+            rid = self._pick(pick, lambda r: True)
+            r = self.reqs[rid]
+            self._release(rid, r["tokens"][: r["done"]] if cache else None)
 
-        @rule(pick=st.integers(0, 10**6), length=st.integers(1, 40))
-        def match(self, pick, length):
-            if not self.history:
-                return
+        @precondition(lambda self: self.history)
+        @rule(pick=st.integers(0, 10**6), length=st.integers(1, 64))
+        def lookup(self, pick, length):
             q = self.history[pick % len(self.history)][:length]
-            m = self.alloc.radix.match_prefix(q)
-            slots = np.concatenate([n.value for n in m.path()]) if m.length else np.empty(0, np.int64)
-            assert slots.size == m.length
-            assert np.array_equal(self.shadow[slots], q[: m.length]), "matched slots hold other tokens"
+            slots = np.asarray(self.alloc.lookup(q))
+            if slots.size > q.size or not np.array_equal(self.shadow[slots], q[: slots.size]):
+                raise AssertionError(f"lookup of {q.size} tokens: the {slots.size} matched slots hold other tokens")
+            if self.model is not None:
+                _agree(f"lookup of {q.size} tokens: matched length", int(slots.size), self.model.match(q)[1])
 
-        @rule(pick=st.integers(0, 10**6))
-        def lock(self, pick):
-            nodes = sorted(self.alloc.radix.nodes(), key=lambda n: n.id)
-            if nodes:
-                node = nodes[pick % len(nodes)]
-                self.alloc.radix.lock(node)
-                self.ext_locks.append(node)
-
-        @precondition(lambda self: self.ext_locks)
-        @rule(pick=st.integers(0, 10**6))
-        def unlock(self, pick):
-            node = self.ext_locks.pop(pick % len(self.ext_locks))
-            self.alloc.radix.unlock(node)
-
-        @rule(n=st.integers(1, 200))
+        @rule(n=st.one_of(st.integers(1, 8), st.integers(1, 200)))
         def evict(self, n):
-            self.alloc.evict(n)
+            freed = self.alloc.evict(n)
             self._sync_copies()
+            if self.model is not None:
+                _agree(f"evict({n}) tokens freed", freed, self.model.evict(n))
 
         @rule()
         def flush(self):
-            self.alloc.clear_cache()
+            freed = self.alloc.clear_cache()
             self._sync_copies()
+            if self.model is not None:
+                _agree("clear_cache() tokens freed", freed, self.model.clear_cache())
 
         @rule()
-        def rebalance(self):  # adaptive HOT moves its boundary (a no-op for the other policies)
-            if hasattr(self.alloc, "rebalance"):
-                self.alloc.rebalance()
-                self._sync_copies()
+        def rebalance(self):
+            self.alloc.rebalance()
+            self._sync_copies()
+            self._boundary_moves_over_free()
+            if self.model is not None:
+                self.model.rebalance(self._hot_delta())
 
         @rule()
         def compact(self):
@@ -170,87 +309,148 @@ def allocator_machine(factory: Callable[[], KVAllocator]) -> type[RuleBasedState
 
         # ---- invariants ------------------------------------------------------------------
         @invariant()
-        def slots_owned_once_and_conserved(self):
-            owned = self.alloc.ownership()
-            allslots = np.concatenate([o[3] for o in owned]) if owned else np.empty(0, np.int64)
-            uniq, counts = np.unique(allslots, return_counts=True)
-            assert (counts == 1).all(), f"slot {int(uniq[counts > 1][0])} owned twice"
+        def slots_tile_every_pool(self):
+            cap = self.alloc.capacity
+            bounds, free = self.alloc.pool_bounds(), self.alloc.free_slots()
+            inside = np.zeros(cap, np.int64)
+            for name, (lo, hi) in bounds.items():
+                if not 0 <= lo <= hi <= cap:
+                    raise AssertionError(f"pool {name} spans [{lo}, {hi}) outside [0, {cap})")
+                inside[lo:hi] += 1
+            if (inside > 1).any():
+                raise AssertionError(f"slot {int(np.flatnonzero(inside > 1)[0])} lies in two pools")
+            runs = [(name, np.asarray(free[name]), "free") for name in bounds]
+            runs += [(pool, np.asarray(slots), f"{kind} {oid}") for kind, oid, pool, slots in self.alloc.ownership()]
+            for pool, slots, who in runs:
+                lo, hi = bounds[pool]
+                if slots.size and (slots.min() < lo or slots.max() >= hi):
+                    bad = slots[(slots < lo) | (slots >= hi)][0]
+                    raise AssertionError(f"{pool}: slot {int(bad)} ({who}) is outside the pool [{lo}, {hi})")
+            seen = np.bincount(np.concatenate([r[1] for r in runs]).astype(np.int64), minlength=cap)
+            if (seen > 1).any():
+                raise AssertionError(f"slot {int(np.flatnonzero(seen > 1)[0])} is owned twice or both owned and free")
+            lost = np.flatnonzero((seen == 0) & (inside == 1))
+            if lost.size:
+                raise AssertionError(f"slot {int(lost[0])} is neither free nor owned (lost)")
+            if bounds != self.bounds:
+                self._boundary_moves_over_free(bounds, free)
+
+        def _boundary_moves_over_free(self, bounds=None, free=None):
+            """Called right after the calls that may move a boundary (``can_admit``, ``rebalance``):
+            every slot that changed pool must be free in its new pool (an owned slot that crossed
+            shows up in the tiling check as owned outside its pool)."""
+            bounds = self.alloc.pool_bounds() if bounds is None else bounds
+            if bounds == self.bounds:
+                return
+            free = self.alloc.free_slots() if free is None else free
+            for name, (lo, hi) in bounds.items():
+                olo, ohi = self.bounds.get(name, (lo, hi))
+                came = np.setdiff1d(np.arange(lo, hi), np.arange(olo, ohi))
+                if np.setdiff1d(came, free[name]).size:
+                    raise AssertionError(f"{name}: the pool boundary moved across slots that are not free")
+            self.bounds = bounds
+
+        @invariant()
+        def counts_and_tree(self):
             stats = self.alloc.stats()
-            for name, pool in self.alloc.pools().items():
-                ps = stats.pools[name]
-                assert ps.free + ps.used + ps.cached == ps.capacity, f"{name}: free+used+cached != capacity"
-                assert min(ps.free, ps.used, ps.cached) >= 0, f"{name}: negative count {ps}"
-                lo = pool.slot_start if name == "hot" else _store_start(pool)
-                mine = [o[3] for o in owned if o[2] == name]
-                n_owned = int(sum(m.size for m in mine))
-                assert n_owned == ps.used + ps.cached, f"{name}: {n_owned} owned slots but used+cached={ps.used + ps.cached}"
-                free_mask = _free_mask(pool)
-                if mine and free_mask is not None:
-                    s = np.concatenate(mine) - lo
-                    assert not free_mask[s].any(), f"{name}: a slot is both owned and free"
+            runs = self.alloc.cached_runs()
+            by_id = {r.id: r for r in runs}
+            owned = self.alloc.ownership()
+            for name, ps in stats.pools.items():
+                if ps.free + ps.used + ps.cached != ps.capacity or min(ps.free, ps.used, ps.cached) < 0:
+                    raise AssertionError(f"{name}: free {ps.free} + used {ps.used} + cached {ps.cached} "
+                                         f"!= capacity {ps.capacity}")
+                n_owned = sum(np.asarray(o[3]).size for o in owned if o[2] == name)
+                if n_owned != ps.used + ps.cached:
+                    raise AssertionError(f"{name}: {n_owned} owned slots but used+cached={ps.used + ps.cached}")
+                cached = sum(r.tokens.size for r in runs if r.pool == name and not r.locked)
+                if cached != ps.cached:
+                    raise AssertionError(f"{name}: stats say {ps.cached} cached, unlocked runs hold {cached}")
+            for r in runs:
+                if r.parent and r.parent not in by_id:
+                    raise AssertionError(f"cached run {r.id} hangs off a missing run {r.parent}")
+                if r.locked and r.parent and not by_id[r.parent].locked:
+                    raise AssertionError(f"run {r.id} is locked but its parent {r.parent} is not")
+                if r.tokens.size != r.slots.size or r.tokens.size == 0 or r.tokens.size % self.alloc.page_size:
+                    raise AssertionError(f"cached run {r.id}: {r.tokens.size} tokens, {r.slots.size} slots")
+                if r.pool == "hot" and not (np.diff(r.slots) == 1).all():
+                    raise AssertionError(f"HOT run {r.id} is not one contiguous slab")
+                if not np.array_equal(self.shadow[r.slots], r.tokens):
+                    raise AssertionError(f"cached run {r.id} maps to other tokens")
+            if self.model is not None:
+                self._compare_with_model(stats, runs, by_id, owned)
 
-        @invariant()
-        def hot_nodes_are_slabs(self):
-            for node in self.alloc.radix.nodes():
-                if node.pool == "hot":
-                    start, length = self.alloc.hot.span(node.slab)
-                    assert length == len(node) and np.array_equal(node.value, np.arange(start, start + length)), \
-                        f"hot node {node.id} is not its contiguous slab"
-
-        @invariant()
-        def refcounts_and_locks(self):
-            nodes = self.alloc.radix.nodes()
-            for node in nodes:
-                assert node.lock_ref >= 0, f"node {node.id} has negative references"
-            walked = {n.id for n in nodes if not n.children and n.lock_ref == 0}
-            assert {n.id for n in self.alloc.radix.evictable_leaves()} == walked, "evictable leaf index is stale"
-            for node in self.ext_locks:
-                n = node
-                while n.parent is not None:
-                    n = n.parent
-                assert n is self.alloc.radix.root, f"locked node {node.id} was evicted"
+        def _compare_with_model(self, stats, runs, by_id, owned):
+            m = self.model
+            real = {n: (ps.capacity, ps.free, ps.used, ps.cached) for n, ps in stats.pools.items()}
+            _agree("pool (capacity, free, used, cached)", real, m.pool_counts())
+            _agree("counters", {k: getattr(stats, k) for k in m.counters}, m.counters)
+            shape = set()
+            for r in runs:
+                path, x = [], r
+                while True:
+                    path = r_tokens(x) + path
+                    if not x.parent:
+                        break
+                    x = by_id[x.parent]
+                shape.add((tuple(path), r.pool, r.locked))
+            if shape != m.shape():
+                extra, missing = sorted(shape - m.shape()), sorted(m.shape() - shape)
+                raise ModelMismatch(f"prefix tree differs: only in the allocator {extra[:2]}, "
+                                    f"only in the model {missing[:2]}")
+            for rid in self.reqs:
+                held = {}
+                for kind, oid, pool, slots in owned:
+                    if kind == "request" and oid == rid:
+                        held[pool] = held.get(pool, 0) + np.asarray(slots).size
+                want = m.held(rid)
+                _agree(f"slots request {rid} holds per pool", {p: held.get(p, 0) for p in want}, want)
 
         @invariant()
         def layouts_hold_own_tokens(self):
+            page = self.alloc.page_size
+            owned = self.alloc.ownership()
+            store = [n for n in self.alloc.pool_bounds() if n != "hot"]
             for rid, r in self.reqs.items():
                 lay = self.alloc.layout(rid)
                 slots = lay.slots()
-                assert lay.num_tokens == r["done"] == slots.size, f"request {rid}: layout length"
-                assert np.array_equal(self.shadow[slots], r["tokens"][: r["done"]]), \
-                    f"request {rid}: layout maps to other tokens"
-            for node in self.alloc.radix.nodes():
-                assert np.array_equal(self.shadow[node.value], node.key), f"node {node.id} maps to other tokens"
+                if not (lay.num_tokens == r["done"] == slots.size):
+                    raise AssertionError(f"request {rid}: layout has {slots.size} slots for {r['done']} tokens")
+                if not np.array_equal(self.shadow[slots], r["tokens"][: r["done"]]):
+                    raise AssertionError(f"request {rid}: layout maps to other tokens")
+                held = sum(np.asarray(o[3]).size for o in owned if o[0] == "request" and o[1] == rid and o[2] in store)
+                written = sum(len(s.slots) for s in lay.segments if s.pool in store)
+                node_slots = {int(x) for o in owned if o[0] == "node" for x in np.asarray(o[3])}
+                mine = [int(x) for s in lay.segments if s.pool in store for x in s.slots if int(x) not in node_slots]
+                if held - len(mine) >= page or held < len(mine):
+                    raise AssertionError(f"request {rid}: holds {held} private slots for {len(mine)} written tokens "
+                                         f"(page {page}; {written} in its layout)")
 
         def teardown(self):
             for rid in list(self.reqs):
                 self.alloc.release(rid)
-            for node in self.ext_locks:
-                self.alloc.radix.unlock(node)
             self.alloc.clear_cache()
             for name, ps in self.alloc.stats().pools.items():
-                assert ps.free == ps.capacity, f"{name}: {ps.capacity - ps.free} slots not returned after releasing all"
+                if ps.free != ps.capacity:
+                    raise AssertionError(f"{name}: {ps.capacity - ps.free} slots not returned after releasing all")
 
     AllocatorMachine.__name__ = "AllocatorMachine"
     return AllocatorMachine
 
 
-def _store_start(store) -> int:
-    return store.pool.slot_start
+def _tokens(seed: int, n: int) -> np.ndarray:
+    """``n`` tokens drawn from ``seed`` (seed 0: all zeros)."""
+    if seed == 0:
+        return np.zeros(n, np.int64)
+    return np.random.default_rng(seed).integers(0, VOCAB, n).astype(np.int64)
 
 
-def _free_mask(pool) -> np.ndarray | None:
-    inner = getattr(pool, "pool", None)
-    if inner is None:  # HotPool
-        mask = np.zeros(pool.capacity, bool)
-        for start, length in pool.free_ranges():
-            mask[start - pool.slot_start : start - pool.slot_start + length] = True
-        return mask
-    if hasattr(inner, "free_mask"):  # ColdPool
-        return inner.free_mask()
-    pages = inner._pages.free_mask()  # PagedPool: expand page flags to slots
-    return np.repeat(pages, inner.page_size)
+def r_tokens(run) -> list[int]:
+    return [int(t) for t in run.tokens]
 
 
-def fuzz_settings(examples: int, steps: int = 30) -> hsettings:
+def fuzz_settings(examples: int, steps: int = 30, *, report_multiple: bool = True) -> hsettings:
+    """Settings for one fuzz run; ``report_multiple=False`` stops at the first failure found
+    (what a planted-bug test wants), True shrinks and reports every distinct one."""
     return hsettings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
-                     suppress_health_check=list(__import__("hypothesis").HealthCheck))
+                     report_multiple_bugs=report_multiple, suppress_health_check=list(HealthCheck))

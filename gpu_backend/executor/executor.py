@@ -55,10 +55,11 @@ class GpuExecutor:
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
-                 hold_gc: bool = True, watch_allocs: bool = False):
+                 hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None):
         self.shape = shape
         self.device = torch.device(device)
-        self.w = RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
+        # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
+        self.w = weights or RandomWeights(shape, device=self.device, dtype=dtype, seed=seed)
         self.num_slots = int(num_slots)
         self.idled_s = 0.0  # wall-clock seconds spent in idle()
         # one scratch slot past the budget: padded rows write their K/V there; nothing reads it

@@ -36,7 +36,10 @@ class LayerWeights:
 
 class RandomWeights:
     def __init__(self, shape: ModelShape, *, device="cpu", dtype: torch.dtype | None = None, seed: int = 0,
-                 rope_theta: float = 500000.0):
+                 rope_theta: float = 500000.0, keep=None):
+        """``keep(name, tensor) -> tensor``, if given, is applied to each layer weight as it is drawn (a
+        tensor-parallel rank keeps its slice: gpu_backend/executor/tp.py); the draws stay the same."""
+        keep = keep or (lambda name, t: t)
         self.shape = shape
         self.device = torch.device(device)
         self.dtype = dtype or TORCH_DTYPES[shape.dtype]
@@ -56,15 +59,15 @@ class RandomWeights:
         self.embed = rnd(shape.vocab, h, scale=1.0)
         self.layers = []
         for _ in range(shape.num_layers):
-            self.layers.append(LayerWeights(
-                attn_norm=norm_w(),
-                wqkv=rnd(qkv, h, scale=1.0 / math.sqrt(h)),
-                bqkv=rnd(qkv, scale=0.02) if shape.qkv_bias else None,
-                wo=rnd(h, shape.n_q_heads * d, scale=damp / math.sqrt(shape.n_q_heads * d)),
-                mlp_norm=norm_w(),
-                w_gate_up=rnd(2 * I, h, scale=1.0 / math.sqrt(h)),
-                w_down=rnd(h, I, scale=damp / math.sqrt(I)),
-            ))
+            attn_norm = norm_w()
+            wqkv = keep("wqkv", rnd(qkv, h, scale=1.0 / math.sqrt(h)))
+            bqkv = keep("bqkv", rnd(qkv, scale=0.02)) if shape.qkv_bias else None
+            wo = keep("wo", rnd(h, shape.n_q_heads * d, scale=damp / math.sqrt(shape.n_q_heads * d)))
+            mlp_norm = norm_w()
+            w_gate_up = keep("w_gate_up", rnd(2 * I, h, scale=1.0 / math.sqrt(h)))
+            w_down = keep("w_down", rnd(h, I, scale=damp / math.sqrt(I)))
+            self.layers.append(LayerWeights(attn_norm=attn_norm, wqkv=wqkv, bqkv=bqkv, wo=wo, mlp_norm=mlp_norm,
+                                            w_gate_up=w_gate_up, w_down=w_down))
         self.final_norm = norm_w()
         self.lm_head = rnd(shape.vocab, h, scale=1.0 / math.sqrt(h))
         inv = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))

@@ -13,7 +13,7 @@ depends on the batch â€” the regime a grouped-GEMM cost model has to get right â
 
 Tensor parallelism (``tp`` GPUs per replica, Megatron-style as in vLLM) is a transformation of the
 shape: :meth:`ModelShape.shard` gives one GPU's part (query and KV heads, MLP and expert columns and
-the vocabulary divided by ``tp``; hidden size, head size and ``G`` unchanged; norms and the MoE router
+the embedding and LM head rows (``vocab_per_gpu``) divided by ``tp``; hidden size, head size and ``G`` unchanged; norms and the MoE router
 replicated). The cost model prices that per-GPU shape plus the all-reduces its ``tp`` implies
 (granisim/costmodel/parallel.py). ``tp`` must divide the query and KV heads: we do not replicate KV
 heads when ``tp > n_kv_heads`` (vLLM does); such a ``tp`` is refused.
@@ -21,7 +21,6 @@ heads when ``tp > n_kv_heads`` (vLLM does); such a ``tp`` is refused.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -52,6 +51,12 @@ class ModelShape:
     tp: int = 1
 
     @property
+    def vocab_per_gpu(self) -> int:
+        """Rows of the vocabulary-parallel embedding and LM head one GPU holds (``vocab`` stays the model's:
+        token ids range over all of it)."""
+        return -(-self.vocab // self.tp)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -77,7 +82,7 @@ class ModelShape:
         if self.is_moe:  # routed experts (SwiGLU each), the router (h x E), the shared expert (in intermediate)
             mlp += self.num_experts * 3 * h * self.expert_intermediate + h * self.num_experts
         per_layer = attn + mlp + 2 * h
-        emb = self.vocab * h * (1 if self.tied_embeddings else 2)
+        emb = self.vocab_per_gpu * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
     @property
@@ -109,7 +114,7 @@ class ModelShape:
         return replace(self, n_q_heads=self.n_q_heads // tp, n_kv_heads=self.n_kv_heads // tp,
                        intermediate=self.intermediate // tp, expert_intermediate=self.expert_intermediate // tp,
                        shared_expert_intermediate=self.shared_expert_intermediate // tp,
-                       vocab=math.ceil(self.vocab / tp), tp=self.tp * tp)
+                       tp=self.tp * tp)
 
 
 MODELS: dict[str, ModelShape] = {

@@ -41,7 +41,7 @@ class Dims:
     @classmethod
     def of(cls, model: ModelShape) -> "Dims":
         return cls(model.hidden, model.n_q_heads, model.n_kv_heads, model.head_dim,
-                   model.intermediate, model.vocab, model.dtype_bytes)
+                   model.intermediate, model.vocab_per_gpu, model.dtype_bytes)  # = vocab for tp = 1
 
 
 def op_work(family: str, n, dims: Dims):

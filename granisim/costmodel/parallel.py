@@ -164,8 +164,7 @@ class ParallelPricing:
         """The vocabulary-parallel LM head's all-gather of ``rows`` logits rows (0 for tp = 1)."""
         if self.tp <= 1 or rows <= 0:
             return 0.0
-        full_vocab = self.model.vocab * self.tp
-        return float(allreduce_seconds(self.profile, self.tp, rows * full_vocab * self.model.dtype_bytes / 2.0))
+        return float(allreduce_seconds(self.profile, self.tp, rows * self.model.vocab * self.model.dtype_bytes / 2.0))
 
 
 def tp_shard_dims(dims: Dims, tp: int) -> Dims:

@@ -197,6 +197,7 @@ VALIDATION_VERBS = {
     "loro": ("loro", "leave one run out: each run judged by a fit on all the others"),
     "speedups": ("speedups", "speedup table from a real-engine grid run"),
     "engine-vs-sim": ("engine_vs_sim", "the simulator against the real engine's speedup grid"),
+    "summary": ("summary", "one record per workload, policy, model, machine and metric (summary.json)"),
 }
 
 

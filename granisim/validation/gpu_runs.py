@@ -5,7 +5,8 @@ Resumable: every finished unit writes one JSON under --out; units already presen
 skipped, so a device call that stops early loses only the unit in flight.
 
     granisim validation gpu-run speedup --out $OUT --done DONE --budget-s 480
-    granisim validation gpu-run validate --out $OUT --budget-s 480
+    granisim validation gpu-run validate --out $OUT --budget-s 480 [--models llama-3.1-8b,qwen-2.5-14b]
+        [--policies granikv token paged16] [--no-idle] [--log-gpu]
     granisim validation gpu-run speedup --out $OUT --profile h200-engine --policies granikv-auto token paged16
 
 Needs torch + triton + a CUDA GPU, and simpy/pydantic (carry them as wheels to the device).
@@ -28,7 +29,19 @@ VALIDATION = {
     "control_short": {"workload": {"kind": "control", "roles": 4, "prefix_len": 64, "num_requests": 96,
                                    "rate": 6.0}},
     "azure_replay": {"workload": {"kind": "azure", "arrivals": "trace", "num_requests": 150}},
+    # long prompts (arXiv summarization lengths, 2.6K tokens on average) at the Azure trace's arrival times
+    "arxiv_replay_150": {"workload": {"kind": "azure", "lengths_trace": "arxiv", "num_requests": 150}},
+    "arxiv_replay_500": {"workload": {"kind": "azure", "lengths_trace": "arxiv", "num_requests": 500},
+                         "held_out": True},
+    # multi-turn sessions: 3 turns, 2 s mean think time; num_requests counts sessions (50 x 3 = 150 requests)
+    "multi_turn_150": {"workload": {"roles": 4, "prefix_len": 8192, "num_requests": 50, "rate": 2.0, "turns": 3,
+                                    "think_time_s": 2.0}},
+    "multi_turn_500": {"workload": {"roles": 4, "prefix_len": 8192, "num_requests": 167, "rate": 4.0, "turns": 3,
+                                    "think_time_s": 2.0}},
 }
+HELD_OUT = tuple(n for n, w in VALIDATION.items() if w.get("held_out"))  # never in a fit; reported on its own
+MODELS = ("llama-3.1-8b", "qwen-2.5-14b")
+GPU_LOG_QUERY = "timestamp,power.draw,power.limit,clocks.sm,clocks.mem,temperature.gpu,clocks_throttle_reasons.active"
 
 
 def _scenario(extra: dict, profile: str):
@@ -51,11 +64,37 @@ def burst_scenario(pol: str, lp: int, k: int, requests: int, profile: str):
                                                       "rate": 1000.0}}, profile)
 
 
-def validation_scenario(name: str, requests: int, profile: str):
-    """A validation workload's scenario, capped at `requests` requests."""
-    extra = VALIDATION[name]
-    wl = {**extra["workload"], "num_requests": min(extra["workload"]["num_requests"], requests)}
-    return _scenario({**extra, "workload": wl}, profile)
+def validation_scenario(name: str, requests: int | None, profile: str, policy: str = "granikv",
+                        model: str = "llama-3.1-8b"):
+    """A validation workload's scenario under `policy` (NAME or NAME-DISPATCH) and `model`, capped at
+    `requests` requests (None: the workload's own size)."""
+    extra = {k: v for k, v in VALIDATION[name].items() if k != "held_out"}
+    n = extra["workload"]["num_requests"]
+    wl = {**extra["workload"], "num_requests": n if requests is None else min(n, requests)}
+    pname, _, dispatch = policy.partition("-")
+    return _scenario({**extra, "workload": wl, "policy": {"name": pname, **({"dispatch": dispatch} if dispatch else {})},
+                      "model": {"name": model}}, profile)
+
+
+def unit_name(workload: str, policy: str, model: str) -> str:
+    """A validation unit's output name: workload, policy and model (validation_NAME.json and folder NAME)."""
+    return f"{workload}_{policy}_{model}"
+
+
+def split_unit(name: str) -> tuple[str, str, str] | None:
+    """(workload, policy, model) of a unit name written by :func:`unit_name` (a tag such as _gc may follow);
+    an older run's bare workload name reads as granikv on llama-3.1-8b; None if no workload matches."""
+    for w in sorted(VALIDATION, key=len, reverse=True):
+        if name == w:
+            return w, "granikv", "llama-3.1-8b"
+        if name.startswith(w + "_"):
+            rest = name[len(w) + 1:]
+            for m in sorted(MODELS, key=len, reverse=True):
+                pol, sep, tail = rest.partition("_" + m)
+                if sep and (not tail or tail.startswith("_")):
+                    return w, pol, m
+            return w, "granikv", "llama-3.1-8b"
+    return None
 
 
 def _free_gpu() -> None:
@@ -132,21 +171,29 @@ def validate_all(args) -> None:
     from granisim.validation.validate import validate
 
     t0 = time.time()
-    tag = ("_gc" if args.gc_in_steps else "") + (f"_g{args.graph_max_rows}" if args.graph_max_rows else "")
-    for name in VALIDATION:
-        if args.only and name not in args.only:
-            continue
-        if _done(f"validation_{name}{tag}", args.out, args.done) or time.time() - t0 > args.budget_s:
-            continue
-        setup = prepare(validation_scenario(name, args.requests, args.profile))
-        ex = None
-        _free_gpu()
-        ex = gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
-                           **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
-        rep = validate(setup, ex, args.out / (name + tag), progress=False)
-        rep["executor"] = ex.stats()
-        (args.out / f"validation_{name}{tag}.json").write_text(json.dumps(rep, indent=2))
-        print(name, json.dumps(rep["step_errors"]["total"]), flush=True)
+    tag = ("_gc" if args.gc_in_steps else "") + (f"_g{args.graph_max_rows}" if args.graph_max_rows else "") + \
+          ("_noidle" if args.no_idle else "")
+    for model in args.models:
+        for name in VALIDATION:
+            for pol in args.policies:
+                if args.only and name not in args.only:
+                    continue
+                unit = unit_name(name, pol, model) + tag
+                if _done(f"validation_{unit}", args.out, args.done):
+                    continue
+                if time.time() - t0 > args.budget_s:
+                    print(f"budget reached; stopping before {unit}", flush=True)
+                    return
+                t = time.time()
+                setup = prepare(validation_scenario(name, args.requests, args.profile, pol, model))
+                ex = None
+                _free_gpu()
+                ex = gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
+                                   **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
+                rep = validate(setup, ex, args.out / unit, progress=False, idle=not args.no_idle)
+                rep.update(workload=name, held_out=name in HELD_OUT, executor=ex.stats(), wall_s=time.time() - t)
+                (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2))
+                print(unit, f"{time.time() - t:.0f} s", json.dumps(rep["step_errors"]["total"]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,8 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--only", nargs="*", help="speedup points as LP,K / validation names (default: all)")
     ap.add_argument("--requests", type=int,
-                    help="speedup: requests per burst (default 64); validate: each workload's cap (default 96, "
-                         "its own size: at 64 the multi-agent TPOT p50 is ill-conditioned)")
+                    help="speedup: requests per burst (default 64); validate: each workload's cap (default: "
+                         "its own size; at 64 the multi-agent TPOT p50 is ill-conditioned)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
     ap.add_argument("--gc-in-steps", action="store_true",
                     help="let Python's garbage collector run inside timed steps (the engine's old behaviour; "
@@ -167,13 +214,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--graph-max-rows", type=int,
                     help="validate: the executor's CUDA-graph limit (default: the executor's; outputs get _gN)")
     ap.add_argument("--policies", nargs="*", default=list(POLICIES),
-                    help="speedup: policies, NAME or NAME-DISPATCH (e.g. granikv-auto)")
+                    help="policies, NAME or NAME-DISPATCH (e.g. granikv-auto); default: granikv token paged16")
+    ap.add_argument("--models", type=_models, default=list(MODELS),
+                    help=f"validate: models, comma-separated (default {','.join(MODELS)}; the first runs first)")
+    ap.add_argument("--no-idle", action="store_true",
+                    help="validate: run steps back to back instead of waiting out the gaps between arrivals "
+                         "(outputs get a _noidle suffix)")
+    ap.add_argument("--log-gpu", action="store_true",
+                    help="log clocks, power and temperature (read-only nvidia-smi, every 100 ms) to OUT/gpu_log.csv")
     ap.add_argument("--reps", type=int, default=1, help="speedup: passes over the grid (rep r > 0 adds _repR)")
     args = ap.parse_args(argv)
-    if args.requests is None:
-        args.requests = 64 if args.what == "speedup" else 96
+    if args.requests is None and args.what == "speedup":
+        args.requests = 64
     args.out.mkdir(parents=True, exist_ok=True)
-    (speedup if args.what == "speedup" else validate_all)(args)
+    from granisim.validation.gpu_log import GpuLog
+
+    with GpuLog(args.out / "gpu_log.csv", enabled=args.log_gpu):
+        (speedup if args.what == "speedup" else validate_all)(args)
+
+
+def _models(text: str) -> list[str]:
+    from granisim.config.models import MODELS as KNOWN
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in KNOWN]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown model {bad[0] if bad else text!r} (known: {', '.join(sorted(KNOWN))})")
+    return names
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@
 For every workload of the run, with the CURRENT cost model (the run's stored plans re-priced,
 so a model change needs no new GPU run): the errors with the microbenchmark profile, then with
 the engine-calibrated model (granisim.calibration.engine_fit) fitted on the OTHER workloads only
-(leave one workload out), then fitted on all (in sample). Per-step errors by re-pricing the
+(leave one workload out), then fitted on all (in sample). A workload marked ``held_out`` in
+VALIDATION (the long-prompt replay at 500 requests) joins no fit, not even --profile-out's: it is
+judged by fits on the others only, and listed under ``held_out`` in the report. --policy and
+--model pick the units of one policy and model (default granikv on llama-3.1-8b). Per-step errors by re-pricing the
 stored plans, end-to-end errors by re-running the simulator alone. --profile-out writes the
 base profile plus the fit on all workloads as a new profile (shipped: `h200-engine`); --fit-runs
 pools more runs' steps into that fit.
@@ -25,7 +28,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from granisim.validation.gpu_runs import VALIDATION, validation_scenario
+from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name, validation_scenario
 from granisim.calibration.engine_fit import fit, host_work, unit_of, with_engine
 from granisim.config.hardware import PROFILE_DIR, Source, get_profile
 from granisim.core.metrics import requests_frame, summarize
@@ -35,7 +38,14 @@ from granisim.validation.validate import TARGETS, end_to_end, reprice, step_erro
 
 
 def _setup(name: str, requests: int, profile: str):
-    return prepare(validation_scenario(name, requests, profile))
+    """The scenario a unit (a workload name, or a unit name with policy and model) ran."""
+    w, pol, model = split_unit(name) or (name, "granikv", "llama-3.1-8b")
+    return prepare(validation_scenario(w, requests, profile, pol, model))
+
+
+def held_out(name: str) -> bool:
+    """A unit of the workload kept out of every fit (VALIDATION's ``held_out``)."""
+    return (split_unit(name) or (name,))[0] in HELD_OUT
 
 
 def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int:
@@ -47,8 +57,12 @@ def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int
         if given is None:
             raise SystemExit(f"error: {path}: missing, and no --requests given (the request count of the run)")
         return given
-    n = len(pd.read_parquet(path, columns=["rid"]))
-    asked = min(VALIDATION[base]["workload"]["num_requests"], given) if given is not None else n
+    wl = VALIDATION[(split_unit(base) or (base,))[0]]["workload"]
+    if wl.get("turns", 1) > 1:  # num_requests counts sessions (first turns); every turn is a request of its own
+        n = int((pd.read_parquet(path, columns=["turn"]).turn == 0).sum())
+    else:
+        n = len(pd.read_parquet(path, columns=["rid"]))
+    asked = min(wl["num_requests"], given) if given is not None else n
     if asked != n:
         raise SystemExit(f"error: {path}: the run measured {n} requests, --requests {given} would simulate {asked}; "
                          "leave --requests out to use the run's own count")
@@ -91,11 +105,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, help="the run's request cap (default: as the run measured)")
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--check-profile", help="also judge this profile as it stands (fitted on another run)")
+    ap.add_argument("--policy", default="granikv", help="the units of this policy (default granikv)")
+    ap.add_argument("--model", default="llama-3.1-8b", help="the units of this model (default llama-3.1-8b)")
     ap.add_argument("--fit-runs", type=Path, nargs="*", default=[],
                     help="more runs whose steps join this run's in the --profile-out fit (not in the per-run variants)")
     args = ap.parse_args(argv)
     variants = VARIANTS + ((("check_profile", f"{args.check_profile} as it stands"),) if args.check_profile else ())
-    names, steps, plans = _load(args.run)
+    names, steps, plans = _load(args.run, args.policy, args.model)
+    fitted = [n for n in names if not held_out(n)]
+    if not fitted:
+        raise SystemExit(f"error: {args.run}: no unit of {args.policy} on {args.model} outside the held-out workloads "
+                         f"({', '.join(HELD_OUT)}) to fit on")
     limit = graph_limit(args.run, names, steps)
     raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
     meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
@@ -109,17 +129,19 @@ def main(argv: list[str] | None = None) -> None:
                          f"({', '.join(names)}): key time = scale * model + offset per launch (linear: by step size); "
                          "overhead per step + per request + per KV token + per prefix pass")
     report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"]},
-              "targets": TARGETS, "workloads": {}}
+              "policy": args.policy, "model": args.model, "targets": TARGETS, "workloads": {},
+              "held_out": [n for n in names if held_out(n)]}  # units kept out of every fit, judged on their own
     setups = {n: _setup(n, run_requests(args.run / n, n, args.requests), args.profile) for n in names}
     base = {n: reprice(steps[n], plans[n], setups[n].profile, setups[n].model) for n in names}
     kept = _kept(args.profile_out)
-    pooled = list(base.values())
+    pooled = [base[n] for n in fitted]
     for run in args.fit_runs:
-        more_names, more_steps, more_plans = _load(run)
+        more_names, more_steps, more_plans = _load(run, args.policy, args.model)
         if graph_limit(run, more_names, more_steps) != limit:
             raise SystemExit(f"error: {run}: another CUDA-graph limit than {args.run}'s ({limit} rows): "
                              "its steps cannot join one fit")
-        pooled += [reprice(more_steps[n], more_plans[n], setups[n].profile, setups[n].model) for n in more_names]
+        s0 = setups[names[0]]  # one profile and model for every unit of the policy and model
+        pooled += [reprice(more_steps[n], more_plans[n], s0.profile, s0.model) for n in more_names if not held_out(n)]
     report["fit_all"] = fit(pooled, limit)
     if args.fit_runs:
         report["fit_all_runs"] = [str(args.run), *map(str, args.fit_runs)]
@@ -128,11 +150,12 @@ def main(argv: list[str] | None = None) -> None:
         setup = setups[n]
         measured = raw[n]["end_to_end"]
         report["workloads"][n] = {"steps": int(len(base[n])), "executor": raw[n].get("executor"),
+                                  "held_out": held_out(n), "idle": raw[n].get("idle"),
                                   "at_run_time": {"step_errors": raw[n]["step_errors"], "end_to_end": measured},
                                   "microbenchmark_profile": {"step_errors": step_errors(base[n]),
                                                              "end_to_end": _e2e(setup, measured)}}
-        for label, on in (("engine_calibrated_held_out", [o for o in names if o != n]),
-                          ("engine_calibrated_in_sample", names)):
+        for label, on in (("engine_calibrated_held_out", [o for o in fitted if o != n]),
+                          ("engine_calibrated_in_sample", fitted)):
             vals = fit([base[o] for o in on], limit)
             prof = with_engine(setup.profile, vals, source)
             cal = reprice(steps[n], plans[n], prof, setup.model)
@@ -167,9 +190,18 @@ def main(argv: list[str] | None = None) -> None:
         args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def _load(run: Path):
-    """A run's workload names, steps (with the host-work columns the fit needs) and stored plans."""
-    names = [n for n in VALIDATION if (run / n / "steps.parquet").exists()]
+def _load(run: Path, policy: str = "granikv", model: str = "llama-3.1-8b"):
+    """A run's units of `policy` on `model` (folder names, in VALIDATION's order: the unit's own name, or in an
+    older run the bare workload name for granikv on llama-3.1-8b), their steps (with the host-work columns the
+    fit needs) and stored plans."""
+    def unit(w):
+        own = unit_name(w, policy, model)
+        if (run / own / "steps.parquet").exists():
+            return own
+        old = (policy, model) == ("granikv", "llama-3.1-8b") and (run / w / "steps.parquet").exists()
+        return w if old else None
+
+    names = [u for u in map(unit, VALIDATION) if u is not None]
     plans = {n: load_plans(run / n / "plans.pkl") for n in names}
     steps = {n: pd.read_parquet(run / n / "steps.parquet") for n in names}
     steps = {n: s.assign(**pd.DataFrame([host_work(p) for p in plans[n]], index=s.index)) for n, s in steps.items()}
@@ -201,6 +233,7 @@ def _tables(report: dict, variants=None) -> str:
         for v, label in variants:
             s = w[v]["step_errors"]
             keys += [k for k in s if k not in keys and k != "total"]
+            label = label + (" (workload held out of every fit)" if w.get("held_out") else "")
             out.append(f"| {n} | {label} | {s['total']['median']:.1%} / {s['total']['p90']:.1%} | "
                        + " | ".join(f"{w[v]['end_to_end'][k]['error']:.1%}" for k in e2e) + " |")
     out += ["", "| workload | model | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]

@@ -20,7 +20,8 @@ from pathlib import Path
 from granisim.validation.gpu_runs import VALIDATION
 from granisim.validation.validate import TARGETS
 
-WORKLOADS = tuple(VALIDATION)  # the validation workloads, in engine_h200.py's order
+WORKLOADS = tuple(VALIDATION)[:3]  # the first three validation workloads (the runs these tables cover);
+# the full set, every policy and model: `granisim validation summary`
 LABELS = {"step_median": "per-step median", "throughput_rps": "throughput", "tpot_p50_s": "TPOT p50",
           "tpot_p99_s": "TPOT p99", "ttft_p99_s": "TTFT p99"}  # table order
 
@@ -28,7 +29,7 @@ LABELS = {"step_median": "per-step median", "throughput_rps": "throughput", "tpo
 def errors(report: dict, variant: str, metric: str) -> list[float]:
     """Absolute errors in % per workload."""
     out = []
-    for w in WORKLOADS:
+    for w in (w for w in WORKLOADS if w in report["workloads"]):  # a run may predate some workloads
         v = report["workloads"][w][variant]
         e = v["step_errors"]["total"]["median"] if metric == "step_median" else v["end_to_end"][metric]["error"]
         out.append(abs(e) * 100)
@@ -57,7 +58,7 @@ def profile_check_table(root: Path, runs: list[str], sub: str, label: str | None
     """Each run judged by the profile its ROOT/runX/SUB/h200.json checked; columns 'run X, LABEL' (default: the
     checked profile's name)."""
     reps = [json.loads((root / f"run{r}" / sub / "h200.json").read_text()) for r in runs]
-    label = label or Path(reps[0]["workloads"][WORKLOADS[0]]["check_profile"]["profile"]).stem
+    label = label or Path(next(iter(reps[0]["workloads"].values()))["check_profile"]["profile"]).stem
     return target_table([f"run {r}, {label}" for r in runs], [(rep, "check_profile") for rep in reps])
 
 

@@ -9,7 +9,12 @@
    end-to-end predictions (throughput, TTFT, TPOT percentiles) to set against the
    measured run's.
 
-Writes ``validation.json``, ``validation.md``, ``steps.parquet`` and plots into ``out``.
+3. with ``idle`` (the default), the real run waits out the gaps between arrivals in wall-clock
+   time (:meth:`PairedExecutor.idle`), as a server would; the report records whether it did.
+
+Writes ``validation.json`` (with ``percentile_errors``: TTFT/TPOT/E2E at p50/p90/p99),
+``validation.md``, ``steps.parquet``, ``measured_requests.parquet``, ``predicted_requests.parquet``
+and plots into ``out``.
 """
 
 from __future__ import annotations
@@ -33,14 +38,22 @@ TARGETS = {"step_median": 0.03, "throughput_rps": 0.05, "tpot_p50_s": 0.05, "tpo
 
 
 class PairedExecutor:
-    """Runs the real executor and prices the same plan with the cost model."""
+    """Runs the real executor and prices the same plan with the cost model. With ``idle`` (default), the
+    serving loop's gaps between arrivals reach the real executor's ``idle(seconds)`` when it has one."""
 
-    def __init__(self, real, profile, model):
+    def __init__(self, real, profile, model, idle: bool = True):
         self.real, self.profile, self.model = real, profile, model
+        self.idle_on = idle and hasattr(real, "idle")
+        self.idled_s = 0.0
         self.needs_layouts = real.needs_layouts
         self.max_steps_per_plan = real.max_steps_per_plan
         self.rows: list[dict] = []
         self.plans: list[BatchPlan] = []  # without slot data: enough to re-price the run with another profile
+
+    def idle(self, seconds: float) -> None:
+        if self.idle_on:
+            self.idled_s += seconds
+            self.real.idle(seconds)
 
     def execute(self, plan: BatchPlan) -> StepResult:
         measured = self.real.execute(plan)
@@ -69,6 +82,31 @@ def end_to_end(measured: dict, predicted: dict) -> dict:
             for k in E2E_KEYS}
 
 
+LATENCIES = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}  # name in the report -> requests-frame column
+QUANTILES = (50, 90, 99)
+
+
+def percentile_errors(measured: pd.DataFrame, predicted: pd.DataFrame) -> dict:
+    """Latency errors the way peers report them (BLIS's convention: per workload, TTFT, ITL and E2E at
+    p50/p90/p99). Definition used here: for latency L in {ttft, tpot (= ITL: the mean gap between a
+    request's output tokens after the first), e2e} and quantile q in {50, 90, 99}, ``measured`` is
+    ``numpy.percentile`` (linear interpolation) of L over the real engine's completed requests,
+    ``predicted`` the same over the simulator-alone run's completed requests (same scenario and seed), and
+    ``error`` = |predicted - measured| / measured, the absolute percentage error (as a fraction) of that
+    percentile. A MAPE over workloads is the mean of these errors (``granisim validation summary``).
+    Requests without a value (a one-token output has no TPOT) are left out."""
+    out = {}
+    for name, col in LATENCIES.items():
+        m = measured.loc[measured.status == "completed", col].dropna().to_numpy(float)
+        p = predicted.loc[predicted.status == "completed", col].dropna().to_numpy(float)
+        for q in QUANTILES:
+            mv = float(np.percentile(m, q)) if m.size else float("nan")
+            pv = float(np.percentile(p, q)) if p.size else float("nan")
+            out[f"{name}_p{q}"] = {"measured": mv, "predicted": pv,
+                                   "error": abs(pv - mv) / mv if mv else float("nan")}
+    return out
+
+
 def _rel(pred, meas):
     pred, meas = np.asarray(pred, float), np.asarray(meas, float)
     ok = meas > 0
@@ -90,20 +128,22 @@ def _summary(e: np.ndarray) -> dict:
     return {"n": int(e.size), "median": float(np.median(e)), "p90": float(np.percentile(e, 90))}
 
 
-def validate(setup, gpu_executor, out: Path, progress: bool = True) -> dict:
+def validate(setup, gpu_executor, out: Path, progress: bool = True, idle: bool = True) -> dict:
     from granisim.core.serving_loop import ServingLoop
     from granisim.costmodel.executor import CostExecutor
 
     out.mkdir(parents=True, exist_ok=True)
-    paired = PairedExecutor(gpu_executor, setup.profile, setup.model)
+    paired = PairedExecutor(gpu_executor, setup.profile, setup.model, idle=idle)
     measured = ServingLoop(setup, paired, progress=progress).run()
     simulated = ServingLoop(setup, CostExecutor(setup.profile, setup.model), progress=progress).run()
     steps = pd.DataFrame(paired.rows)
     steps.to_parquet(out / "steps.parquet", index=False)
     (out / "plans.pkl").write_bytes(pickle.dumps(paired.plans))
-    requests_frame(measured.records).to_parquet(out / "measured_requests.parquet", index=False)
-    m_sum = summarize(requests_frame(measured.records), measured.steps.frame(), measured.end_s)
-    s_sum = summarize(requests_frame(simulated.records), simulated.steps.frame(), simulated.end_s)
+    mreq, sreq = requests_frame(measured.records), requests_frame(simulated.records)
+    mreq.to_parquet(out / "measured_requests.parquet", index=False)
+    sreq.to_parquet(out / "predicted_requests.parquet", index=False)
+    m_sum = summarize(mreq, measured.steps.frame(), measured.end_s)
+    s_sum = summarize(sreq, simulated.steps.frame(), simulated.end_s)
     e2e = end_to_end(m_sum, s_sum)
     errs = step_errors(steps)
     report = {
@@ -112,6 +152,9 @@ def validate(setup, gpu_executor, out: Path, progress: bool = True) -> dict:
         "policy": setup.scenario.policy.name, "seed": setup.scenario.seed,
         "device": str(getattr(gpu_executor, "device", "?")),
         "steps": len(steps), "step_errors": errs, "end_to_end": e2e, "targets": TARGETS,
+        "percentile_errors": percentile_errors(mreq, sreq),
+        # idle: the engine waited out the gaps between arrivals in wall-clock time (idled_s in all)
+        "idle": paired.idle_on, "idled_s": round(paired.idled_s, 3),
     }
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "validation.md").write_text(_markdown(report))
@@ -131,6 +174,11 @@ def _markdown(r: dict) -> str:
               "| metric | measured | predicted | error |", "| --- | --- | --- | --- |"]
     for k, e in r["end_to_end"].items():
         lines.append(f"| {k} | {e['measured']:.4g} | {e['predicted']:.4g} | {e['error']:.1%} |")
+    lines += ["", "## Latency percentiles (absolute percentage error, BLIS's convention)", "",
+              "| latency | measured | predicted | error |", "| --- | --- | --- | --- |"]
+    for k, e in r["percentile_errors"].items():
+        lines.append(f"| {k} | {e['measured']:.4g} | {e['predicted']:.4g} | {e['error']:.1%} |")
+    lines += ["", f"Idle between arrivals: {'on' if r['idle'] else 'off'} ({r['idled_s']:.1f} s).", ""]
     lines += ["", f"Targets: {r['targets']}", ""]
     return "\n".join(lines)
 

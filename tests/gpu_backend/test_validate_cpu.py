@@ -65,3 +65,90 @@ def test_validate_writes_a_report(tmp_path, capsys):
     assert {"throughput_rps", "ttft_p99_s", "tpot_p50_s"} <= set(e2e)
     for k, v in e2e.items():
         assert v["error"] == pytest.approx(abs(v["predicted"] - v["measured"]) / v["measured"], rel=1e-12), k
+
+
+TINY = ('name = "tiny"\n[model]\nname = "tiny"\n[hardware]\nkv_budget_tokens = 512\n[policy]\nname = "{policy}"\n'
+        "[workload]\nroles = 1\nprefix_len = 24\nnum_requests = 4\nrate = 100.0\nsuffix_scale = 0.01\nmax_output_len = 3\n")
+
+
+def _tiny_validation(tmp_path, policy: str, idle: bool = True):
+    from gpu_backend.executor import for_setup
+    from granisim.validation.validate import validate
+
+    sc = tmp_path / f"tiny_{policy}.toml"
+    sc.write_text(TINY.format(policy=policy))
+    setup = prepare(load_scenario(sc), str(sc))
+    out = tmp_path / f"val_{policy}"
+    return validate(setup, for_setup(setup, "cpu"), out, progress=False, idle=idle), out
+
+
+def test_latency_percentile_errors_recomputed_from_the_stored_frames(tmp_path):
+    """The report's TTFT / TPOT / E2E errors at p50/p90/p99 (BLIS's convention) are, recomputed here from the
+    stored measured and predicted request frames, numpy.percentile over completed requests and
+    |predicted - measured| / measured. The report records that the run idled between arrivals.
+    Planted bug: the predicted percentile taken over the measured frame (``p = m`` in percentile_errors)
+    fails the predicted values."""
+    rep, out = _tiny_validation(tmp_path, "granikv")
+    mreq = pd.read_parquet(out / "measured_requests.parquet")
+    sreq = pd.read_parquet(out / "predicted_requests.parquet")
+    pe = rep["percentile_errors"]
+    assert set(pe) == {f"{m}_p{q}" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}
+    for m in ("ttft", "tpot", "e2e"):
+        meas = mreq.loc[mreq.status == "completed", f"{m}_s"].dropna().to_numpy(float)
+        pred = sreq.loc[sreq.status == "completed", f"{m}_s"].dropna().to_numpy(float)
+        assert meas.size >= 3 and pred.size >= 3
+        for q in (50, 90, 99):
+            want_m, want_p = np.percentile(meas, q), np.percentile(pred, q)
+            got = pe[f"{m}_p{q}"]
+            assert got["measured"] == pytest.approx(want_m, rel=1e-12)
+            assert got["predicted"] == pytest.approx(want_p, rel=1e-12)
+            assert got["error"] == pytest.approx(abs(want_p - want_m) / want_m, rel=1e-9)
+    assert not np.allclose(mreq.ttft_s, sreq.ttft_s)  # measured and predicted differ: the check has teeth
+    assert rep["idle"] is True and rep["idled_s"] >= 0
+    md = (out / "validation.md").read_text()
+    assert "Latency percentiles" in md and "Idle between arrivals: on" in md
+
+
+def test_summary_has_one_record_per_combination(tmp_path, capsys):
+    """`granisim validation summary` over two machines' run folders, two policies, one old-style (bare
+    workload name) and new-style unit names: one record per workload x policy x model x machine x metric, and
+    each record's numbers are the run JSON's. Planted bug: every record given one machine name (the runs'
+    folders not told apart) fails the count."""
+    import shutil
+
+    from granisim.validation.gpu_runs import unit_name
+    from granisim.validation.summary import records
+
+    raw = tmp_path / "raw"
+    reps = {}
+    for pol in ("granikv", "token"):
+        rep, out = _tiny_validation(tmp_path, pol, idle=False)
+        reps[pol] = rep
+        for machine in ("runX1", "runY1"):
+            dest = raw / machine / "h200_run"
+            dest.mkdir(parents=True, exist_ok=True)
+            name = unit_name("control_short", pol, "llama-3.1-8b")
+            (dest / f"validation_{name}.json").write_text(json.dumps(rep))
+            shutil.copytree(out, dest / name)
+    old = raw / "runZ1" / "h200_run"  # an earlier run: bare workload names, granikv on llama-3.1-8b
+    old.mkdir(parents=True)
+    (old / "validation_azure_replay.json").write_text(json.dumps(reps["granikv"]))
+    target = tmp_path / "summary.json"
+    assert main(["validation", "summary", str(raw), "--out", str(target)]) == 0
+    doc = json.loads(target.read_text())
+    recs = doc["records"]
+    assert recs == records(raw)
+    metrics = 1 + len(reps["granikv"]["end_to_end"]) + len(reps["granikv"]["percentile_errors"])
+    keys = [(r["workload"], r["policy"], r["model"], r["machine"], r["variant"], r["metric"]) for r in recs]
+    assert len(keys) == len(set(keys)) == metrics * (2 * 2 + 1)
+    assert {(k[0], k[1], k[3]) for k in keys} == {("control_short", p, m) for p in ("granikv", "token")
+                                                  for m in ("runX1", "runY1")} | {("azure_replay", "granikv", "runZ1")}
+    for r in recs:
+        rep = reps[r["policy"]]
+        src = (rep["end_to_end"].get(r["metric"]) or rep["percentile_errors"].get(r["metric"])
+               or {"error": rep["step_errors"]["total"]["median"], "measured": None, "predicted": None})
+        assert (r["measured"], r["predicted"], r["error"]) == (src["measured"], src["predicted"], src["error"])
+        if r["target"] is not None:
+            assert r["met"] == (r["error"] <= r["target"])
+        assert r["idle"] is False
+    assert any(r["target"] is None for r in recs) and any(r["met"] is not None for r in recs)

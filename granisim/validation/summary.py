@@ -1,0 +1,100 @@
+"""Machine-readable validation summary: one record per workload x policy x model x machine x metric.
+
+    granisim validation summary RAW --out reports/validation/summary.json
+
+Reads every ``validation_<unit>.json`` under RAW (as ``granisim validation gpu-run validate`` writes
+them; the machine is the unit's folder under RAW, less a trailing ``h200_run``, e.g. ``runD1``) and
+writes, per metric, ``measured``, ``predicted``, ``error`` (|predicted - measured| / measured) and,
+for the metrics with a target, ``target`` and ``met``. Metrics: ``step_median`` (the median per-step
+error on the same plan; no single measured/predicted value), the end-to-end metrics
+(throughput, TTFT/TPOT p50/p99) and, where the run has them, the latency percentiles
+``{ttft,tpot,e2e}_p{50,90,99}`` (:func:`granisim.validation.validate.percentile_errors`).
+``mape`` holds, per policy, model and metric, the mean error over workloads and machines (held-out
+workloads included, and flagged in their records). No GPU needed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from granisim.validation.gpu_runs import HELD_OUT, split_unit, unit_name
+from granisim.validation.validate import TARGETS
+
+RUN_LEAF = "h200_run"
+
+
+def _machine(raw: Path, js: Path) -> str:
+    parts = list(js.parent.relative_to(raw).parts)
+    if parts and parts[-1] == RUN_LEAF:
+        parts.pop()
+    return "/".join(parts) or raw.resolve().name
+
+
+def _unit(js: Path) -> tuple[str, str, str, str] | None:
+    """(workload, policy, model, variant) from the file name (an older run's bare workload name: granikv on
+    llama-3.1-8b); the variant is what the name carries after them (e.g. gc, noidle; empty for none)."""
+    stem = js.stem[len("validation_"):]
+    parsed = split_unit(stem)
+    if parsed is None:
+        return None
+    w, pol, model = parsed
+    full = unit_name(w, pol, model)
+    rest = stem[len(full):] if stem.startswith(full) else stem[len(w):]
+    return w, pol, model, rest.lstrip("_")
+
+
+def _record(base: dict, metric: str, measured, predicted, error) -> dict:
+    target = TARGETS.get(metric)
+    ok = error is not None and not (isinstance(error, float) and math.isnan(error))
+    return {**base, "metric": metric, "measured": measured, "predicted": predicted, "error": error,
+            "target": target, "met": (error <= target) if target is not None and ok else None}
+
+
+def records(raw: Path) -> list[dict]:
+    out = []
+    for js in sorted(raw.rglob("validation_*.json")):
+        rep = json.loads(js.read_text())
+        unit = _unit(js)
+        if unit is None or "end_to_end" not in rep:
+            continue
+        w, pol, model, variant = unit
+        base = {"workload": w, "policy": pol, "model": model, "machine": _machine(raw, js), "variant": variant,
+                "held_out": w in HELD_OUT, "idle": rep.get("idle"), "date": rep.get("date")}
+        out.append(_record(base, "step_median", None, None, rep["step_errors"]["total"].get("median")))
+        for k, e in rep["end_to_end"].items():
+            out.append(_record(base, k, e["measured"], e["predicted"], e["error"]))
+        for k, e in rep.get("percentile_errors", {}).items():
+            out.append(_record(base, k, e["measured"], e["predicted"], e["error"]))
+    return out
+
+
+def mape(recs: list[dict]) -> list[dict]:
+    """Mean error per policy, model, variant and metric over workloads and machines."""
+    groups: dict[tuple, list[float]] = {}
+    for r in recs:
+        if r["error"] is not None and not math.isnan(r["error"]):
+            groups.setdefault((r["policy"], r["model"], r["variant"], r["metric"]), []).append(r["error"])
+    return [{"policy": p, "model": m, "variant": v, "metric": k, "n": len(e), "mape": sum(e) / len(e)}
+            for (p, m, v, k), e in sorted(groups.items())]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
+    ap.add_argument("raw", type=Path, help="folder of validation runs (searched recursively)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if not args.raw.is_dir():
+        raise SystemExit(f"error: {args.raw}: no such folder")
+    recs = records(args.raw)
+    if not recs:
+        raise SystemExit(f"error: {args.raw}: no validation_*.json with end-to-end results under it")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"targets": TARGETS, "records": recs, "mape": mape(recs)}, indent=1) + "\n")
+    units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}
+    print(f"{args.out}: {len(recs)} records, {len(units)} runs of a workload")
+
+
+if __name__ == "__main__":
+    main()

@@ -23,6 +23,7 @@ from . import common
 from .attention import s_decode, s_extend, s_extend_shapes, s_prefix
 from .common import CUDA, DEV, Pool, Run
 from .linear import s_ceilings, s_linear
+from .moe import s_grouped_gemm, s_linear_tp
 from .overhead import s_overhead
 from .small_kernels import s_small
 
@@ -30,7 +31,10 @@ from .small_kernels import s_small
 SECTIONS = [("ceilings", s_ceilings, 0.03), ("dense", lambda r: s_prefix(r, "dense"), 0.14),
             ("cascade", lambda r: s_prefix(r, "cascade"), 0.24), ("decode", s_decode, 0.14),
             ("linear", s_linear, 0.14), ("small", s_small, 0.06), ("extend", s_extend, 0.12),
-            ("overhead", s_overhead, 0.08), ("extend_shapes", s_extend_shapes, 0.02)]
+            ("overhead", s_overhead, 0.08), ("extend_shapes", s_extend_shapes, 0.02),
+            ("linear_tp", s_linear_tp, 0.05), ("grouped_gemm", s_grouped_gemm, 0.05)]
+# run only when named in --only (tensor-parallel shard GEMMs, MoE grouped GEMMs): a default run is unchanged
+OPT_IN = {"linear_tp", "grouped_gemm"}
 
 
 def meta(args, model):
@@ -62,6 +66,7 @@ def main(argv=None) -> int:
                          "grids are tiny: a smoke run checks every section whatever the machine's load)")
     ap.add_argument("--only", default="", help="comma-separated sections")
     ap.add_argument("--pool-slots", type=int, default=6 * 2**20)
+    ap.add_argument("--moe-model", default="qwen3-30b-a3b", help="the MoE model whose experts grouped_gemm times")
     args = ap.parse_args(argv)
     model = get_model(args.model)
     run = Run(args, model)
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
     budget = args.budget_s if args.budget_s is not None else (float("inf") if args.smoke else 330.0)
     cum = 0.0
     for name, fn, share in SECTIONS:
-        if only and name not in only and name != "ceilings":
+        if (only and name not in only and name != "ceilings") or (name in OPT_IN and name not in only):
             continue
         t = time.time()
         cum += share  # a section may use what earlier sections left unused

@@ -14,7 +14,7 @@ from granisim.config.hardware import get_profile
 from granisim.config.models import get_model, kv_budget_tokens
 from granisim.config.scenario import parse_scenario
 from granisim.core.contract import BatchPlan, PlannedRequest
-from granisim.costmodel import CostTables, step_cost
+from granisim.costmodel import CostTables, roofline_time, step_cost
 from granisim.costmodel.parallel import (allreduce_seconds, allreduces_per_step, expected_expert_rows,
                                          expert_pick_probs, moe_layer_work)
 from granisim.experiments.run import prepare
@@ -206,3 +206,26 @@ def test_a100_uses_vidurs_tensor_parallel_rows(tp):
     t = CostTables(prof, m.shard(tp))
     got = t.linear_time(ns[i]) - float(t.allreduce_time(ns[i]))
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_grouped_gemm_fit_recovers_a_known_roofline(tmp_path):
+    """calibration/measure's grouped_gemm.csv -> linear.moe_*: rows made from a known roofline are fitted back
+    (held-out error ~0). Planted: fitting the bytes column as FLOPs (swapped) leaves a large held-out error."""
+    import csv
+
+    from granisim.calibration.moe_fit import fit_grouped
+
+    P, BW = 989e12, 4.8e12
+    with open(tmp_path / "grouped_gemm.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["family", "flops", "bytes", "median_us"])
+        w.writeheader()
+        for fam, (c, ef, em) in (("moe_up", (4e-6, 0.6, 0.8)), ("moe_down", (3e-6, 0.5, 0.7))):
+            for T in (1, 4, 16, 64, 256, 1024, 4096, 8192):
+                act = 128 * (1 - (1 - 8 / 128) ** T)
+                rows = act * max(16, -(-T * 8 / act // 16) * 16)
+                fl, by = 2 * rows * 2048 * 1536, 2 * (act * 2048 * 1536 + rows * 3584)
+                t = float(roofline_time(fl, by, P, BW, c, ef, em))
+                w.writerow(dict(family=fam, flops=fl, bytes=by, median_us=t * 1e6))
+    values, errors = fit_grouped(tmp_path, P, BW)
+    assert all(e["median"] < 0.02 and e["p90"] < 0.05 for e in errors.values()), errors
+    assert values["linear.moe_up.mem_eff"] == pytest.approx(0.8, rel=0.05)

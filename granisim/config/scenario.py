@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 POLICY_RE = re.compile(r"^(granikv|token|paged(\d*))$")
 
@@ -44,10 +44,12 @@ class HardwareCfg(_Strict):
     reserve_gb: float = Field(4.0, ge=0)  # activations, workspace, CUDA graphs
     kv_budget_tokens: int | None = Field(None, gt=0)  # override the derived budget
     tp: Literal[1, 2, 4, 8] = 1  # tensor-parallel GPUs per replica (the profile's GPU, tp of them)
+    # host memory for evicted KV (granisim/kv/host_tier.py); 0 = no host tier
+    host_kv_gb: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     @model_serializer(mode="wrap")
     def _without_default_tp(self, handler):
-        return _drop_defaults(handler(self), {"tp": 1})
+        return _drop_defaults(handler(self), {"tp": 1, "host_kv_gb": 0.0})
 
 
 def _drop_defaults(data, defaults: dict):
@@ -68,6 +70,14 @@ class PolicyCfg(_Strict):
     # threshold (the m_sat rule) | cost (cost model picks dense or cascade) | auto (cost model picks dense,
     # cascade or no prefix pass) | cascade / dense: forced (dense needs a slab)
     dispatch: Literal["threshold", "cost", "auto", "cascade", "dense"] = "threshold"
+    # with [hardware] host_kv_gb > 0: what eviction moves to host ("slabs": HOT slabs only, granikv;
+    # "slabs+pages": COLD / token / paged pages too) and which host KV goes first when host memory is full
+    host_tier: Literal["slabs", "slabs+pages"] = "slabs"
+    host_eviction: Literal["lru", "next_use"] = "lru"
+
+    @model_serializer(mode="wrap")
+    def _without_default_host(self, handler):
+        return _drop_defaults(handler(self), {"host_tier": "slabs", "host_eviction": "lru"})
 
     @field_validator("hot_fraction", mode="before")
     @classmethod
@@ -206,6 +216,19 @@ class Scenario(_Strict):
     workload: WorkloadCfg = WorkloadCfg()
     fleet: FleetCfg | None = None  # absent: one replica, the single-GPU loop
 
+    @model_validator(mode="after")
+    def _host_tier_usable(self):
+        if self.hardware.host_kv_gb and self.policy.host_tier == "slabs":
+            why = None
+            if self.policy.name != "granikv":
+                why = f"policy {self.policy.name} has no HOT slabs to move to host"
+            elif self.policy.hot_fraction == 0:
+                why = "policy.hot_fraction = 0 leaves no HOT slabs to move to host"
+            if why:
+                raise ValueError(f"field policy.host_tier = 'slabs': {why} (hardware.host_kv_gb = "
+                                 f"{self.hardware.host_kv_gb}); use host_tier = 'slabs+pages' or host_kv_gb = 0")
+        return self
+
     @model_serializer(mode="wrap")
     def _without_absent_fleet(self, handler):
         data = handler(self)  # no `fleet` key when absent: single-GPU dumps (sweep point ids) stay as they were
@@ -230,7 +253,9 @@ class Scenario(_Strict):
 
 def _optional_field(parts: list[str]) -> bool:
     """A field that dumps leave out at its default (hardware.tp, model.expert_*)."""
-    return len(parts) == 2 and (parts[0], parts[1]) in (("hardware", "tp"), ("model", "expert_routing"),
+    return len(parts) == 2 and (parts[0], parts[1]) in (("hardware", "tp"), ("hardware", "host_kv_gb"),
+                                                          ("policy", "host_tier"), ("policy", "host_eviction"),
+                                                          ("model", "expert_routing"),
                                                           ("model", "expert_zipf_s"),
                                                           ("workload", "lengths_trace"))
 
@@ -273,6 +298,8 @@ def _format(err: ValidationError, source: str) -> str:
     if e["type"] == "model_type":
         return f"{source}: field {field} = {short_repr(e.get('input'))}: must be a table ([{field}])"
     msg = e["msg"].removeprefix("Value error, ")
+    if not e["loc"] and msg.startswith("field "):  # a check across tables names its own field
+        return f"{source}: {msg}"
     return f"{source}: field {field} = {short_repr(e.get('input'))}: {msg}"
 
 
@@ -311,6 +338,9 @@ _INERT = (
      "has no effect unless scheduler.admission = 'prefix'"),
     ("model", "expert_zipf_s", lambda sc: sc.model.expert_routing == "zipf",
      "has no effect unless model.expert_routing = 'zipf'"),
+    ("policy", "host_tier", lambda sc: sc.hardware.host_kv_gb > 0, "has no effect unless hardware.host_kv_gb > 0"),
+    ("policy", "host_eviction", lambda sc: sc.hardware.host_kv_gb > 0,
+     "has no effect unless hardware.host_kv_gb > 0"),
 )
 
 

@@ -99,7 +99,7 @@ class BatchBuilder:
             else:
                 reqs.append(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, shared))
         plan = BatchPlan(step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
-                         tuple(alloc.take_copies()))
+                         tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:
             plan = self._cheapest_step(plan, private)
         return plan

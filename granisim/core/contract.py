@@ -11,6 +11,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
+from granisim.kv.host_tier import KVTransfer
 from granisim.kv.hot_pool import KVCopy
 from granisim.kv.layout import RequestLayout
 
@@ -67,6 +68,9 @@ class BatchPlan:
     # decode request, each step adds one token to every context). Only the cost executor
     # accepts > 1; results then cover all steps.
     num_steps: int = 1
+    # host-tier copies (granisim.kv.host_tier), in the order the allocator made them: 'to_host' before the
+    # step, 'to_gpu' on a copy stream ahead of the layers that read them; () without a host tier
+    transfers: tuple[KVTransfer, ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -34,6 +34,7 @@ from simpy.core import URGENT
 from tqdm import tqdm
 
 from granisim.kv.allocator import make_allocator
+from granisim.kv.host_tier import host_tier_config
 from granisim.core.metrics import StepLog
 from granisim.core.contract import Executor
 from granisim.core.request import RequestRecord
@@ -66,7 +67,7 @@ class ServingLoop:
         self.progress = progress
         s = setup.scenario
         self.allocator = make_allocator(s.policy.name, setup.kv_budget, hot_fraction=s.policy.hot_fraction,
-                                        page_size=s.policy.page_size)
+                                        page_size=s.policy.page_size, host=host_tier_config(s, setup.model))
         self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
                                    m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
                                    step_pricer=setup.step_pricer, needs_layouts=executor.needs_layouts)

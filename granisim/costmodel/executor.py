@@ -8,6 +8,7 @@ from granisim.costmodel import cost_tables
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
 from granisim.core.contract import BatchPlan, StepResult
+from granisim.costmodel.transfers import with_transfers
 
 
 class CostExecutor:
@@ -26,4 +27,5 @@ class CostExecutor:
         self._tables = cost_tables(self.profile, self.model)
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        return self._tables.step(plan)
+        result = self._tables.step(plan)
+        return with_transfers(plan, result, self.profile) if plan.transfers else result

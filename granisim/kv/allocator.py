@@ -46,6 +46,7 @@ from granisim.kv.eviction import Eviction
 from granisim.kv.hot_demand import DEMAND_WINDOW, HotDemand
 from granisim.kv.hot_pool import HotPool, KVCopy
 from granisim.kv.hot_slabs import HOT_HEADROOM, HotSlabs, slab_splitter
+from granisim.kv.host_tier import HostTier, HostTierConfig, KVTransfer
 from granisim.kv.layout import AllocatorStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
 from granisim.kv.protocol import CachedRun
@@ -83,7 +84,7 @@ class KVAllocator:
     ``can_extend``/``extend``, ``release``) over the parts listed in the module docstring."""
 
     def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
-                 demand_window: int = DEMAND_WINDOW):
+                 demand_window: int = DEMAND_WINDOW, host: HostTierConfig | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown allocator policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
@@ -101,7 +102,9 @@ class KVAllocator:
         self.radix = RadixIndex(self.page_size, on_split=slab_splitter(self.hot) if self.hot is not None else None)
         self.requests = Requests()
         self.counters = AllocatorCounters()
-        self.eviction = Eviction(self.radix, self.store, self.hot, self.counters)
+        # host-memory tier (granisim.kv.host_tier); None: evicted KV is dropped, as without one
+        self.host_tier = HostTier(host, self.page_size) if host is not None else None
+        self.eviction = Eviction(self.radix, self.store, self.hot, self.counters, host=self.host_tier)
         self.hot_slabs: HotSlabs | None = None
         if self.hot is not None:
             demand = HotDemand(demand_window) if self.adaptive else None
@@ -147,8 +150,44 @@ class KVAllocator:
         self.requests.add(seq)
         if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
             hot.place(seq, shared_len - m.length)
+        if self.host_tier is not None:
+            self._prefetch(seq, tokens)
         seq.group = prefix_group_of(seq, self.page_size)
-        return m.length
+        return seq.cached_len
+
+    def _prefetch(self, seq: _Seq, tokens: np.ndarray) -> None:
+        """Host tier: copy back what the host holds beyond the GPU match instead of recomputing
+        it, and put it into the radix index at once (the node is restored, matchable)."""
+        ht = self.host_tier
+        ht.note_admission(tokens)
+        length, host_slots, host_node = ht.match(tokens, tokens.size - 1)
+        cached = seq.cached_len
+        if length <= cached:
+            return
+        ht.index.lock(host_node)  # no write-back below may reuse these host slots
+        try:
+            if seq.slab is not None:  # the declared prefix waits for its slab: fill it by one copy
+                end = cached + seq.slab_len
+                if length < end:
+                    return
+                s0, _ = self.hot.span(seq.slab)
+                ht.prefetch(np.arange(s0, s0 + seq.slab_len, dtype=np.int64), host_slots[cached:end], True)
+                seq.n_new = seq.slab_len
+                node = self.hot_slabs.cache_slab(seq, tokens[:end])
+                self._relock(seq, node, end)
+                seq.n_new -= seq.slab_len
+                seq.slab, seq.slab_len = None, 0
+                cached = end
+            if ht.cfg.mode == "slabs":
+                return
+            n = length - cached
+            if n <= 0 or self.extend_need(seq.rid, n) > self.available():
+                return
+            new = self.extend(seq.rid, n)
+            ht.prefetch(new, host_slots[cached:length], False)
+            self._cache_private(seq, tokens[:length])
+        finally:
+            ht.index.unlock(host_node)
 
     # ---- growth ---------------------------------------------------------------------------
     def extend_need(self, rid: int, n: int) -> int:
@@ -295,6 +334,10 @@ class KVAllocator:
         """Compact the HOT pool now; the copies are also queued for the executor."""
         return self.hot_slabs.compact() if self.hot_slabs is not None else []
 
+    def take_transfers(self) -> list[KVTransfer]:
+        """Host-tier copies queued since the last call, in order (none without a tier)."""
+        return self.host_tier.take() if self.host_tier is not None else []
+
     def take_copies(self) -> list[KVCopy]:
         """KV copies queued since the last call (the executor applies them before the step)."""
         return self.hot_slabs.take_copies() if self.hot_slabs is not None else []
@@ -362,7 +405,7 @@ class KVAllocator:
 
 
 def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int | None = None,
-                   demand_window: int = DEMAND_WINDOW) -> KVAllocator:
+                   demand_window: int = DEMAND_WINDOW, host: HostTierConfig | None = None) -> KVAllocator:
     """``policy`` is ``granikv``, ``token``, ``paged`` or ``pagedN`` (e.g. ``paged16``).
 
     ``hot_fraction`` (``granikv`` only): a number sets the HOT/COLD split in
@@ -373,6 +416,6 @@ def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.
         digits = policy[len("paged"):]
         if not digits.isdigit():
             raise ValueError(f"unknown allocator policy {policy!r}; use paged<N>, e.g. paged16")
-        return KVAllocator("paged", capacity, page_size=int(digits))
+        return KVAllocator("paged", capacity, page_size=int(digits), host=host)
     return KVAllocator(policy, capacity, hot_fraction=hot_fraction,
-                       page_size=16 if page_size is None else page_size, demand_window=demand_window)
+                       page_size=16 if page_size is None else page_size, demand_window=demand_window, host=host)

@@ -17,14 +17,17 @@ from granisim.kv.radix import RadixIndex, RadixNode
 
 
 class Eviction:
-    def __init__(self, radix: RadixIndex, store, hot: HotPool | None, counters: AllocatorCounters):
+    def __init__(self, radix: RadixIndex, store, hot: HotPool | None, counters: AllocatorCounters, host=None):
         self.radix = radix
+        self.host = host  # granisim.kv.host_tier.HostTier or None (evicted KV is dropped)
         self.store = store
         self.hot = hot
         self.counters = counters
 
     def free_node(self, node: RadixNode) -> None:
         """Give an evicted node's storage back (the radix index has already dropped it)."""
+        if self.host is not None:
+            self.host.write_back(node)  # its slots are still intact: copy what the host lacks
         if node.pool == "hot":
             self.hot.release(node.slab)
         else:

@@ -50,6 +50,9 @@ class SimResult:
     info: dict = field(default_factory=dict)
 
 
+_ARRIVAL = "arrival"  # the cause of a fleet replica's interrupt when a request is routed to it mid-block
+
+
 def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.Event:
     ev = simpy.Event(env)
     ev._ok, ev._value = True, value  # what simpy.Timeout sets; we only change the priority
@@ -71,12 +74,14 @@ class ServingLoop:
         self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
                                    m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
                                    step_pricer=setup.step_pricer, needs_layouts=executor.needs_layouts)
-        # fleet replica: feed.next_event() -> time | None, feed.finished(request, outputs, now)
+        # fleet replica: feed.finished(request, outputs, now)
         self.feed = feed
         self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab) if feed is None else None
         self.steps = StepLog()
         self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)
         self._wake: simpy.Event | None = None
+        self._proc: simpy.Process | None = None
+        self._in_block = False  # fleet replica: a fast-forward block is running (an arrival cuts it)
 
     def run(self) -> SimResult:
         env = self.env = simpy.Environment()
@@ -93,7 +98,8 @@ class ServingLoop:
         """Fleet replica: run the engine as one process of a shared environment."""
         self.env = env
         self._bar = tqdm(disable=True)
-        return env.process(self._replica_engine())
+        self._proc = env.process(self._replica_engine())
+        return self._proc
 
     def _replica_engine(self):
         try:
@@ -106,6 +112,9 @@ class ServingLoop:
         self.scheduler.add(spec, self.env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+        if self._in_block:  # fleet replica: end the block at the first step boundary from now
+            self._in_block = False
+            self._proc.interrupt(_ARRIVAL)
 
     # ---- processes ------------------------------------------------------------------------
     def _add_arrivals(self, specs) -> None:
@@ -142,12 +151,18 @@ class ServingLoop:
                 cut = self._steps_until_event(block.step_durations, steps)
                 result = block if cut == steps else None  # a block cut short by an event is priced again
                 steps = cut
-            if steps > 1:
-                sched.extend_plan(plan, steps)
-                plan = dataclasses.replace(plan, num_steps=steps)
-            result = result or ex.execute(plan)
             start = env.now
-            yield env.timeout(result.duration_s)
+            if steps > 1 and result is not None and self.feed is not None:
+                steps, result = yield from self._fleet_block(plan, steps, result)
+                if steps > 1:
+                    sched.extend_plan(plan, steps)
+                    plan = dataclasses.replace(plan, num_steps=steps)
+            else:
+                if steps > 1:
+                    sched.extend_plan(plan, steps)
+                    plan = dataclasses.replace(plan, num_steps=steps)
+                result = result or ex.execute(plan)
+                yield env.timeout(result.duration_s)
             done = sched.postprocess(plan, result, env.now, steps)
             self.steps.record(start, plan, result, self.allocator)
             for r in done:
@@ -175,9 +190,31 @@ class ServingLoop:
             if gap > 0:
                 idle(gap)
 
+    def _fleet_block(self, plan, steps: int, block):
+        """Fleet replica: wait out a fast-forward block of ``steps`` decode steps unless a request is
+        routed here first; then stop at the first step boundary at or after its arrival, as the single
+        loop does for an arrival it knows in advance. Returns (steps run, their result). The block's
+        extra K/V slots are allocated after it, for the steps that ran (nothing reads them meanwhile)."""
+        env, start = self.env, self.env.now
+        self._in_block = True
+        try:
+            yield env.timeout(block.duration_s)
+            return steps, block
+        except simpy.Interrupt as stop:
+            if stop.cause != _ARRIVAL:
+                raise
+        finally:
+            self._in_block = False
+        cum = np.cumsum(block.step_durations)
+        k = int(min(steps, np.searchsorted(cum, env.now - start, side="left") + 1))
+        result = block if k == steps else self.executor.execute(dataclasses.replace(plan, num_steps=k))
+        yield env.timeout(max(0.0, start + result.duration_s - env.now))
+        return k, result
+
     def _steps_until_event(self, durations, k: int) -> int:
-        """Steps to run so that the block ends at the first step boundary at or after the next event."""
-        arrival = self.feed.next_event() if self.feed is not None else (self._pending[0] if self._pending else None)
+        """Steps to run so that the block ends at the first step boundary at or after the next event
+        (a fleet replica learns of its arrivals only when they are routed: see _fleet_block)."""
+        arrival = None if self.feed is not None else (self._pending[0] if self._pending else None)
         nxt = [t for t in (arrival, self.scheduler.next_expiry()) if t is not None]
         if not nxt:
             return k

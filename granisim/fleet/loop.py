@@ -8,12 +8,11 @@ by a replica that went down) are delivered at their times with the same URGENT p
 the single loop uses, routed, and queued on the chosen replica. While every replica is
 down, arrivals wait at the router; those still waiting when the run ends (every replica
 down for good) are rejected with that reason. Replicas' fast-forward blocks stop at the
-fleet's next event (an arrival, a fault starting or ending).
+first step boundary after a request is routed to them (as the single loop's do at an arrival).
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field, replace
 
 import simpy
@@ -51,7 +50,6 @@ class FleetLoop:
         n = len(self.replicas)
         self.router = Router(fleet_cfg.router, initial_state(fleet_cfg.router, fleet_cfg, n, s.seed,
                                                              len(self.workload.prefixes)))
-        self._events: list[float] = []  # times of arrivals and fault edges not yet fired (heap)
         self._views: list = [None] * n
         self._views_s = float("-inf")
         self._held = []  # arrivals while every replica is down
@@ -59,9 +57,6 @@ class FleetLoop:
         self.recomputed = 0
 
     # ---- the feed the replicas call back ------------------------------------------------------
-    def next_event(self) -> float | None:
-        return self._events[0] if self._events else None
-
     def finished(self, request, outputs, now: float) -> None:
         self._bar.update(1)
         nxt = self.workload.follow_up(request.spec, outputs, now)
@@ -78,9 +73,6 @@ class FleetLoop:
         for rep in self.replicas:
             rep.start(env)
         for f in self.cfg.faults:
-            heapq.heappush(self._events, f.at_s)
-            if f.for_s is not None:
-                heapq.heappush(self._events, f.at_s + f.for_s)
             env.process(self._fault(f))
         env.run()
         self._bar.close()
@@ -93,21 +85,17 @@ class FleetLoop:
                            self.router.name, self.router.decisions)
 
     def _add_arrivals(self, specs) -> None:
-        for s in specs:
-            heapq.heappush(self._events, s.arrival_s)
         self.env.process(self._arrivals(ArrivalQueue(specs)))
 
     def _arrivals(self, queue: ArrivalQueue):
         while len(queue):
             spec = queue.pop()
             yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
-            heapq.heappop(self._events)
             self._route(spec)
 
     def _fault(self, f):
         env, rep = self.env, self.replicas[f.replica]
         yield env.timeout(f.at_s)
-        heapq.heappop(self._events)
         specs, started = rep.fail(env.now)
         self._views[rep.index] = None
         self.recomputed += started
@@ -117,7 +105,6 @@ class FleetLoop:
         if f.for_s is None:
             return
         yield env.timeout(f.for_s)
-        heapq.heappop(self._events)
         if rep.recover(env):
             self._views[rep.index] = None
             held, self._held = self._held, []

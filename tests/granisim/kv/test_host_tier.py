@@ -1,0 +1,188 @@
+"""The host-memory KV tier (granisim/kv/host_tier.py): write-back, prefetch, host eviction, pricing, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from granisim.config.hardware import get_profile
+from granisim.config.scenario import ScenarioError, parse_scenario_file_data
+from granisim.costmodel.transfers import copy_seconds, copy_stream_seconds, exposed_seconds
+from granisim.kv.allocator import make_allocator
+from granisim.kv.host_tier import HostTierConfig, KVTransfer
+
+BPT = 1000  # bytes per token in these tests
+
+
+def _prompt(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, 50_000, n).astype(np.int64)
+
+
+def _serve(a, rid: int, tokens: np.ndarray, shared: int) -> int:
+    """Admit, compute and finish one request; returns the cached length at admission."""
+    cached = a.admit(rid, tokens, shared)
+    a.extend(rid, tokens.size - cached)
+    a.cache_prefix(rid, tokens[:shared])
+    a.release(rid, tokens)
+    return cached
+
+
+def _granikv(host_tokens=10_000, mode="slabs", eviction="lru", capacity=2_000):
+    return make_allocator("granikv", capacity, hot_fraction=0.5,
+                          host=HostTierConfig(host_tokens, BPT, mode, eviction))
+
+
+def test_off_has_no_tier_and_no_transfers():
+    a = make_allocator("granikv", 1000, hot_fraction=0.5)
+    assert a.host_tier is None and a.eviction.host is None
+    p = _prompt(0, 300)
+    _serve(a, 1, p, 256)
+    a.clear_cache()
+    assert a.take_transfers() == []
+
+
+def test_slab_goes_to_host_and_comes_back_as_one_copy():
+    a = _granikv()
+    p = _prompt(1, 600)
+    assert _serve(a, 1, p, 512) == 0
+    a.take_transfers()
+    a.clear_cache()  # the slab is evicted: written back, one contiguous copy
+    out = a.take_transfers()
+    hot = [t for t in out if t.contiguous]
+    assert len(hot) == 1 and hot[0].direction == "to_host" and hot[0].tokens == 512 and hot[0].pieces == 1
+    assert hot[0].nbytes == 512 * BPT
+    assert a.radix.match_prefix(p).length == 0  # gone from the GPU index
+    q = np.concatenate([p[:512], _prompt(2, 50)])
+    cached = a.admit(2, q, 512)  # prefetched instead of recomputed
+    assert cached == 512
+    back = a.take_transfers()
+    assert [(t.direction, t.contiguous, t.tokens) for t in back] == [("to_gpu", True, 512)]
+    assert np.array_equal(back[0].host_slots, hot[0].host_slots)
+    # the radix node is restored: another request matches the prefix on the GPU
+    assert a.radix.match_prefix(q, 512).length == 512
+    assert a.layout(2) is not None and a.num_tokens(2) == 512
+
+
+def test_evicting_a_prefetched_run_again_moves_nothing():
+    a = _granikv()
+    p = _prompt(3, 600)
+    _serve(a, 1, p, 512)
+    a.clear_cache()
+    _serve(a, 2, p, 512)
+    a.take_transfers()
+    before = a.host_tier.bytes_in
+    a.clear_cache()
+    assert a.take_transfers() == []  # the host already holds the slab ('slabs': COLD pages are not kept)
+    assert a.host_tier.bytes_in == before
+
+
+def test_token_policy_moves_pages():
+    a = make_allocator("token", 2_000, host=HostTierConfig(10_000, BPT, "slabs+pages", "lru"))
+    b = make_allocator("paged16", 2_000, host=HostTierConfig(10_000, BPT, "slabs+pages", "lru"))
+    for alloc in (a, b):
+        p = _prompt(4, 600)
+        _serve(alloc, 1, p, 512)
+        alloc.take_transfers()
+        alloc.clear_cache()
+        out = alloc.take_transfers()
+        assert out and not any(t.contiguous for t in out)
+        assert sum(t.tokens for t in out) == alloc.host_tier.bytes_in // BPT
+        cached = alloc.admit(2, p, 512)
+        back = alloc.take_transfers()
+        assert cached == back[0].tokens and back[0].direction == "to_gpu" and not back[0].contiguous
+        assert back[0].pieces == -(-cached // alloc.page_size)
+        assert cached >= 512 - alloc.page_size and alloc.radix.match_prefix(p).length >= cached
+
+
+def test_host_bytes_are_accounted_under_host_pressure():
+    a = _granikv(host_tokens=1_100)  # room for two 512-token slabs, not three
+    prompts = [_prompt(10 + i, 600) for i in range(4)]
+    for i, p in enumerate(prompts):
+        _serve(a, i, p, 512)
+        a.clear_cache()
+    ht = a.host_tier
+    assert ht.bytes_dropped > 0
+    assert ht.bytes_in == ht.bytes_dropped + ht.resident_bytes
+    used = a.host_tier.pool.used
+    held = sum(len(n) for n in ht.index.nodes())
+    assert used == held  # every used host slot belongs to exactly one host node
+
+
+def test_next_use_keeps_the_role_expected_soonest():
+    """Role A comes every other admission, role B came once long ago: under next_use B's slab goes
+    first when host memory is full; under LRU the older of the two goes, whichever it is."""
+    results = {}
+    for policy in ("lru", "next_use"):
+        a = _granikv(host_tokens=1_100, eviction=policy)
+        pa, pb, pc = _prompt(20, 600), _prompt(21, 600), _prompt(22, 600)
+        rid = 0
+        for p in (pb, pa, pa, pa, pa):  # B once, then A often (its host copy refreshed by each admission)
+            rid += 1
+            _serve(a, rid, p, 512)
+            a.clear_cache()
+        # A was last touched most recently; make B the most recent host use so that LRU would drop A
+        rid += 1
+        _serve(a, rid, pb, 512)
+        a.clear_cache()
+        rid += 1
+        _serve(a, rid, pc, 512)  # a third slab: host must drop one
+        a.clear_cache()
+        ht = a.host_tier
+        results[policy] = (ht.match(pa, 599)[0] >= 512, ht.match(pb, 599)[0] >= 512)
+    assert results["lru"] == (False, True)
+    assert results["next_use"] == (True, False)
+
+
+def test_slab_copy_is_cheaper_than_pages_and_overlap_hides_it():
+    prof = get_profile("h200")
+    n = 16384 * 131072
+    slab = copy_seconds(n, True, 1, prof)
+    pages = copy_seconds(n, False, 16384, prof)
+    assert slab < pages
+    assert slab == pytest.approx(prof["host.copy_launch_s"] + n / prof["host.link_bandwidth"])
+    t = [KVTransfer("to_gpu", np.arange(4), np.arange(4), n, True, 1),
+         KVTransfer("to_host", np.arange(4), np.arange(4), n // 2, True, 1)]
+    assert copy_stream_seconds(t, prof) == pytest.approx(slab)  # the directions run at once
+    assert exposed_seconds(slab, slab / prof["host.overlap"], prof) == pytest.approx(0.0)
+    assert exposed_seconds(slab, 0.0, prof) == pytest.approx(slab)
+
+
+def test_old_profiles_load_with_defaults():
+    prof = get_profile("h200")
+    assert prof["host.link_bandwidth"] > 0 and 0 < prof["host.overlap"] <= 1
+    assert prof.coefficients["host.link_bandwidth"].source.kind == "extrapolated"
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("data, needle", [
+    ({"hardware": {"host_kv_gb": -1.0}}, "hardware.host_kv_gb = -1.0"),
+    ({"hardware": {"host_kv_gb": float("nan")}}, "hardware.host_kv_gb = nan"),
+    ({"hardware": {"host_kv_gb": 64.0}, "policy": {"name": "token"}}, "policy.host_tier = 'slabs'"),
+    ({"hardware": {"host_kv_gb": 64.0}, "policy": {"hot_fraction": 0.0}}, "policy.host_tier = 'slabs'"),
+    ({"policy": {"host_eviction": "next_use"}}, "policy.host_eviction = 'next_use'"),
+    ({"policy": {"host_tier": "pages"}}, "policy.host_tier = 'pages'"),
+])
+def test_bad_host_tier_input_is_one_line(data, needle):
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario_file_data(data, "f.toml")
+    msg = str(err.value)
+    assert msg.startswith("f.toml: field ") and needle in msg and "\n" not in msg
+
+
+def test_bad_host_tier_input_exits_2(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[hardware]\nhost_kv_gb = 64\n[policy]\nname = "paged16"\n')
+    out = subprocess.run([sys.executable, "-m", "granisim.cli", "run", str(f)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and f"{f}: field policy.host_tier = 'slabs'" in out.stderr
+
+
+def test_tier_off_dumps_as_before():
+    sc = parse_scenario_file_data({"hardware": {"host_kv_gb": 0.0}}, "f.toml")
+    d = sc.model_dump()
+    assert "host_kv_gb" not in d["hardware"] and "host_tier" not in d["policy"]
+    on = parse_scenario_file_data({"hardware": {"host_kv_gb": 8.0}, "policy": {"host_eviction": "next_use"}}, "f")
+    assert on.model_dump()["policy"]["host_eviction"] == "next_use"

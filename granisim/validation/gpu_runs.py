@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,14 +185,16 @@ def validate_all(args) -> None:
                 if time.time() - t0 > args.budget_s:
                     print(f"budget reached; stopping before {unit}", flush=True)
                     return
-                t = time.time()
+                t, started = time.time(), datetime.now().isoformat(timespec="milliseconds")
                 setup = prepare(validation_scenario(name, args.requests, args.profile, pol, model))
                 ex = None
                 _free_gpu()
                 ex = gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
                                    **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
                 rep = validate(setup, ex, args.out / unit, progress=False, idle=not args.no_idle)
-                rep.update(workload=name, held_out=name in HELD_OUT, executor=ex.stats(), wall_s=time.time() - t)
+                # local start/end times: the unit's window in OUT/gpu_log.csv (--log-gpu; gpu_log.log_summary)
+                rep.update(workload=name, held_out=name in HELD_OUT, executor=ex.stats(), wall_s=time.time() - t,
+                           started_local=started, ended_local=datetime.now().isoformat(timespec="milliseconds"))
                 (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2))
                 print(unit, f"{time.time() - t:.0f} s", json.dumps(rep["step_errors"]["total"]), flush=True)
 

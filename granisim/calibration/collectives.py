@@ -49,8 +49,9 @@ def _ext(frm: str, how: str) -> dict:
     return {"kind": "extrapolated", "from": frm, "how": how}
 
 
-def parallel_coefficients(doc: dict) -> dict:
-    """The tp and MoE coefficients for one profile document (keys -> coefficient entries)."""
+def parallel_coefficients(doc: dict, m_sat_ratios: dict | None = None) -> dict:
+    """The tp and MoE coefficients for one profile document (keys -> coefficient entries); ``m_sat_ratios``
+    (tp -> ratio, :func:`m_sat_ratios`) adds the per-tp M_sat."""
     gpu = doc["gpu"]
     key = next((k for k in NVLINK if k in gpu), None)
     out: dict = {}
@@ -65,6 +66,13 @@ def parallel_coefficients(doc: dict) -> dict:
             out[f"comm.allreduce.tp{n}.latency_s"] = {"value": LATENCY_S[n], "unit": "s", "source": _ext(
                 NCCL_TESTS, f"small-message all-reduce floor assumed for {n} GPUs on one NVSwitch host; not measured")}
     coefs = doc["coefficients"]
+    if m_sat_ratios is not None:
+        for n in TP_DEGREES:
+            out[f"m_sat.tp{n}"] = {"value": int(round(coefs["m_sat"]["value"] * m_sat_ratios[n])), "unit": "rows",
+                                   "source": _ext(f"{doc['name']} m_sat", (
+                                       f"x {m_sat_ratios[n]:.2f}: the cost model's best dense/cascade threshold "
+                                       f"(granisim.costmodel.m_sat_threshold, Llama-3.1-8B, L_p = 16K) on one GPU's "
+                                       f"shard at tp = {n} over that at tp = 1"))}
     for fam, dense in (("up", "mlp_up"), ("down", "mlp_down")):
         for k in ("launch_s", "flop_eff", "mem_eff"):
             src = coefs[f"linear.{dense}.{k}"]
@@ -74,10 +82,21 @@ def parallel_coefficients(doc: dict) -> dict:
     return out
 
 
-def add_to_doc(doc: dict) -> dict:
+def m_sat_ratios(path: Path) -> dict:
+    """tp -> the cost model's dense/cascade threshold on a tp shard over that at tp = 1 (Llama-3.1-8B, 16K)."""
+    from granisim.config.hardware import load_profile
+    from granisim.config.models import get_model
+    from granisim.costmodel import m_sat_threshold
+
+    prof, m = load_profile(path), get_model("llama-3.1-8b")
+    base = m_sat_threshold(prof, m, 16384)
+    return {n: m_sat_threshold(prof, m.shard(n), 16384) / base for n in TP_DEGREES}
+
+
+def add_to_doc(doc: dict, ratios: dict | None = None) -> dict:
     """``doc`` with the tp and MoE coefficients added (existing measured ones are kept)."""
     coefs = doc["coefficients"]
-    for k, v in parallel_coefficients(doc).items():
+    for k, v in parallel_coefficients(doc, ratios).items():
         if coefs.get(k, {}).get("source", {}).get("kind") != "measured":
             coefs[k] = v
     return doc
@@ -85,7 +104,9 @@ def add_to_doc(doc: dict) -> dict:
 
 def add_to_file(path: Path) -> None:
     doc = json.loads(Path(path).read_text())
-    Path(path).write_text(json.dumps(add_to_doc(doc), indent=2) + "\n")
+    Path(path).write_text(json.dumps(add_to_doc(doc), indent=2) + "\n")  # first without: loadable
+    doc = json.loads(Path(path).read_text())
+    Path(path).write_text(json.dumps(add_to_doc(doc, m_sat_ratios(path)), indent=2) + "\n")
 
 
 def main(paths: list[str]) -> None:

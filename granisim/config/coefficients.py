@@ -140,6 +140,9 @@ PARALLEL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
        for k, u, r in (("launch_s", "s", "nonneg"), ("flop_eff", "", "frac"), ("mem_eff", "", "frac"))},
     # rows of an expert's tile in the grouped GEMM: an active expert's rows are padded up to a multiple
     "moe.m_tile": ("rows", "int", 16),
+    # M_sat of a tp replica's GPUs (each holds n_kv / tp KV heads: the dense pass has fewer CTAs); absent (0):
+    # m_sat x tp (granisim.config.replica.replica_m_sat)
+    **{f"m_sat.tp{n}": ("rows", "nonneg", 0.0) for n in TP_DEGREES},
 }
 # The host link of a host-memory KV tier (granisim/kv/host_tier.py, [hardware] host_kv_gb > 0); priced by
 # granisim/costmodel/transfers.py. A contiguous copy (a HOT slab) takes copy_launch_s + bytes / link_bandwidth;

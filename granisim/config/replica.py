@@ -43,3 +43,14 @@ def replica_shard(model: ModelShape, scenario: Scenario, profile: HardwareProfil
                             f"{shard.weight_bytes / 1e9:.1f} GB of weights, more than {profile.memory_bytes / 1e9:.0f} GB "
                             f"x {hw.mem_fraction} of {profile.name}; use a larger tp")
     return shard
+
+
+def replica_m_sat(profile: HardwareProfile, tp: int) -> int:
+    """The profile's M_sat for GPUs of a tp replica: ``m_sat.tp{tp}`` where the profile has it, else
+    ``m_sat x tp``. Per KV head ``M_eff = B x G`` is unchanged by tp, but a GPU holds ``n_kv / tp`` KV heads,
+    so the dense prefix pass launches ``tp`` times fewer CTAs and fills the GPU only at larger ``M_eff``:
+    the crossover moves up (docs/tp.md)."""
+    if tp == 1:
+        return profile.m_sat
+    c = profile.coefficients.get(f"m_sat.tp{tp}")
+    return int(c.value) if c is not None and c.value >= 1 else profile.m_sat * tp

@@ -13,7 +13,7 @@ import pandas as pd
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.core.metrics import requests_frame, summarize
 from granisim.config.models import ModelShape, get_model, kv_budget_tokens
-from granisim.config.replica import replica_shard
+from granisim.config.replica import replica_m_sat, replica_shard
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.workload import load_trace
 
@@ -77,7 +77,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
                             f"(workload.prefix_len = {wl.prefix_len} alone needs more)")
     _check_pool_split(scenario, budget, one, source)
-    m_sat = scenario.policy.m_sat or profile.m_sat
+    m_sat = scenario.policy.m_sat or replica_m_sat(profile, scenario.hardware.tp)
     chooser = pricer = None
     if scenario.policy.dispatch == "cost":
         from granisim.costmodel import cheaper_path

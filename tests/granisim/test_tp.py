@@ -229,3 +229,16 @@ def test_grouped_gemm_fit_recovers_a_known_roofline(tmp_path):
     values, errors = fit_grouped(tmp_path, P, BW)
     assert all(e["median"] < 0.02 and e["p90"] < 0.05 for e in errors.values()), errors
     assert values["linear.moe_up.mem_eff"] == pytest.approx(0.8, rel=0.05)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_m_sat_moves_up_with_tp(tp):
+    """M_eff per KV head is unchanged by tp, but a GPU holds n_kv / tp heads: the dense pass launches fewer CTAs,
+    so the cost model's dense/cascade crossover at a 16K prefix moves up, and a tp scenario's default M_sat is
+    the profile's per-tp value. Planted: prepare() using the tp = 1 m_sat fails the last assertion."""
+    from granisim.costmodel import m_sat_threshold
+
+    prof, m = get_profile("h200"), get_model("llama-3.1-8b")
+    assert m_sat_threshold(prof, m.shard(tp), 16384) > m_sat_threshold(prof, m, 16384)
+    sc = parse_scenario({"model": {"name": "llama-3.1-70b"}, "hardware": {"profile": "h200", "tp": tp}})
+    assert prepare(sc).m_sat == int(prof[f"m_sat.tp{tp}"]) > prof.m_sat

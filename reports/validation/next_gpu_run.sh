@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The next validation run on one H200, resumable: run it again (same DONE) until it prints "all done".
+#
+#   bash reports/validation/next_gpu_run.sh OUT [DONE] [CALL_S]
+#
+# OUT: where this call writes (raw units: <unit>/ folders, validation_<unit>.json, gpu_log.csv, sustained/).
+# DONE: a folder holding the validation_*.json (and sustained_load.json) of earlier calls: those units are
+#       skipped. CALL_S: seconds this call may take (default 540, inside a 10-minute limit). No unit starts
+#       unless the longest one (~180 s) still fits.
+# Priority order: the sustained-load benchmark, then llama-3.1-8b under granikv, token, paged16, then
+# qwen-2.5-14b under the same, every workload each (reports/validation/README.md, "Next GPU run").
+# Read-only on the GPU: the clock/power log only queries nvidia-smi; no clock or power setting is changed.
+set -u
+OUT=${1:?usage: next_gpu_run.sh OUT [DONE] [CALL_S]}
+DONE=${2:-}
+CALL_S=${3:-540}
+LONGEST_S=180
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+if [ -d .whl ] && ! python3 -c "import simpy, pydantic" 2>/dev/null; then  # wheels carried to a bare machine
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
+fi
+mkdir -p "$OUT"
+start=$(date +%s)
+left() { echo $(( CALL_S - ($(date +%s) - start) - LONGEST_S )); }
+
+if [ ! -e "$OUT/sustained/sustained_load.json" ] && { [ -z "$DONE" ] || [ ! -e "$DONE/sustained_load.json" ]; }; then
+  if [ "$(left)" -gt 0 ]; then
+    python3 -m gpu_backend.bench.sustained_load --out "$OUT/sustained" --idle-s 20 --load-s 60 --probe-every-s 5 \
+      || echo "sustained-load benchmark failed; going on with the validation units"
+  fi
+fi
+for model in llama-3.1-8b qwen-2.5-14b; do
+  for policy in granikv token paged16; do
+    b=$(left)
+    if [ "$b" -le 0 ]; then echo "call budget used; run again with DONE holding this call's JSON files"; exit 0; fi
+    set -o pipefail
+    python3 -m granisim.validation.gpu_runs validate --out "$OUT" ${DONE:+--done "$DONE"} --budget-s "$b" \
+      --models "$model" --policies "$policy" --log-gpu 2>&1 | tee "$OUT/last_pass.log" || exit 1
+    if grep -q "budget reached" "$OUT/last_pass.log"; then
+      echo "call budget used; run again with DONE holding this call's JSON files"; exit 0
+    fi
+  done
+done
+echo "all done"

@@ -27,11 +27,18 @@ DISPATCH_LP = (256, 1024, 4096)
 TERMS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write", "kv_copy",
          "overhead")
 BEYOND = ("adaptive_hot", "dispatch", "dispatch_tenancy", "msat", "tenancy")
+# predictions beyond the paper's models (h200 only): 70B at tensor parallel 4 and 8, and a MoE model, headline setting
+PREDICTION_PROFILES = ("h200",)
+PREDICTIONS = ((({"model.name": "llama-3.1-70b", "hardware.tp": 4}), "llama-3.1-70b on 4 GPUs (TP4)"),
+               (({"model.name": "llama-3.1-70b", "hardware.tp": 8}), "llama-3.1-70b on 8 GPUs (TP8)"),
+               (({"model.name": "qwen3-30b-a3b"}), "qwen3-30b-a3b (MoE, 128 experts, top-8, uniform routing)"))
 
 
-def _points(num_requests: int) -> list[dict]:
+def _points(num_requests: int, profile: str | None = None) -> list[dict]:
     """Every point the claims need (the same resolved scenario twice runs once)."""
     pts = []
+    if profile in PREDICTION_PROFILES:
+        pts += [{**over, "policy.name": p} for over, _ in PREDICTIONS for p in ("granikv", "token")]
     for m in MODELS:  # headline: three models at L_p = 16K, k = 4
         pts += [{"model.name": m, "policy.name": p} for p in ("granikv", "token", "paged16")]
         pts.append({"model.name": m, "policy.hot_fraction": "adaptive"})
@@ -59,7 +66,7 @@ def _points(num_requests: int) -> list[dict]:
 def claims_spec(profile: str, num_requests: int, rate: float):
     raw = {"name": f"paper-{profile}", "base": BASE,
            "set": {"hardware.profile": profile, "workload.num_requests": num_requests, "workload.rate": rate},
-           "points": _points(num_requests)}
+           "points": _points(num_requests, profile)}
     return sweep_from_dict(raw, f"<paper {profile}>", check_setup=False)
 
 
@@ -95,6 +102,28 @@ def _share(a: pd.Series, *terms: str) -> float:
 
 def _ratio(a: pd.Series, b: pd.Series) -> float:
     return float(a.throughput_rps / b.throughput_rps)
+
+
+def prediction_rows(r: Results) -> list[dict]:
+    """Rows for models the paper does not have (labelled predictions: the all-reduce curve and the grouped GEMM
+    are extrapolated until measured; docs/tp.md)."""
+    if r.base.hardware.profile not in PREDICTION_PROFILES:
+        return []
+    rows = []
+    for over, label in PREDICTIONS:
+        g, t = r.get({**over, "policy.name": "granikv"}), r.get({**over, "policy.name": "token"})
+        rows.append(dict(claim=f"prediction (not in the paper): {label}, L_p = 16K, k = 4: granikv / token",
+                         paper="—", paper_value=None, ours=_ratio(g, t),
+                         extra=f"{g.throughput_rps:.2f} vs {t.throughput_rps:.2f} req/s; KV budget "
+                               f"{int(g.kv_budget_tokens)} tokens; M_sat {int(g.m_sat)}; mean batch {g.mean_batch:.0f} "
+                               f"vs {t.mean_batch:.0f}",
+                         terms=_terms(g, t),
+                         reading=(f"a prediction: per-GPU shard priced from the profile, all-reduces "
+                                  f"{'extrapolated from the NVLink datasheet' if 'hardware.tp' in over else 'none'}, "
+                                  f"{'grouped expert GEMMs from the dense roofline' if 'qwen3' in over['model.name'] else 'dense MLP'}"
+                                  f"; token spends {_share(t, 'attn_decode'):.0%} of its time in attn_decode, granikv "
+                                  f"{_share(g, 'attn_prefix'):.0%} in attn_prefix")))
+    return rows
 
 
 def claims(r: Results) -> list[dict]:
@@ -225,4 +254,4 @@ def claims(r: Results) -> list[dict]:
                                  f"{k * 16384 / r.get({'workload.roles': k}).kv_budget_tokens:.0%} of the budget) "
                                  f"some prefixes fall back to COLD (page-1 reads), above it COLD shrinks; adaptive "
                                  f"{vals['adaptive']:.3f}x"))
-    return rows
+    return rows + prediction_rows(r)

@@ -111,6 +111,8 @@ class KVAllocator:
             self.hot_slabs = HotSlabs(self.hot, self.radix, self.store, self.eviction, self.counters,
                                       budget=self.capacity, demand=demand)
         self.views = AllocatorViews(policy, self.requests, self.store, self.hot, self.radix, self.counters)
+        if self.host_tier is not None and self.hot_slabs is not None:
+            self.host_tier.copies_queued = lambda: len(self.hot_slabs._copies)
 
     # ---- admission ------------------------------------------------------------------------
     def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0) -> bool:

@@ -57,6 +57,7 @@ class KVTransfer:
     nbytes: int
     contiguous: bool
     pieces: int
+    after_copies: int = 0  # apply after this many of the plan's HOT compaction copies (exact interleaving)
 
     @property
     def tokens(self) -> int:
@@ -105,6 +106,7 @@ class HostTier:
         self.index = RadixIndex(page_size)
         self.pool = ColdPool(cfg.capacity_tokens, 0, name="host")
         self._queue: list[KVTransfer] = []
+        self.copies_queued = lambda: 0  # the owner's count of compaction copies queued so far (ordering)
         # byte accounting: in = dropped + resident (prefetches read, they do not remove)
         self.bytes_in = 0
         self.bytes_dropped = 0
@@ -206,7 +208,8 @@ class HostTier:
         gpu = np.asarray(gpu, np.int64).copy()
         pieces = 1 if contiguous else -(-gpu.size // self.page_size)
         self._queue.append(KVTransfer(direction, gpu, np.asarray(host, np.int64).copy(),
-                                      int(gpu.size) * self.cfg.bytes_per_token, contiguous, pieces))
+                                      int(gpu.size) * self.cfg.bytes_per_token, contiguous, pieces,
+                                      self.copies_queued()))
 
     def take(self) -> list[KVTransfer]:
         out, self._queue = self._queue, []

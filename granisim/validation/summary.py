@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from granisim.validation.gpu_runs import HELD_OUT, split_unit, unit_name
@@ -55,7 +56,10 @@ def _record(base: dict, metric: str, measured, predicted, error) -> dict:
 def records(raw: Path) -> list[dict]:
     out = []
     for js in sorted(raw.rglob("validation_*.json")):
-        rep = json.loads(js.read_text())
+        try:
+            rep = json.loads(js.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            _fail(f"{js}: not a readable validation JSON ({' '.join(str(err).split())[:120]})")
         unit = _unit(js)
         if unit is None or "end_to_end" not in rep:
             continue
@@ -80,16 +84,21 @@ def mape(recs: list[dict]) -> list[dict]:
             for (p, m, v, k), e in sorted(groups.items())]
 
 
+def _fail(msg: str):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("raw", type=Path, help="folder of validation runs (searched recursively)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not args.raw.is_dir():
-        raise SystemExit(f"error: {args.raw}: no such folder")
+        _fail(f"{args.raw}: no such folder")
     recs = records(args.raw)
     if not recs:
-        raise SystemExit(f"error: {args.raw}: no validation_*.json with end-to-end results under it")
+        _fail(f"{args.raw}: no validation_*.json with end-to-end results under it")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"targets": TARGETS, "records": recs, "mape": mape(recs)}, indent=1) + "\n")
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}

@@ -1,0 +1,41 @@
+"""`granisim validation summary`: bad input is one line and exit 2; the MAPE is the mean error per group."""
+import json
+
+import pytest
+
+from granisim.validation import summary as S
+
+
+def _rep(err: float) -> dict:
+    return {"step_errors": {"total": {"median": err / 2}},
+            "end_to_end": {"tpot_p50_s": {"measured": 1.0, "predicted": 1.0 + err, "error": err}},
+            "percentile_errors": {"e2e_p90": {"measured": 2.0, "predicted": 2.0, "error": 0.0}}, "idle": True}
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        S.main([str(tmp_path / "none"), "--out", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and "no such folder" in capsys.readouterr().err
+    (tmp_path / "validation_azure_replay.json").write_text("{")
+    with pytest.raises(SystemExit) as e:
+        S.main([str(tmp_path), "--out", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "validation_azure_replay.json: not a readable validation JSON" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_mape_is_the_mean_over_workloads_and_machines(tmp_path):
+    """Planted bug: the MAPE taken as the median (two values 0.02 and 0.10 -> also 0.06; a third, 0.03, tells
+    them apart: mean 0.05, median 0.03) fails."""
+    for machine, w, err in (("m1", "azure_replay", 0.02), ("m2", "azure_replay", 0.10), ("m1", "control_short", 0.03)):
+        d = tmp_path / machine / "h200_run"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"validation_{w}_token_llama-3.1-8b.json").write_text(json.dumps(_rep(err)))
+    S.main([str(tmp_path), "--out", str(tmp_path / "s.json")])
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert len(doc["records"]) == 3 * 3
+    (row,) = [m for m in doc["mape"] if m["metric"] == "tpot_p50_s"]
+    assert (row["policy"], row["model"], row["n"]) == ("token", "llama-3.1-8b", 3)
+    assert row["mape"] == pytest.approx(0.05)
+    met = {(r["machine"], r["workload"]): r["met"] for r in doc["records"] if r["metric"] == "tpot_p50_s"}
+    assert met == {("m1", "azure_replay"): True, ("m2", "azure_replay"): False, ("m1", "control_short"): True}

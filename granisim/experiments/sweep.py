@@ -57,6 +57,8 @@ def simulate_scenario(sc: Scenario) -> dict:
     from granisim.experiments.run import prepare
 
     setup = prepare(sc)
+    if sc.fleet is not None:  # N replicas behind a router: the fleet's figures, as `granisim run` gives them
+        return _fleet_summary(sc, setup)
     eng = ServingLoop(setup, CostExecutor(setup.profile, setup.model), progress=False)
     res = eng.run()
     steps = res.steps.frame()
@@ -71,6 +73,33 @@ def simulate_scenario(sc: Scenario) -> dict:
     for k in ALLOC_STATS:
         summary[k] = int(getattr(st, k))
     summary["hot_capacity_end"] = int(st.pools["hot"].capacity) if "hot" in st.pools else 0
+    return summary
+
+
+def _breakdown(summary: dict, steps: pd.DataFrame) -> None:
+    for c in steps.columns:
+        if c.startswith("t_"):
+            summary[f"{c}_s"] = float(steps[c].sum())
+    if not len(steps):
+        summary["mean_group_size"] = 0.0
+        return
+    groups = (steps.groups_dense + steps.groups_cascade + steps.groups_paged).mul(steps.num_steps).sum()
+    summary["mean_group_size"] = float(steps.decode_requests.mul(steps.num_steps).sum() / groups) if groups else 0.0
+
+
+def _fleet_summary(sc: Scenario, setup) -> dict:
+    """A fleet point: the fleet summary (``granisim run``'s summary.json figures), breakdown totals over
+    every replica's steps, allocator counters summed over replicas (HOT capacity: the sum at the end)."""
+    from granisim.fleet.build import simulate_fleet
+    from granisim.fleet.outputs import fleet_requests, fleet_steps, fleet_summary
+
+    res = simulate_fleet(sc, progress=False)
+    reqs, steps = fleet_requests(res), fleet_steps(res)
+    summary = fleet_summary(res, reqs, steps)
+    summary.update(kv_budget_tokens=setup.kv_budget, m_sat=setup.m_sat)
+    _breakdown(summary, steps)
+    for k in ALLOC_STATS + ("hot_capacity_end",):
+        summary[k] = int(sum(rep.alloc.get(k, 0) for rep in res.replicas))
     return summary
 
 

@@ -43,6 +43,7 @@ import functools
 import hashlib
 import itertools
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +148,15 @@ def _flatten(table: dict, where: str, source: str, prefix: str = "") -> dict:
     return out
 
 
+def _sub_fields(annotation):
+    """The fields of a section's model, also for an optional section (``FleetCfg | None``)."""
+    fields = getattr(annotation, "model_fields", None)
+    if fields is None:
+        for arg in typing.get_args(annotation):
+            fields = fields or getattr(arg, "model_fields", None)
+    return fields
+
+
 def _apply(data: dict, dotted: dict, source: str, where: str) -> dict:
     """Set dotted fields in a scenario dict; unknown names raise ScenarioError."""
     data = json.loads(json.dumps(data))  # deep copy of plain data
@@ -155,10 +165,12 @@ def _apply(data: dict, dotted: dict, source: str, where: str) -> dict:
         schema = Scenario.model_fields
         for p in parts[:-1]:
             f = schema.get(p)
-            sub = getattr(f.annotation, "model_fields", None) if f is not None else None
+            sub = _sub_fields(f.annotation) if f is not None else None
             if sub is None:
                 raise ScenarioError(f"{source}: unknown scenario field {key!r} (in {where})")
-            target = target.setdefault(p, {})
+            if target.get(p) is None:  # an optional section the base leaves out (e.g. [fleet])
+                target[p] = {}
+            target = target[p]
             schema = sub
         if parts[-1] not in schema or getattr(schema[parts[-1]].annotation, "model_fields", None) is not None:
             raise ScenarioError(f"{source}: unknown scenario field {key!r} (in {where})")

@@ -17,6 +17,9 @@ import simpy
 from granisim.core.serving_loop import ServingLoop
 from granisim.fleet.views import ReplicaView, RoleCache, replica_view
 
+ALLOC_COUNTERS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens",
+                  "evicted_tokens")
+
 
 @dataclass(frozen=True)
 class ReplicaSpec:
@@ -39,6 +42,7 @@ class Replica:
         self.records: list = []  # of finished incarnations
         self._frames: list[pd.DataFrame] = []
         self.totals = dict(hit_tokens=0, lookup_tokens=0, evictions=0, preemptions=0, incarnations=0)
+        self.alloc: dict[str, int] = {}  # allocator counters summed over incarnations (hot_capacity_end: the last)
         self.down_s = 0.0
         self._down_since = 0.0
 
@@ -99,6 +103,9 @@ class Replica:
         self.totals["lookup_tokens"] += st.lookup_tokens
         self.totals["evictions"] += st.evictions
         self.totals["preemptions"] += loop.scheduler.preemptions
+        for k in ALLOC_COUNTERS:
+            self.alloc[k] = self.alloc.get(k, 0) + int(getattr(st, k))
+        self.alloc["hot_capacity_end"] = int(st.pools["hot"].capacity) if "hot" in st.pools else 0
         self.loop = None
         self._proc = None
 

@@ -73,17 +73,19 @@ def test_m_sat_sources():
 
 
 def test_measured_and_derived_sources():
-    from granisim.config.coefficients import PARALLEL_COEFFICIENTS
+    from granisim.config.coefficients import HOST_COEFFICIENTS, PARALLEL_COEFFICIENTS
 
     h2 = get_profile("h200")
-    # measured on one H200, except the tp all-reduce curve and the MoE grouped GEMM (not measured yet)
-    assert {c.source.kind for k, c in h2.coefficients.items() if k not in PARALLEL_COEFFICIENTS} == {"measured"}
+    # measured on one H200, except the tp all-reduce curve, the MoE grouped GEMM and the host link (not measured yet)
+    unmeasured = {**PARALLEL_COEFFICIENTS, **HOST_COEFFICIENTS}
+    assert {c.source.kind for k, c in h2.coefficients.items() if k not in unmeasured} == {"measured"}
+    assert {h2.coefficients[k].source.kind for k in HOST_COEFFICIENTS} == {"extrapolated"}
     assert {h2.coefficients[k].source.kind for k in PARALLEL_COEFFICIENTS if k in h2.coefficients} <= {"extrapolated"}
     assert h2["attn.form"] == 2
     assert h2.linear_table is not None and h2.linear_table.source.kind == "measured"
     assert h2.kernel_table is not None and len(h2.kernel_table.rows["family"]) > 100
     for k, c in h2.coefficients.items():
-        if k in PARALLEL_COEFFICIENTS:
+        if k in unmeasured:
             continue
         e = c.source.extra
         assert c.source.date and c.source.command and e["gpu"] and e["commit"] and "triton" in e["versions"]

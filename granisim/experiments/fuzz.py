@@ -148,16 +148,26 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             for ps in self.alloc.stats().pools.values():
                 for base in (ps.free, ps.free + ps.cached, ps.capacity):
                     out += [base - 1, base, base + 1]
+            for free in self.alloc.free_slots().values():  # each run of consecutive free slots: exact fits
+                if free.size:
+                    f = np.sort(free)
+                    cuts = np.flatnonzero(np.diff(f) != 1) + 1
+                    for run in set(np.diff(np.concatenate([[0], cuts, [f.size]])).tolist()):
+                        out += [run - 1, run, run + 1]
+            for r in self.reqs.values():  # a request's room left in its last page
+                out.append(-r["done"] % page + 1)
             return [x for x in out if x >= 1]
 
         # ---- rules -----------------------------------------------------------------------
         @rule(source=st.integers(-3, 2), reuse=st.integers(0, 10**6),
               length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)),
               shared=st.one_of(st.integers(0, 48), st.integers(-10**6, -1)),
-              fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]))
-        def admit(self, source, reuse, length, shared, fill, outputs, reserve):
+              fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]),
+              now=st.sampled_from([0, 0, 1, 7, 64]))
+        def admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
             """A prompt (``fill`` seeds its own tokens, 0 = all zeros) of ``length`` tokens, or an edge
-            length when negative; then ``outputs`` tokens to decode."""
+            length when negative; then ``outputs`` tokens to decode. With ``now`` > 0 the prefill runs
+            at once in chunks of ``now`` (else later, chunk by chunk, in ``prefill``)."""
             edges = self._edges()
             fill = _tokens(fill, 64)
             if length < 0:  # negative draws pick a boundary length
@@ -201,12 +211,11 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                                     f"{cached} cached, reserve {reserve}), then can_extend({promise}) says no")
             if self.model is not None:
                 _agree(f"can_extend({promise}) after admit", True, self.model.can_extend(promise))
+            while now and rid in self.reqs and self.reqs[rid]["done"] < prompt.size:
+                self.prefill_one(rid, now)
 
-        @precondition(lambda self: any(r["done"] < r["prompt"] for r in self.reqs.values()))
-        @rule(pick=st.integers(0, 10**6), chunk=st.one_of(st.integers(1, 8), st.integers(1, 64)))
-        def prefill(self, pick, chunk):
-            """One prefill chunk; a request that cannot grow is preempted mid-prefill."""
-            rid = self._pick(pick, lambda r: r["done"] < r["prompt"])
+        def prefill_one(self, rid: int, chunk: int) -> None:
+            """One prefill chunk of ``rid``; a request that cannot grow is preempted."""
             r = self.reqs[rid]
             n = min(chunk, r["prompt"] - r["done"])
             yes = self.alloc.can_extend({rid: n})
@@ -222,6 +231,18 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                 self._sync_copies()
                 if self.model is not None:
                     self.model.cache_prefix(rid, r["tokens"][: r["shared"]])
+
+        @precondition(lambda self: any(r["done"] < r["prompt"] for r in self.reqs.values()))
+        @rule(pick=st.integers(0, 10**6), chunk=st.one_of(st.integers(1, 8), st.integers(1, 64),
+                                                            st.integers(-10**6, -1)))
+        def prefill(self, pick, chunk):
+            """One prefill chunk (an edge length when ``chunk`` is negative); a request that cannot
+            grow is preempted mid-prefill."""
+            rid = self._pick(pick, lambda r: r["done"] < r["prompt"])
+            if chunk < 0:
+                edges = self._edges()
+                chunk = edges[-chunk % len(edges)]
+            self.prefill_one(rid, chunk)
 
         @precondition(lambda self: self.reqs)
         @rule(pick=st.integers(0, 10**6))
@@ -280,32 +301,27 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             if self.model is not None:
                 _agree(f"lookup of {q.size} tokens: matched length", int(slots.size), self.model.match(q)[1])
 
-        @rule(n=st.one_of(st.integers(1, 8), st.integers(1, 200)))
+        @rule(n=st.one_of(st.integers(1, 8), st.integers(1, 200), st.just(0)))
         def evict(self, n):
-            freed = self.alloc.evict(n)
+            """Evict ``n`` cached private tokens; 0 clears the whole cache."""
+            freed = self.alloc.evict(n) if n else self.alloc.clear_cache()
             self._sync_copies()
             if self.model is not None:
-                _agree(f"evict({n}) tokens freed", freed, self.model.evict(n))
+                _agree(f"evict({n}) tokens freed" if n else "clear_cache() tokens freed", freed,
+                       self.model.evict(n) if n else self.model.clear_cache())
 
-        @rule()
-        def flush(self):
-            freed = self.alloc.clear_cache()
-            self._sync_copies()
-            if self.model is not None:
-                _agree("clear_cache() tokens freed", freed, self.model.clear_cache())
-
-        @rule()
-        def rebalance(self):
-            self.alloc.rebalance()
-            self._sync_copies()
-            self._boundary_moves_over_free()
-            if self.model is not None:
-                self.model.rebalance(self._hot_delta())
-
-        @rule()
-        def compact(self):
-            self.alloc.compact()
-            self._sync_copies()
+        @rule(rebalance=st.booleans())
+        def maintain(self, rebalance):
+            """What the scheduler does between steps: ``rebalance`` (adaptive HOT) or ``compact``."""
+            if rebalance:
+                self.alloc.rebalance()
+                self._sync_copies()
+                self._boundary_moves_over_free()
+                if self.model is not None:
+                    self.model.rebalance(self._hot_delta())
+            else:
+                self.alloc.compact()
+                self._sync_copies()
 
         # ---- invariants ------------------------------------------------------------------
         @invariant()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from granisim.experiments.fuzz import FUZZ_CAPACITY
+from granisim.experiments.fuzz import FUZZ_CAPACITY, FUZZ_HOT_FRACTION
 from granisim.kv.allocator import KVAllocator
 from granisim.kv.hot_pool import HotPool
 from granisim.kv.hot_slabs import HotSlabs
@@ -90,11 +90,41 @@ class StaleLayoutAfterCompaction(KVAllocator):
 
 
 def _hot(cls):
-    return lambda: cls("granikv", FUZZ_CAPACITY, hot_fraction=0.25)
+    return lambda: cls("granikv", FUZZ_CAPACITY, hot_fraction=FUZZ_HOT_FRACTION)
 
 
 def _tok(cls):
     return lambda: cls("token", FUZZ_CAPACITY)
+
+
+class WrongHitCounter(KVAllocator):
+    """Counts one cached token too few per admission (a wrong counter: the allocator's own
+    invariants hold, the reference model's counters differ)."""
+
+    def admit(self, rid, tokens, shared_len=0):
+        cached = super().admit(rid, tokens, shared_len)
+        if cached:
+            self.counters.hit_tokens -= 1  # BUG
+        return cached
+
+
+class OverAdmits(KVAllocator):
+    """Forgets the scheduler's reserve when admitting: a yes it cannot keep."""
+
+    def can_admit(self, tokens, shared_len=0, reserve=0):
+        return super().can_admit(tokens, shared_len, 0)  # BUG
+
+
+class BatchedDecodeForgetsGrowth(KVAllocator):
+    """The batched decode path hands out slots but does not record that the requests grew."""
+
+    def extend_all(self, rids, n):
+        seqs = [self.requests.get(r) for r in rids]
+        before = [q.n_new for q in seqs]
+        out = super().extend_all(rids, n)
+        if len(rids) > 1:
+            seqs[-1].n_new = before[-1]  # BUG
+        return out
 
 
 PLANTED = {
@@ -103,4 +133,11 @@ PLANTED = {
     "evicts_locked_node": _tok(EvictsLockedNode),
     "slot_lost_on_split": _tok(LosesSlotOnSplit),
     "stale_layout_after_compaction": _hot(StaleLayoutAfterCompaction),
+    "wrong_hit_counter": _tok(WrongHitCounter),
+    "over_admits": _tok(OverAdmits),
+    "batched_decode_forgets_growth": _tok(BatchedDecodeForgetsGrowth),
 }
+
+# the fuzz policy (reference model) each planted bug runs against
+PLANTED_POLICY = {name: "granikv" if name in ("off_by_one_slab_end", "stale_layout_after_compaction") else "token"
+                  for name in PLANTED}

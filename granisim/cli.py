@@ -21,10 +21,22 @@ def gpu_executor(setup, device: str):
     return for_setup(setup, device)
 
 
+def fleet_gpu_executors(device: str):
+    """A fleet's executors on one device: one per replica (its own KV buffers), the model weights shared."""
+    try:
+        from gpu_backend.executor.fleet import FleetExecutors
+    except ImportError as err:
+        raise ScenarioError(f"--executor gpu needs torch and triton (pip install '.[gpu]'): {err}") from None
+    return FleetExecutors(device)
+
+
 def cmd_run(args) -> int:
     scenario = load_scenario(args.scenario)
     out = Path(args.out or f"out/{scenario.name}")
-    make = (lambda setup: gpu_executor(setup, args.device)) if args.executor == "gpu" else None
+    make = None
+    if args.executor == "gpu":
+        make = (fleet_gpu_executors(args.device) if scenario.fleet is not None
+                else (lambda setup: gpu_executor(setup, args.device)))
     summary = run_one(scenario, args.scenario, out, make_executor=make)
     if scenario.fleet is not None:
         from granisim.fleet.outputs import fleet_table
@@ -41,6 +53,12 @@ def cmd_validate(args) -> int:
     from granisim.validation.validate import validate
 
     scenario = load_scenario(args.scenario)
+    if scenario.fleet is not None:  # every replica's steps on the one device, taking turns
+        from granisim.validation.validate import validate_fleet
+
+        report = validate_fleet(scenario, args.scenario, fleet_gpu_executors(args.device), Path(args.out))
+        print((Path(args.out) / "validation.md").read_text())
+        return 0 if report["steps"] else 1
     setup = prepare(scenario, args.scenario)
     report = validate(setup, gpu_executor(setup, args.device), Path(args.out))
     print((Path(args.out) / "validation.md").read_text())

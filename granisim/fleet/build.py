@@ -45,14 +45,15 @@ def replica_specs(scenario: Scenario, source: str = "<scenario>") -> list[Replic
     return specs
 
 
-def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor=None, progress: bool = True):
+def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor=None, progress: bool = True,
+                   keep_outputs: bool = False):
     """Run the fleet (cost-model executors unless ``make_executor(setup)`` says otherwise)."""
     from granisim.costmodel.executor import CostExecutor
     from granisim.fleet.loop import FleetLoop
 
     specs = replica_specs(scenario, source)
     make = make_executor or (lambda setup: CostExecutor(setup.profile, setup.model))
-    return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress).run()
+    return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress, keep_outputs=keep_outputs).run()
 
 
 def run_fleet(scenario: Scenario, source: str, out, progress: bool = True, make_executor=None,

@@ -40,11 +40,13 @@ class FleetResult:
 
 
 class FleetLoop:
-    def __init__(self, specs: list[ReplicaSpec], fleet_cfg, make_executor, *, progress: bool = True):
+    def __init__(self, specs: list[ReplicaSpec], fleet_cfg, make_executor, *, progress: bool = True,
+                 keep_outputs: bool = False):
         base = specs[0].setup
         s = base.scenario
         self.cfg = fleet_cfg
         self.progress = progress
+        self.keep_outputs = keep_outputs  # each replica keeps rid -> generated tokens (correctness checks)
         self.workload = Workload(s.workload, s.seed, base.trace, base.model.vocab)
         self.replicas = [Replica(sp, make_executor, self, self.workload.prefixes) for sp in specs]
         n = len(self.replicas)

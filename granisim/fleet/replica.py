@@ -42,6 +42,8 @@ class Replica:
         self.records: list = []  # of finished incarnations
         self._frames: list[pd.DataFrame] = []
         self.totals = dict(hit_tokens=0, lookup_tokens=0, evictions=0, preemptions=0, incarnations=0)
+        self.executors: list = []
+        self.outputs: dict = {}  # rid -> generated tokens, when the fleet keeps outputs
         self.alloc: dict[str, int] = {}  # allocator counters summed over incarnations (hot_capacity_end: the last)
         self.down_s = 0.0
         self._down_since = 0.0
@@ -52,7 +54,10 @@ class Replica:
 
     def start(self, env: simpy.Environment) -> None:
         setup = self.spec.setup
-        self.loop = ServingLoop(setup, self._make_executor(setup), progress=False, feed=self._feed)
+        executor = self._make_executor(setup)
+        self.executors.append(executor)  # one per incarnation (validation reads its paired steps)
+        self.loop = ServingLoop(setup, executor, progress=False, feed=self._feed,
+                                keep_outputs=getattr(self._feed, "keep_outputs", False))
         self._proc = self.loop.start(env)
         self.totals["incarnations"] += 1
 
@@ -94,6 +99,7 @@ class Replica:
 
     def _retire(self, loop: ServingLoop) -> None:
         self.records.extend(loop.scheduler.records)
+        self.outputs.update(loop.outputs)
         frame = loop.steps.frame()
         if len(frame):
             frame.insert(0, "incarnation", self.totals["incarnations"] - 1)

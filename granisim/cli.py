@@ -171,7 +171,10 @@ def cmd_bench(args) -> int:
     elif args.what == "sim":
         from granisim.experiments import bench_sim
 
-        bench_sim.run(args.out or bench_sim.DEFAULT_OUT)
+        if args.router not in bench_sim.FLEET_ROUTERS:
+            raise ScenarioError(f"--router: unknown router {args.router!r} (known: {', '.join(bench_sim.FLEET_ROUTERS)})")
+        bench_sim.run(args.out or bench_sim.DEFAULT_OUT, bench_sim.FLEET_CASES if args.fleet else bench_sim.DEFAULT_CASES,
+                      router=args.router)
     return 0
 
 
@@ -300,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--requests", type=int, default=200, help="sweep: requests per point")
     b.add_argument("--workers", type=int, help="sweep: local processes (default: CPU count)")
     b.add_argument("--ray", metavar="ADDRESS", help="sweep: run on Ray instead")
+    b.add_argument("--fleet", action="store_true", help="sim: the fleet scaling series alone (1, 4, 16, 64 replicas)")
+    b.add_argument("--router", default="round_robin", help="sim: the fleet cases' router (round_robin, cache_aware)")
     b.set_defaults(fn=cmd_bench)
     pr = sub.add_parser("profile", help="hardware profiles")
     pr.add_argument("action", choices=["show", "check"])

@@ -3,6 +3,7 @@
     granisim bench sim [--out out/bench/sim_speed.json]
     python -m granisim.experiments.bench_sim [--cases azure_replay,multi_agent_saturated] [--repeats 3]
                                              [--policy granikv] [--out out/bench/sim_speed.json]
+    python -m granisim.experiments.bench_sim --fleet [--router cache_aware]   # the fleet series alone
 
 Cases (Llama-3.1-8B on a100-80gb, cost-model executor):
 
@@ -11,8 +12,9 @@ Cases (Llama-3.1-8B on a100-80gb, cost-model executor):
 * ``azure_replay_x16`` — the trace 16 times back to back (16 h): memory per request.
 * ``multi_agent_saturated`` — scenarios/multi_agent_16k.toml (4 roles, 16K-token shared
   prompts) with 1,200 requests arriving at 12/s, twice what one GPU serves: a long queue.
-* ``fleet_N`` (N = 1, 4, 16, 64) — N replicas behind the round-robin router, fed N copies of
-  the trace compressed N-fold in time (each replica sees the trace's load).
+* ``fleet_N`` (N = 1, 4, 16, 64) — N replicas behind the round-robin router (``--router
+  cache_aware``: SGLang's), fed N copies of the trace compressed N-fold in time (each replica
+  sees the trace's load). ``--fleet`` runs this series alone.
 
 Each run is a fresh subprocess, so peak RSS (``ru_maxrss``) is that run's own. CPU time is
 ``time.process_time()`` around the simulation; speed vs real time = simulated seconds / CPU
@@ -58,6 +60,8 @@ CASES = {
 }
 DEFAULT_CASES = ("azure_replay", "multi_agent_saturated", "azure_replay_x16", "fleet_1", "fleet_4", "fleet_16",
                  "fleet_64")
+FLEET_CASES = ("fleet_1", "fleet_4", "fleet_16", "fleet_64")  # --fleet: the scaling series alone
+FLEET_ROUTERS = ("round_robin", "cache_aware")
 
 
 def repeat_trace(trace, copies: int):
@@ -85,7 +89,7 @@ def _peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-def measure(name: str, policy: str) -> dict:
+def measure(name: str, policy: str, router: str = "round_robin") -> dict:
     """Run one case in this process (call it in a fresh one) and return its figures."""
     from granisim.config.scenario import load_scenario, parse_scenario
     from granisim.core.metrics import requests_frame
@@ -95,7 +99,7 @@ def measure(name: str, policy: str) -> dict:
     sc = load_scenario(SCENARIOS / case.scenario).with_changes(**{"policy.name": policy, **dict(case.changes)})
     if case.replicas:
         data = sc.model_dump()
-        data["fleet"] = {"replicas": case.replicas}
+        data["fleet"] = {"replicas": case.replicas, "router": router}
         sc = parse_scenario(data, source=f"bench case {name}")
     setup = prepare(sc)
     setup = dataclasses.replace(setup, trace=repeat_trace(setup.trace, case.copies))
@@ -106,13 +110,14 @@ def measure(name: str, policy: str) -> dict:
     steps = result.steps.frame()
     n = len(requests_frame([r[1] if isinstance(r, tuple) else r for r in result.records]))
     peak = _peak_rss()
-    return {"case": name, "requests": n, "simulated_s": result.end_s, "plans": len(steps),
+    return {"case": name, **({"router": router} if case.replicas else {}), "requests": n, "simulated_s": result.end_s, "plans": len(steps),
             "steps": int(steps.num_steps.sum()), "cpu_s": cpu, "wall_s": wall, "speed_x_real_time": result.end_s / cpu,
             "peak_rss_mb": peak / 2**20, "bytes_per_request": (peak - rss0) / max(1, n)}
 
 
-def _run_child(name: str, policy: str) -> dict:
-    cmd = [sys.executable, "-m", "granisim.experiments.bench_sim", "--child", name, "--policy", policy]
+def _run_child(name: str, policy: str, router: str = "round_robin") -> dict:
+    cmd = [sys.executable, "-m", "granisim.experiments.bench_sim", "--child", name, "--policy", policy,
+           "--router", router]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -136,10 +141,11 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, policy: str = "granikv") -> dict:
+def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, policy: str = "granikv",
+        router: str = "round_robin") -> dict:
     rows, runs = [], {}
     for name in cases:
-        got = sorted((_run_child(name, policy) for _ in range(repeats)), key=lambda r: r["cpu_s"])
+        got = sorted((_run_child(name, policy, router) for _ in range(repeats)), key=lambda r: r["cpu_s"])
         med = dict(got[len(got) // 2])
         med["cpu_s_runs"] = [r["cpu_s"] for r in got]
         med["wall_s"] = statistics.median(r["wall_s"] for r in got)
@@ -153,7 +159,7 @@ def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, po
         "command": " ".join(["python"] + sys.argv),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "affinity": affinity,
                     "python": platform.python_version(), "load_avg_1m": os.getloadavg()[0]},
-        "policy": policy, "repeats": repeats, "cases": rows,
+        "policy": policy, "router": router, "repeats": repeats, "cases": rows,
         "goal": ">= 1000x real time on one core and <= 1 KB per request (1-hour replay: <= 3.5 s CPU)",
     }
     path = Path(out)
@@ -170,19 +176,25 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policy", default="granikv")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON report to write (default {DEFAULT_OUT})")
+    ap.add_argument("--fleet", action="store_true", help=f"the fleet scaling series only: {', '.join(FLEET_CASES)}")
+    ap.add_argument("--router", default="round_robin", help=f"fleet cases' router: {', '.join(FLEET_ROUTERS)}")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one measurement in this (fresh) process
     args = ap.parse_args(argv)
+    if args.router not in FLEET_ROUTERS:
+        print(f"bench sim: --router: unknown router {args.router!r} (known: {', '.join(FLEET_ROUTERS)})",
+              file=sys.stderr)
+        return 2
     if args.child:
-        print(json.dumps(measure(args.child, args.policy)))
+        print(json.dumps(measure(args.child, args.policy, args.router)))
         return 0
-    cases = [c for c in args.cases.split(",") if c]
+    cases = list(FLEET_CASES) if args.fleet else [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown or args.repeats < 1:
         bad = f"--cases: unknown case {unknown[0]!r} (known: {', '.join(CASES)})" if unknown else \
             f"--repeats: must be >= 1, got {args.repeats}"
         print(f"bench sim: {bad}", file=sys.stderr)
         return 2
-    run(args.out, cases, args.repeats, args.policy)
+    run(args.out, cases, args.repeats, args.policy, args.router)
     return 0
 
 

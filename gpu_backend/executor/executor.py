@@ -45,6 +45,7 @@ from .graphs import GraphCache
 from .launches import StepLaunches
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
 from .timing import AllocWatch, CompileWatch, GcWatch, PartTimer, elapsed
+from .transfers import HostKV, apply_copies_and_transfers
 
 GRAPH_MAX_ROWS = 2048  # steps of more rows run eagerly (see the module docstring)
 
@@ -67,6 +68,7 @@ class GpuExecutor:
         self.k_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.v_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.keep_logits = keep_logits
+        self.host_kv: HostKV | None = None  # host-tier K/V (transfers.py), made at the first plan that needs it
         self.last_logits: dict[int, torch.Tensor] = {}
         self.arena = MetaArena(self.device)
         use_graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -125,9 +127,15 @@ class GpuExecutor:
             pauses.append(growth)
         meta = metadata.upload(host, self.arena)
         parts = {}
-        if plan.copies:
+        if plan.copies or plan.transfers:
             a = clock.mark()
-            self._apply_copies(plan)
+            if plan.transfers:  # host tier: copies and transfers in the allocator's order (transfers.py)
+                if self.host_kv is None:
+                    self.host_kv = HostKV(self.shape.num_layers, self.shape.n_kv_heads, self.shape.head_dim,
+                                          self.w.dtype, self.device)
+                apply_copies_and_transfers(plan, self.k_cache, self.v_cache, self.host_kv)
+            else:
+                self._apply_copies(plan)
             copy_span = (a, clock.mark())
         if graph:
             entry = self.graphs.lookup(host.shape, self.arena.generation)
@@ -155,7 +163,7 @@ class GpuExecutor:
         if growth:
             self.growth_s += elapsed(*growth)
         parts.update(timer.parts())
-        if plan.copies:
+        if plan.copies or plan.transfers:
             parts["kv_copy"] = elapsed(*copy_span)
         parts["overhead"] = max(0.0, total - sum(parts.values()))
         if self.keep_logits:

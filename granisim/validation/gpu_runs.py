@@ -1,5 +1,7 @@
 """Real-engine runs on a GPU: validation (predicted vs measured) and real speedups.
 
+Validation units are WORKLOAD_POLICY_MODEL (every workload of VALIDATION under every --policies on every
+--models); trace-timed runs wait out the gaps between arrivals (--no-idle: back to back, suffix _noidle).
 Resumable: every finished unit writes one JSON under --out; units already present in
 --out or in --done (a folder of earlier results carried with the working tree) are
 skipped, so a device call that stops early loses only the unit in flight.

@@ -241,6 +241,9 @@ def _tables(report: dict, variants=None) -> str:
         for v, label in variants[1:]:
             s = w[v]["step_errors"]
             out.append(f"| {n} | {label} | " + " | ".join(f"{s[k]['median']:.1%}" if k in s else "-" for k in keys) + " |")
+    idle = {n: w.get("idle") for n, w in report["workloads"].items()}
+    out += ["", "Idle between arrivals (the engine waited out the gaps as a server would): "
+            + ", ".join(f"{n} {'on' if v else 'off' if v is False else 'not recorded'}" for n, v in idle.items())]
     return "\n".join(out) + "\n"
 
 

@@ -52,3 +52,44 @@ def test_the_graph_limit_is_the_runs_own(tmp_path):
     steps = _run_stats(tmp_path / "d", {"eager_steps": 3}, tokens)
     with pytest.raises(SystemExit, match=r"validation_control_short.json: executor.graph_max_rows missing"):
         V.graph_limit(tmp_path / "d", ["control_short"], steps)
+
+
+def test_the_held_out_workload_joins_no_fit(tmp_path, monkeypatch):
+    """Every fit the report makes (each workload's leave-one-out, in sample, and the pooled --profile-out fit)
+    is on units outside HELD_OUT; the held-out unit is still judged, flagged and listed under held_out. The
+    engine, the simulator and the fit are stubbed: only which units reach the fit is checked. Planted bug: the
+    leave-one-out set taken from ``names`` instead of ``fitted`` fails."""
+    import json
+    from types import SimpleNamespace
+
+    from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, unit_name
+
+    units = [unit_name(w, "token", "llama-3.1-8b") for w in VALIDATION]
+    held = unit_name(HELD_OUT[0], "token", "llama-3.1-8b")
+    frames = {u: pd.DataFrame({"unit": [u], "measured_s": [1.0], "predicted_s": [1.0]}) for u in units}
+    run = tmp_path / "run"
+    run.mkdir()
+    e2e = {k: {"measured": 1.0, "predicted": 1.0, "error": 0.0}
+           for k in ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")}
+    for u in units:
+        (run / f"validation_{u}.json").write_text(json.dumps({"date": "d", "device": "x", "idle": True,
+                                                              "step_errors": {"total": {"median": 0.0, "p90": 0.0}},
+                                                              "end_to_end": e2e}))
+    fitted_on = []
+    monkeypatch.setattr(V, "_load", lambda r, p, m: (list(units), dict(frames), {u: [] for u in units}))
+    monkeypatch.setattr(V, "graph_limit", lambda *a: 2048)
+    monkeypatch.setattr(V, "run_requests", lambda *a: 10)
+    monkeypatch.setattr(V, "_setup", lambda *a: SimpleNamespace(profile=None, model=None))
+    monkeypatch.setattr(V, "reprice", lambda steps, *a: steps)
+    monkeypatch.setattr(V, "fit", lambda fs, limit: fitted_on.append({f.unit.iloc[0] for f in fs}) or {})
+    monkeypatch.setattr(V, "with_engine", lambda p, *a: p)
+    monkeypatch.setattr(V, "_e2e", lambda *a: e2e)
+    monkeypatch.setattr(V, "step_errors", lambda s: {"total": {"median": 0.0, "p90": 0.0}})
+    monkeypatch.setattr(V, "_plot", lambda *a: None)
+    monkeypatch.setattr(V, "replace", lambda obj, **kw: obj)
+    V.main([str(run), "--out", str(tmp_path / "out"), "--policy", "token"])
+    assert len(fitted_on) == 1 + 2 * len(units)
+    assert all(held not in s and s for s in fitted_on)
+    rep = json.loads((tmp_path / "out" / "h200.json").read_text())
+    assert rep["held_out"] == [held] and rep["workloads"][held]["held_out"] is True
+    assert set(rep["workloads"][held]["engine_calibrated_held_out"]["fitted_on"]) == set(units) - {held}

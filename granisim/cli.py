@@ -229,8 +229,32 @@ def cmd_validation(args) -> int:
     return module.main(args.rest) or 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
+    """An argparse type: a finite ``kind`` > lo (>= lo unless lo_open) and < hi."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if v != v or v in (float("inf"), float("-inf")) or v < lo or (lo_open and v == lo) or (hi is not None and v >= hi):
+            bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and < {hi:g}" if hi is not None else "")
+            raise argparse.ArgumentTypeError(f"{text} must be {bound}")
+        return v
+    return parse
+
+
+POS_INT, POS_FLOAT, FRACTION = _number(int, 1, False), _number(float, 0, True), _number(float, 0, True, 1)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="granisim", description="GraniKV serving simulator")
+    p = _Parser(prog="granisim", description="GraniKV serving simulator")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="simulate one scenario")
     r.add_argument("scenario")
@@ -262,35 +286,35 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="a grid of scenarios, in parallel, resumable (results table + plots)")
     sw.add_argument("sweep", help="sweep file (TOML): base scenario + grid")
     sw.add_argument("--out", help="output folder (default out/sweep-NAME)")
-    sw.add_argument("--workers", type=int, help="local processes (default: CPU count)")
+    sw.add_argument("--workers", type=POS_INT, help="local processes (default: CPU count)")
     sw.add_argument("--ray", metavar="ADDRESS", help="run on Ray: a cluster address, or 'local' to start one")
-    sw.add_argument("--max-points", type=int, help="run at most this many new points, then stop")
+    sw.add_argument("--max-points", type=POS_INT, help="run at most this many new points, then stop")
     sw.set_defaults(fn=cmd_sweep)
     ca = sub.add_parser("capacity", help="highest arrival rate each policy sustains within an SLO (bisection)")
     ca.add_argument("scenario")
     ca.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=100ms")
     ca.add_argument("--policies", default=DEMO_POLICIES)
     ca.add_argument("--out")
-    ca.add_argument("--lo", type=float, help="lowest rate to try (req/s; default: scenario rate / 8)")
-    ca.add_argument("--hi", type=float, help="first upper rate to try (req/s; default: scenario rate x 2)")
-    ca.add_argument("--rel-tol", type=float, default=0.02, help="stop when (hi - lo) / hi is below this")
-    ca.add_argument("--max-probes", type=int, default=24, help="simulations per policy at most")
-    ca.add_argument("--workers", type=int, help="policies searched in parallel (local processes)")
-    ca.add_argument("--rate", type=float, help="fleet: the fewest replicas that hold this rate (req/s) instead")
-    ca.add_argument("--max-replicas", type=int, default=16, help="fleet: largest fleet to try (with --rate)")
+    ca.add_argument("--lo", type=POS_FLOAT, help="lowest rate to try (req/s; default: scenario rate / 8)")
+    ca.add_argument("--hi", type=POS_FLOAT, help="first upper rate to try (req/s; default: scenario rate x 2)")
+    ca.add_argument("--rel-tol", type=FRACTION, default=0.02, help="stop when (hi - lo) / hi is below this")
+    ca.add_argument("--max-probes", type=POS_INT, default=24, help="simulations per policy at most")
+    ca.add_argument("--workers", type=POS_INT, help="policies searched in parallel (local processes)")
+    ca.add_argument("--rate", type=POS_FLOAT, help="fleet: the fewest replicas that hold this rate (req/s) instead")
+    ca.add_argument("--max-replicas", type=POS_INT, default=16, help="fleet: largest fleet to try (with --rate)")
     ca.add_argument("--routers", help="fleet: routers to search (with --rate; default: the scenario's)")
     ca.set_defaults(fn=cmd_capacity)
     pa = sub.add_parser("paper", help="the paper's claims in simulation: reports/paper/")
     pa.add_argument("--out", default="reports/paper")
     pa.add_argument("--profiles", default="a100-80gb,h200")
-    pa.add_argument("--workers", type=int)
+    pa.add_argument("--workers", type=POS_INT)
     pa.add_argument("--ray", metavar="ADDRESS")
-    pa.add_argument("--num-requests", type=int, default=400, help="requests per simulated point")
+    pa.add_argument("--num-requests", type=POS_INT, default=400, help="requests per simulated point")
     pa.set_defaults(fn=cmd_paper)
     f = sub.add_parser("fuzz", help="property-based fuzzing of an allocator policy")
     f.add_argument("--allocator", choices=["granikv", "granikv-adaptive", "paged", "token"], default="granikv")
-    f.add_argument("--examples", type=int, default=1000, help="examples (rule sequences) to try")
-    f.add_argument("--max-steps", "--steps", dest="max_steps", type=int, default=30, help="rules per example")
+    f.add_argument("--examples", type=POS_INT, default=1000, help="examples (rule sequences) to try")
+    f.add_argument("--max-steps", "--steps", dest="max_steps", type=POS_INT, default=30, help="rules per example")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--repro", help="reproduction test file to write on failure (default out/fuzz/repro_POLICY.py)")
     f.add_argument("--no-model", action="store_true", help="check invariants only, not the reference model")
@@ -299,9 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["alloc", "sweep", "sim"])
     b.add_argument("--out", help="JSON report to write (default out/bench/alloc.json, out/bench/sweep_speed.json; "
                                  "the tracked reports/ copies are refreshed with --out reports/NAME.json)")
-    b.add_argument("--points", type=int, default=1000, help="sweep: points")
-    b.add_argument("--requests", type=int, default=200, help="sweep: requests per point")
-    b.add_argument("--workers", type=int, help="sweep: local processes (default: CPU count)")
+    b.add_argument("--points", type=POS_INT, default=1000, help="sweep: points")
+    b.add_argument("--requests", type=POS_INT, default=200, help="sweep: requests per point")
+    b.add_argument("--workers", type=POS_INT, help="sweep: local processes (default: CPU count)")
     b.add_argument("--ray", metavar="ADDRESS", help="sweep: run on Ray instead")
     b.add_argument("--fleet", action="store_true", help="sim: the fleet scaling series alone (1, 4, 16, 64 replicas)")
     b.add_argument("--router", default="round_robin", help="sim: the fleet cases' router (round_robin, cache_aware)")
@@ -318,9 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("--name", help="profile name (default: the file name)")
     cf.add_argument("--start", default="h200", help="profile whose values start the fit (default h200)")
     cf.add_argument("--report", help="also write the M_sat and residual plots and a fit summary here")
-    cf.add_argument("--folds", type=int, default=5,
+    cf.add_argument("--folds", type=POS_INT, default=5,
                     help="cross-validation folds for the held-out errors (1: one seeded 20%% hold-out)")
-    cf.add_argument("--workers", type=int, help="local processes (default: CPU count, at most 5); same result")
+    cf.add_argument("--workers", type=POS_INT, help="local processes (default: CPU count, at most 5); same result")
     cf.set_defaults(fn=cmd_calibrate)
     return p
 

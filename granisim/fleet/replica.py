@@ -15,7 +15,7 @@ import pandas as pd
 import simpy
 
 from granisim.core.serving_loop import ServingLoop
-from granisim.fleet.views import ReplicaView, RoleCache, replica_view
+from granisim.fleet.views import LoadCache, ReplicaView, RoleCache, replica_view
 
 ALLOC_COUNTERS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens",
                   "evicted_tokens")
@@ -36,6 +36,7 @@ class Replica:
         self._make_executor = make_executor
         self._feed = feed
         self.roles = RoleCache(prefixes)
+        self.load = LoadCache()
         self.loop: ServingLoop | None = None
         self._proc: simpy.Process | None = None
         self._down = 0  # overlapping faults: up again when the last one ends
@@ -62,10 +63,11 @@ class Replica:
         self.totals["incarnations"] += 1
 
     def submit(self, spec) -> None:
+        self.load.submitted += 1
         self.loop.submit(spec)
 
     def view(self, now: float) -> ReplicaView:
-        return replica_view(self.index, self.loop, self.roles, now, self.up)
+        return replica_view(self.index, self.loop, self.roles, now, self.up, self.load)
 
     def fail(self, now: float) -> tuple[list, int]:
         """Go down; returns (the specs of its queued and running requests, how many had started)."""

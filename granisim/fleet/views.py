@@ -98,11 +98,28 @@ class RoleCache:
         return self._value
 
 
-def replica_view(index: int, loop, roles: RoleCache | None, now: float, up: bool = True) -> ReplicaView:
-    """A frozen snapshot of one replica (``loop`` is its ServingLoop; None when it is down)."""
-    if loop is None or not up:
-        return ReplicaView(index, up=False, taken_s=now)
-    sched, alloc = loop.scheduler, loop.allocator
+class LoadCache:
+    """Per replica: its outstanding and in-flight token sums, recomputed only when its requests may have changed.
+
+    They change only when the loop records a step (tokens computed and generated), admits, preempts, expires
+    or finishes a request, or is given one; the key below changes with each of those. Without it every
+    arrival walked every replica's queued and running requests (a cost growing with replicas x load)."""
+
+    def __init__(self):
+        self._key = None
+        self._value = (0, 0)
+        self.submitted = 0  # requests given to the replica (its Replica counts them)
+
+    def sums(self, loop) -> tuple[int, int]:
+        sched = loop.scheduler
+        key = (loop, len(loop.steps), len(sched.waiting), len(sched.running), sched.preemptions, len(sched.records),
+               self.submitted)
+        if key[0] is not (self._key[0] if self._key else None) or key[1:] != self._key[1:]:
+            self._key, self._value = key, _load_sums(sched)
+        return self._value
+
+
+def _load_sums(sched) -> tuple[int, int]:
     outstanding = 0
     for r in sched.waiting:
         outstanding += r.n_tokens - r.computed + r.remaining_output
@@ -110,6 +127,16 @@ def replica_view(index: int, loop, roles: RoleCache | None, now: float, up: bool
     for r in sched.running.values():
         outstanding += r.n_tokens - r.computed + r.remaining_output
         in_flight += r.computed
+    return outstanding, in_flight
+
+
+def replica_view(index: int, loop, roles: RoleCache | None, now: float, up: bool = True,
+                 load: LoadCache | None = None) -> ReplicaView:
+    """A frozen snapshot of one replica (``loop`` is its ServingLoop; None when it is down)."""
+    if loop is None or not up:
+        return ReplicaView(index, up=False, taken_s=now)
+    sched, alloc = loop.scheduler, loop.allocator
+    outstanding, in_flight = load.sums(loop) if load is not None else _load_sums(sched)
     cached, hot = roles.roles(alloc.radix) if roles is not None else (frozenset(), frozenset())
     return ReplicaView(index, True, len(sched.waiting), len(sched.running), outstanding, in_flight,
                        alloc.available(), alloc.capacity, alloc.hot.capacity if alloc.hot is not None else 0,

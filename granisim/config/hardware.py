@@ -1,6 +1,6 @@
 """Hardware profiles: the cost model's coefficients, each with where it came from.
 
-A profile is a JSON file (shipped ones live in ``granisim/profiles/``)::
+A profile is a JSON file (shipped ones live in ``granisim/config/profiles/``)::
 
     {
       "schema": "granikv-hardware-profile/1",
@@ -225,7 +225,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
 
 
 def _table_file(path: Path, field: str, t) -> Path:
-    """Check a table's model shape and find its CSV (next to the profile, then in granisim/data)."""
+    """Check a table's model shape and find its CSV (next to the profile, then in granisim/config/data)."""
     for k in _TABLE_MODEL_KEYS:
         if k not in t.model:
             raise _fail(path, f"{field}.model.{k}", "(missing)", "required")

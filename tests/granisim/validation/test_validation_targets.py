@@ -31,7 +31,7 @@ def test_profile_check_table_reads_each_runs_subfolder(tmp_path):
         _report(tmp_path, run, err)
         report = json.loads((tmp_path / f"run{run}" / "h200.json").read_text())
         for w in T.WORKLOADS:
-            report["workloads"][w]["check_profile"]["profile"] = "granisim/profiles/h200-engine.json"
+            report["workloads"][w]["check_profile"]["profile"] = "granisim/config/profiles/h200-engine.json"
         (tmp_path / f"run{run}" / "shipped").mkdir()
         (tmp_path / f"run{run}" / "shipped" / "h200.json").write_text(json.dumps(report))
         (tmp_path / f"run{run}" / "h200.json").write_text("{}")  # the run's own report is not read

@@ -46,12 +46,17 @@ def replica_specs(scenario: Scenario, source: str = "<scenario>") -> list[Replic
 
 
 def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor=None, progress: bool = True,
-                   keep_outputs: bool = False):
-    """Run the fleet (cost-model executors unless ``make_executor(setup)`` says otherwise)."""
+                   keep_outputs: bool = False, trace=None):
+    """Run the fleet (cost-model executors unless ``make_executor(setup)`` says otherwise); ``trace``, if
+    given, replaces the prepared one (a Setup whose trace was changed, e.g. repeated by the benchmark)."""
+    from dataclasses import replace
+
     from granisim.costmodel.executor import CostExecutor
     from granisim.fleet.loop import FleetLoop
 
     specs = replica_specs(scenario, source)
+    if trace is not None:
+        specs = [replace(sp, setup=replace(sp.setup, trace=trace)) for sp in specs]
     make = make_executor or (lambda setup: CostExecutor(setup.profile, setup.model))
     return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress, keep_outputs=keep_outputs).run()
 
@@ -85,7 +90,7 @@ def simulate_setup(setup, executor=None, progress: bool = True):
     from granisim.fleet.outputs import fleet_steps
 
     make = (lambda _setup: executor) if executor is not None else None
-    res = simulate_fleet(setup.scenario, "<scenario>", make, progress)
+    res = simulate_fleet(setup.scenario, "<scenario>", make, progress, trace=setup.trace)
     steps = fleet_steps(res)
     return SimResult([r for _, r in res.records], _Frame(steps), res.end_s,
                      dict(kv_budget=setup.kv_budget, replicas=len(res.replicas), router=res.router))

@@ -32,3 +32,18 @@ def test_the_fleet_series_and_a_bad_router(capsys, monkeypatch):
     assert bench_sim.main(["--router", "hot_aware"]) == 2
     err = capsys.readouterr().err
     assert "unknown router 'hot_aware'" in err and err.count("\n") == 1
+
+
+def test_a_fleet_simulates_the_setups_trace_not_a_fresh_one():
+    """The benchmark repeats the trace in the Setup; the fleet once re-read the scenario's own trace (all
+    19,366 rows here) and ignored it."""
+    import dataclasses
+
+    from granisim.config.scenario import load_scenario, parse_scenario
+    from granisim.experiments.run import prepare, simulate
+
+    data = load_scenario(bench_sim.SCENARIOS / "azure_replay.toml").model_dump()
+    data["fleet"] = {"replicas": 2}
+    setup = prepare(parse_scenario(data))
+    setup = dataclasses.replace(setup, trace=bench_sim.repeat_trace(setup.trace.iloc[:15].copy(), 2))
+    assert len(simulate(setup, progress=False).records) == 30

@@ -35,7 +35,7 @@ TARGETS = {  # metric -> (direction, bound)
     "radix_match_common_start": ("<=", 50.0),
 }
 SEED = 20261129
-DEFAULT_OUT = "out/bench/alloc.json"  # outside the tracked tree; reports/alloc.json is refreshed with --out
+DEFAULT_OUT = "out/bench/alloc.json"  # outside the tracked tree; reports/sim_speed/alloc.json is refreshed with --out
 
 
 # ---- measurement helpers ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_OUT = "out/bench/sweep_speed.json"  # outside the tracked tree; --out reports/sweep_speed.json refreshes it
+DEFAULT_OUT = "out/bench/sweep_speed.json"  # outside the tracked tree; --out reports/sim_speed/sweep_speed.json refreshes it
 POLICIES = ("granikv", "token")
 ROLES = (1, 2, 4, 8, 16)
 RATES = (2.0, 3.0, 4.0, 5.0, 6.0)

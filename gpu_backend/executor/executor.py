@@ -53,6 +53,7 @@ GRAPH_MAX_ROWS = 2048  # steps of more rows run eagerly (see the module docstrin
 class GpuExecutor:
     needs_layouts = True
     max_steps_per_plan = 1
+    reduce = None  # tensor parallelism (tp.py): the all-reduce after each row-parallel projection
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
@@ -184,7 +185,7 @@ class GpuExecutor:
             run.write(self.k_cache[li], self.v_cache[li], k, v, m.new_slots)
             attn = self._attention(run, m.shape, q, k, v, li, timer)
             timer.switch("linear")
-            x = attn_out_and_mlp(layer, x, attn)
+            x = attn_out_and_mlp(layer, x, attn, self.reduce)  # all-reduces under tensor parallelism
         x = rms_norm(torch.index_select(x, 0, m.sample_rows), w.final_norm)
         timer.switch("lm_head")
         lg = logits(w, x)

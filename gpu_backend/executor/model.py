@@ -99,11 +99,14 @@ def qkv_proj(w: RandomWeights, layer: LayerWeights, x: torch.Tensor, rot: tuple[
     return qk[:, :nq], qk[:, nq:], v
 
 
-def attn_out_and_mlp(layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """Output projection + residual, then the SwiGLU MLP on the normed stream + residual."""
-    x = x + F.linear(attn.reshape(x.shape[0], -1), layer.wo)
+def attn_out_and_mlp(layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor, reduce=None) -> torch.Tensor:
+    """Output projection + residual, then the SwiGLU MLP on the normed stream + residual. ``reduce``
+    (tensor parallelism: the all-reduce) sums each row-parallel projection's partial outputs over ranks."""
+    out = F.linear(attn.reshape(x.shape[0], -1), layer.wo)
+    x = x + (reduce(out) if reduce else out)
     gate, up = F.linear(rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, layer.w_down)
+    down = F.linear(F.silu(gate) * up, layer.w_down)
+    return x + (reduce(down) if reduce else down)
 
 
 def logits(w: RandomWeights, x_normed: torch.Tensor) -> torch.Tensor:

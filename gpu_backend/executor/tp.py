@@ -26,14 +26,12 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 from granisim.config.models import ModelShape, get_model
 from granisim.core.contract import BatchPlan, StepResult
 
 from .executor import GpuExecutor
-from .launches import StepLaunches
-from .model import RandomWeights, logits, qkv_proj, rms_norm, rope_tables
+from .model import RandomWeights
 
 
 def slicer(full: ModelShape, tp: int, rank: int) -> Callable[[str, torch.Tensor], torch.Tensor]:
@@ -76,33 +74,12 @@ class TpShardExecutor(GpuExecutor):
         w = shard_weights(full, tp, rank, device=device, dtype=dtype, seed=seed)
         super().__init__(full.shard(tp), num_slots, device=device, seed=seed, graphs=False, weights=w, **options)
 
-    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a row-parallel projection's partial outputs over the ranks (GpuExecutor._forward calls it
+        after the output projection and the MLP's down projection; the cost model prices it in `linear`)."""
         if self.tp > 1:
             dist.all_reduce(t)
         return t
-
-    def _forward(self, m, timer):
-        w = self.w
-        run = StepLaunches(m, self.shape, w.dtype, self.device)
-        timer.switch("linear")
-        x = F.embedding(m.tokens, w.embed)
-        rot = rope_tables(m.positions, w.inv_freq, w.dtype)
-        for li, layer in enumerate(w.layers):
-            timer.switch("linear")
-            q, k, v = qkv_proj(w, layer, x, rot)
-            timer.switch("kv_write")
-            run.write(self.k_cache[li], self.v_cache[li], k, v, m.new_slots)
-            attn = self._attention(run, m.shape, q, k, v, li, timer)
-            timer.switch("linear")  # the all-reduces are part of the row-parallel linears (as the cost model has it)
-            x = x + self._all_reduce(F.linear(attn.reshape(x.shape[0], -1), layer.wo))
-            gate, up = F.linear(rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
-            x = x + self._all_reduce(F.linear(F.silu(gate) * up, layer.w_down))
-        x = rms_norm(torch.index_select(x, 0, m.sample_rows), w.final_norm)
-        timer.switch("lm_head")
-        lg = logits(w, x)
-        nxt = lg.argmax(dim=-1)
-        timer.switch(None)
-        return nxt, (lg if self.keep_logits else None)
 
 
 class TpExecutor:

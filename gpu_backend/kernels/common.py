@@ -71,6 +71,17 @@ def finish(m_i, l_i, acc):
 
 
 @triton.jit
+def group_program(GROUP_PTR, n_kv, G):
+    """This program's place in a prefix-pass grid (M tiles, n_kv x splits, groups): (KV head, split,
+    group, the group's first query token, its stacked rows = members x G)."""
+    pid_hs = tl.program_id(1)
+    g = tl.program_id(2)
+    q_start = tl.load(GROUP_PTR + g)
+    n_rows = (tl.load(GROUP_PTR + g + 1) - q_start) * G
+    return pid_hs % n_kv, pid_hs // n_kv, g, q_start, n_rows
+
+
+@triton.jit
 def stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh,
                     BLOCK_M: tl.constexpr, D: tl.constexpr):
     """Tile pid_m of a group's stacked rows (row r = b * G + g: query token q_start + b, head h * G + g):

@@ -15,7 +15,7 @@ import triton.language as tl
 from . import layout as L
 from .checks import num_sms
 from .cascade import prepare
-from .common import LOG2E, attend, attend_full, finish, stacked_queries, store_state
+from .common import LOG2E, attend, attend_full, finish, group_program, stacked_queries, store_state
 from .grid import cdiv
 from .split_kv import default_scale, plan_splits, split_scratch
 from granisim.costmodel import split_rule
@@ -34,12 +34,7 @@ def _dense_kernel(
     SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    pid_hs = tl.program_id(1)
-    g = tl.program_id(2)
-    h = pid_hs % n_kv
-    s = pid_hs // n_kv
-    q_start = tl.load(GROUP_PTR + g)
-    n_rows = (tl.load(GROUP_PTR + g + 1) - q_start) * G
+    h, s, g, q_start, n_rows = group_program(GROUP_PTR, n_kv, G)
     if pid_m * BLOCK_M >= n_rows:
         return
     q, tok, qh, row_ok = stacked_queries(Q, q_start, n_rows, pid_m, h, G, stride_qt, stride_qh, BLOCK_M, D)

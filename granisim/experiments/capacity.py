@@ -196,10 +196,15 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
 
 
 def capacity_cli(args) -> int:
-    from granisim.config.scenario import load_scenario
+    from granisim.config.scenario import ScenarioError, load_scenario
     from granisim.experiments.run import prepare
 
     scenario = load_scenario(args.scenario)
+    wl = scenario.workload
+    if wl.kind == "azure" or wl.arrivals == "trace":  # the search varies workload.rate, which a replay ignores
+        raise ScenarioError(f"{args.scenario}: field workload.arrivals = {wl.arrivals!r} (kind = {wl.kind!r}): "
+                            "capacity searches the Poisson rate; a trace replay's arrivals have no rate to vary "
+                            "(use arrivals = \"poisson\" with kind = \"multi_agent\" or \"control\")")
     slo = parse_slo(args.slo)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for pol in policies:

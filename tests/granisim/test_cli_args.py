@@ -24,3 +24,10 @@ def test_bad_numbers_are_one_line_exit_2(argv, option, value, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and option in err[0] and value in err[0], err
+
+
+def test_capacity_of_a_trace_replay_is_one_line_exit_2(capsys):
+    """catches: bisecting workload.rate on a replay, whose arrivals come from the trace (the rate has no effect)."""
+    assert main(["capacity", "scenarios/azure_replay.toml", "--slo", "ttft_p99=2s"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "azure_replay.toml" in err[0] and "workload.arrivals" in err[0], err

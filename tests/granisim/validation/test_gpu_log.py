@@ -1,6 +1,6 @@
 """The read-only GPU clock/power log (parser, sampler start/stop) and the sustained-load benchmark's CPU parts."""
+import os
 import sys
-import time
 from datetime import datetime
 
 import pytest
@@ -38,6 +38,20 @@ def test_the_query_only_reads():
     assert all(a.startswith("--query-gpu=") or a.startswith("--format=") or a in ("-lms", "100") for a in cmd[1:])
 
 
+def proc_lines(path):
+    """Lines as the sampler writes them (blocks until each complete line is in the file)."""
+    while not path.exists():
+        os.sched_yield()
+    with path.open() as f:
+        buf = ""
+        while True:
+            buf += f.read()
+            while "\n" in buf:
+                line, buf = buf.split("\n", 1)
+                yield line
+            os.sched_yield()
+
+
 def test_the_sampler_starts_and_stops(tmp_path):
     """A fake sampler (prints a sample line every 10 ms): lines reach the file while the log is open; on exit
     the process is gone and nothing more is written."""
@@ -47,11 +61,12 @@ def test_the_sampler_starts_and_stops(tmp_path):
     with GpuLog(path, command=fake) as log:
         proc = log.proc
         assert proc is not None and proc.poll() is None
-        while not path.exists() or path.stat().st_size < len(LINES[0]) * 3:
-            time.sleep(0.02)
+        for line_count, _ in enumerate(iter(proc_lines(path)), 1):  # three samples reach the file
+            if line_count >= 3:
+                break
     assert log.proc is None and proc.poll() is not None
     size = path.stat().st_size
-    time.sleep(0.1)
+    proc.wait()  # the sampler has exited: nothing can write to the file any more
     assert path.stat().st_size == size
     assert len(read_gpu_log(path)) >= 3
 

@@ -26,8 +26,25 @@ SW_POWER_CAP = 0x4  # clocks_throttle_reasons.active bit: software power cap (NV
 HW_SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80  # hardware slowdown, SW thermal, HW thermal, HW power brake
 
 
-def nvidia_smi_command(period_ms: int = 100) -> list[str]:
-    return ["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits", "-lms", str(period_ms)]
+# newer drivers name the throttle field clocks_event_reasons.active; older ones only the first name
+THROTTLE_FIELDS = ("clocks_throttle_reasons.active", "clocks_event_reasons.active")
+
+
+def nvidia_smi_command(period_ms: int = 100, throttle_field: str = THROTTLE_FIELDS[0]) -> list[str]:
+    fields = (*FIELDS[:-1], throttle_field)
+    return ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-lms", str(period_ms)]
+
+
+def _working_command(period_ms: int) -> list[str]:
+    """The sampler command with the first throttle-field name this nvidia-smi accepts (one query each)."""
+    for name in THROTTLE_FIELDS:
+        cmd = nvidia_smi_command(period_ms, name)
+        try:
+            if subprocess.run(cmd[:-2], capture_output=True, timeout=20).returncode == 0:
+                return cmd
+        except (OSError, subprocess.TimeoutExpired):
+            break
+    return nvidia_smi_command(period_ms)
 
 
 class GpuLog:
@@ -36,13 +53,16 @@ class GpuLog:
     def __init__(self, path: Path, enabled: bool = True, command: list[str] | None = None, period_ms: int = 100):
         self.path = Path(path)
         self.enabled = enabled
-        self.command = command or nvidia_smi_command(period_ms)
+        self.command = command
+        self.period_ms = period_ms
         self.proc: subprocess.Popen | None = None
         self.note = ""
 
     def __enter__(self) -> "GpuLog":
         if not self.enabled:
             return self
+        if self.command is None:
+            self.command = ["nvidia-smi"] if shutil.which("nvidia-smi") is None else _working_command(self.period_ms)
         if shutil.which(self.command[0]) is None:
             self.note = f"{self.command[0]} not found: no GPU clock/power log"
             print(f"note: {self.note}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup
+from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, planned_request
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
 PathChooser = Callable[..., str]
@@ -89,15 +89,21 @@ class BatchBuilder:
             groups.append(PrefixGroup(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
                                       tuple(idx), len(idx) * self.group_size))
             private.append(own)
-        reqs = []
-        for i, (r, n, slots) in enumerate(work):
-            g = group_of.get(i, -1)
-            shared = groups[g].prefix_len if g >= 0 else 0
-            if self.needs_layouts:
+        if self.needs_layouts:
+            reqs = []
+            for i, (r, n, slots) in enumerate(work):
+                g = group_of.get(i, -1)
+                shared = groups[g].prefix_len if g >= 0 else 0
                 reqs.append(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, shared, slots,
                                            r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid)))
-            else:
-                reqs.append(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, shared))
+        elif groups:
+            reqs = []
+            for i, (r, n, _) in enumerate(work):
+                g = group_of.get(i, -1)
+                reqs.append(planned_request(r.rid, r.computed, n, not r.decoding, g,
+                                            groups[g].prefix_len if g >= 0 else 0))
+        else:
+            reqs = [planned_request(r.rid, r.computed, n, not r.decoding) for r, n, _ in work]
         plan = BatchPlan(step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
                          tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:

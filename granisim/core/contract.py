@@ -44,6 +44,29 @@ class PlannedRequest:
         return self.context_len + self.num_new
 
 
+_new = object.__new__
+_SET = tuple(PlannedRequest.__dict__[f].__set__ for f in ("rid", "context_len", "num_new", "is_prefill", "group",
+                                                          "shared_len", "new_slots", "input_tokens", "layout"))
+
+
+def planned_request(rid: int, context_len: int, num_new: int, is_prefill: bool, group: int = -1,
+                    shared_len: int = 0, new_slots=None, input_tokens=None, layout=None) -> PlannedRequest:
+    """``PlannedRequest(...)`` (an equal object), built without the frozen dataclass's per-field
+    ``object.__setattr__`` calls: the batch builder makes one per request per plan."""
+    o = _new(PlannedRequest)
+    a, b, c, d, e, f, g, h, i = _SET
+    a(o, rid)
+    b(o, context_len)
+    c(o, num_new)
+    d(o, is_prefill)
+    e(o, group)
+    f(o, shared_len)
+    g(o, new_slots)
+    h(o, input_tokens)
+    i(o, layout)
+    return o
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixGroup:
     """Decode requests whose context starts with the same cached prefix (radix node ``key``)."""

@@ -6,7 +6,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from granisim.core.workload import RequestSpec
+from granisim.core.workload import VOCAB, RequestSpec
+
+
+def stand_in_tokens(rid: int, first: int, n: int) -> np.ndarray:
+    """The simulator's stand-in for sampling: output tokens ``first .. first + n`` of request ``rid``
+    (deterministic per request and position; int64)."""
+    return (rid * 7919 + (np.arange(first, first + n, dtype=np.int64) * 104729) + 17) % VOCAB
+
+
+def stand_in_token(rid: int, generated: int) -> int:
+    """``stand_in_tokens(rid, generated, 1)[0]`` as a Python int."""
+    return (rid * 7919 + generated * 104729 + 17) % VOCAB
 
 
 class Request:
@@ -15,14 +26,16 @@ class Request:
     decode step).
 
     The token buffer is built on first read of ``tokens`` (admission), not on arrival, so a
-    waiting request holds only its suffix. Tokens sampled one at a time (``append_one``) are
-    (``append_one``, or a few at a time by ``append``) are kept in a plain list and written
+    waiting request holds only its suffix. Tokens sampled one at a time (``append_one``, or a
+    few at a time by ``append``) are kept in a plain list and written
     into the buffer when ``tokens`` is next read (at the latest when the request finishes):
-    a list append instead of an array store per step."""
+    a list append instead of an array store per step. Stand-in tokens (``advance``: the
+    simulator's synthetic outputs, :func:`stand_in_tokens`) are only counted, and computed
+    from their positions when ``tokens`` is next read."""
 
     __slots__ = ("spec", "rid", "_buf", "_suffix", "_pending", "n_tokens", "prompt_len", "computed", "generated",
                  "admitted_s", "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding",
-                 "prefix_cached", "group")
+                 "prefix_cached", "group", "output_len", "_synth")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
@@ -30,7 +43,11 @@ class Request:
         self._suffix = spec.suffix  # drawn now (arrivals come in request order) and held while it runs
         self.prompt_len = spec.prompt_len
         self._buf: np.ndarray | None = None
-        self._pending: list[int] = []  # sampled tokens n_tokens - len(_pending) .. n_tokens, not yet in _buf
+        # sampled tokens n_tokens - _synth - len(_pending) .. n_tokens - _synth, not yet in _buf; then
+        # _synth stand-in tokens (the last ones), not yet in _buf either
+        self._pending: list[int] = []
+        self._synth = 0
+        self.output_len = spec.output_len
         self.n_tokens = self.prompt_len
         self.computed = 0
         self.generated = 0
@@ -52,23 +69,38 @@ class Request:
             p = self.spec.prefix.size
             buf[:p] = self.spec.prefix
             buf[p : self.prompt_len] = self._suffix
+        synth = self._synth
         if self._pending:
             pending = self._pending
-            buf[self.n_tokens - len(pending) : self.n_tokens] = pending
+            end = self.n_tokens - synth
+            buf[end - len(pending) : end] = pending
             pending.clear()
+        if synth:
+            buf[self.n_tokens - synth : self.n_tokens] = stand_in_tokens(self.rid, self.generated - synth, synth)
+            self._synth = 0
         return buf
 
     @property
     def remaining_output(self) -> int:
-        return self.spec.output_len - self.generated
+        return self.output_len - self.generated
+
+    def advance(self, n: int) -> None:
+        """``n`` more outputs, the stand-in tokens of their positions (:func:`stand_in_tokens`)."""
+        self._synth += n
+        self.n_tokens += n
+        self.generated += n
 
     def append_one(self, token: int) -> None:
+        if self._synth:
+            self.tokens  # stand-ins before this token go into the buffer first
         self._pending.append(token)
         self.n_tokens += 1
         self.generated += 1
 
     def append(self, tokens: np.ndarray) -> None:
         n = tokens.size
+        if self._synth:
+            self.tokens
         if n <= 64:  # a fast-forward block is a few steps: cheaper as list items than as an array store
             self._pending.extend(tokens.tolist())
         else:

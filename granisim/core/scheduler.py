@@ -24,6 +24,7 @@ queue limit, are rejected, with the reason recorded.
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from granisim.kv.allocator import KVAllocator
 from granisim.core.batching import BatchBuilder, PathChooser, StepPricer
 from granisim.core.contract import BatchPlan, StepResult
 from granisim.core.request import Request, RequestRecord
-from granisim.core.workload import VOCAB, RequestSpec
+from granisim.core.workload import RequestSpec
 
 
 class Scheduler:
@@ -50,6 +51,7 @@ class Scheduler:
         self._admitted = 0
         self._prefix_owner: dict[tuple[int, int], int] = {}  # (role, shared_len) -> rid prefilling it
         self.preemptions = 0
+        self._decode_plan: tuple | None = None  # (plan, its requests, their ids) of the last decode-only plan
 
     # ---- arrivals and rejection -------------------------------------------------------------
     def add(self, spec: RequestSpec, now: float) -> None:
@@ -102,12 +104,17 @@ class Scheduler:
         work: list[tuple[Request, int, np.ndarray]] = []
         # (1) decodes: one token each, preempting until they all fit
         decode = [r for r in self.running.values() if r.decoding]
-        while decode and not alloc.can_extend_all([r.rid for r in decode], 1):
+        rids = [r.rid for r in decode]
+        while decode and not alloc.can_grow(rids, 1):
             victim = self._victim()
             self._preempt(victim)
             decode = [r for r in decode if r is not victim]
-        for r, slots in zip(decode, alloc.extend_all([r.rid for r in decode], 1)):
-            work.append((r, 1, slots))
+            rids = [r.rid for r in decode]
+        if self.batch.needs_layouts:  # the executor writes K/V: it needs the slot ids
+            work.extend(zip(decode, repeat(1), alloc.extend_all(rids, 1)))
+        elif decode:
+            alloc.grow(rids, 1)
+            work.extend(zip(decode, repeat(1), repeat(None)))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
         for r in list(self.running.values()):
@@ -146,7 +153,10 @@ class Scheduler:
                 return self.schedule(now)
             return None
         self.step_id += 1
-        return self.batch.build(work, alloc, self.step_id)
+        plan = self.batch.build(work, alloc, self.step_id)
+        # a decode-only plan: fast_forward_limit / extend_plan reuse its requests and ids
+        self._decode_plan = (plan, decode, rids) if len(work) == len(decode) else None
+        return plan
 
     def _group_by_prefix(self, now: float) -> None:
         """Tenancy-aware order: aged waiters, then those whose role prefix is held by a running
@@ -220,29 +230,49 @@ class Scheduler:
         possible (schedule() just tried), no request finishes before the last step, and
         the memory for every step is there without preemption.
         """
-        if not self.cfg.fast_forward or any(p.is_prefill for p in plan.requests):
+        if not self.cfg.fast_forward:
             return 1
-        k = min(self.running[p.rid].remaining_output for p in plan.requests)
-        k = min(k, max(1, self.alloc.available() // max(1, len(plan.requests)) - self.alloc.page_size))
-        rids = [p.rid for p in plan.requests]
-        while k > 1 and not self.alloc.can_extend_all(rids, k - 1):
+        last = self._decode_plan
+        if last is not None and last[0] is plan:
+            decode, rids = last[1], last[2]
+        elif any(p.is_prefill for p in plan.requests):
+            return 1
+        else:
+            decode = [self.running[p.rid] for p in plan.requests]
+            rids = [p.rid for p in plan.requests]
+        k = min([r.output_len - r.generated for r in decode])
+        k = min(k, max(1, self.alloc.available() // max(1, len(rids)) - self.alloc.page_size))
+        while k > 1 and not self.alloc.can_grow(rids, k - 1):
             k //= 2
         return max(1, k)
 
     def extend_plan(self, plan: BatchPlan, steps: int) -> None:
         """Allocate the K/V slots of steps 2..``steps`` of a fast-forwarded decode plan."""
-        self.alloc.extend_all([p.rid for p in plan.requests], steps - 1)
+        last = self._decode_plan
+        rids = last[2] if last is not None and last[0] is plan else [p.rid for p in plan.requests]
+        if self.batch.needs_layouts:
+            self.alloc.extend_all(rids, steps - 1)
+        else:
+            self.alloc.grow(rids, steps - 1)
 
     # ---- results -----------------------------------------------------------------------------
     def postprocess(self, plan: BatchPlan, result: StepResult, now: float, steps: int = 1) -> list[Request]:
         """Apply a step's results; returns the requests that finished."""
         done = []
-        if steps > 1:  # the stand-in tokens of every request for all steps, in one array op
-            rs = [self.running[p.rid] for p in plan.requests]
-            base = np.array([r.rid * 7919 + r.generated * 104729 + 17 for r in rs], dtype=np.int64)
-            block = (base[:, None] + np.arange(steps, dtype=np.int64) * 104729) % VOCAB
-        for i, p in enumerate(plan.requests):
-            r = self.running[p.rid]
+        running = self.running
+        real = result.next_tokens if steps == 1 else None  # None: stand-in tokens (Request.advance)
+        for p in plan.requests:
+            r = running[p.rid]
+            if r.decoding and (r.prefix_cached or not r.spec.shared_len):  # a decode step: nothing else changes
+                r.computed += steps
+                if real is None:
+                    r.advance(steps)
+                else:
+                    r.append_one(int(real[r.rid]))
+                if r.generated >= r.output_len:
+                    self._finish(r, now)
+                    done.append(r)
+                continue
             r.computed += p.num_new
             sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
             r.computed += steps - 1  # fast-forward: decode only, one token per step
@@ -255,25 +285,17 @@ class Scheduler:
                     del self._prefix_owner[key]
             if not sampled:
                 continue
-            if steps == 1:
-                r.append_one(self._sampled_one(r, result))
+            if real is None:
+                r.advance(steps)
             else:
-                r.append(block[i])
+                r.append_one(int(real[r.rid]))
             r.decoding = True
             if r.first_token_s is None:
                 r.first_token_s = now
-            if r.generated >= r.spec.output_len:
+            if r.generated >= r.output_len:
                 self._finish(r, now)
                 done.append(r)
         return done
-
-    # The simulator's stand-in for sampling: deterministic per request and position (the
-    # fast-forward block in postprocess computes the same formula for many steps at once).
-    @staticmethod
-    def _sampled_one(r: Request, result: StepResult) -> int:
-        if result.next_tokens is not None:
-            return int(result.next_tokens[r.rid])
-        return (r.rid * 7919 + r.generated * 104729 + 17) % VOCAB
 
     def _finish(self, r: Request, now: float) -> None:
         self.alloc.release(r.rid, r.tokens[: r.computed])

@@ -113,6 +113,10 @@ class KVAllocator:
         self.views = AllocatorViews(policy, self.requests, self.store, self.hot, self.radix, self.counters)
         if self.host_tier is not None and self.hot_slabs is not None:
             self.host_tier.copies_queued = lambda: len(self.hot_slabs._copies)
+        # live requests with a HOT slab not yet filled (grow's fast-path test; may hold stale entries)
+        self._filling: dict[int, _Seq] = {}
+        # grow() may count decode slots without picking their ids (a fixed COLD / token pool)
+        self._owing = type(self.store.pool) is ColdPool
 
     # ---- admission ------------------------------------------------------------------------
     def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0) -> bool:
@@ -152,6 +156,8 @@ class KVAllocator:
         self.requests.add(seq)
         if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
             hot.place(seq, shared_len - m.length)
+            if seq.slab is not None:
+                self._filling[rid] = seq
         if self.host_tier is not None:
             self._prefetch(seq, tokens)
         seq.group = prefix_group_of(seq, self.page_size)
@@ -218,6 +224,56 @@ class KVAllocator:
             return n * len(seqs) <= self.available()
         return self.can_extend({r: n for r in rids})
 
+    def _uniform_ids(self, rids: list[int]) -> bool:
+        """``_uniform`` of these live requests, from the few with a HOT slab still being filled."""
+        if not self._uniform(()):  # the page-size test
+            return False
+        filling = self._filling
+        if filling:
+            live = self.requests._seqs
+            for rid, q in list(filling.items()):
+                if live.get(rid) is not q or q.slab is None or q.n_new >= q.slab_len:
+                    del filling[rid]
+            if filling and not filling.keys().isdisjoint(rids):
+                return False
+        return True
+
+    def can_grow(self, rids: list[int], n: int) -> bool:
+        """``can_extend_all(rids, n)`` for live requests (not checked), without a per-request pass when
+        every new token takes one pool slot."""
+        if self._uniform_ids(rids):
+            return n * len(rids) <= self.available()
+        return self.can_extend({r: n for r in rids})
+
+    def grow(self, rids: list[int], n: int) -> None:
+        """``extend_all(rids, n)`` for live requests (not checked) whose new slot ids nobody reads now:
+        with a fixed token-granular pool the slots are counted at once (free, eviction and every count
+        as with ``extend_all``) and their ids picked when the request's slots are next read
+        (``_Seq.settle``). The GPU executor, which writes K/V into the slots, uses ``extend_all``."""
+        if n <= 0 or not rids or not self._owing or not self._uniform_ids(rids):
+            self.extend_all(rids, n)
+            return
+        total = n * len(rids)
+        store = self.store
+        if total > store.free:
+            self.eviction.evict(store.name, total - store.free)
+            if total > store.free:
+                raise OutOfKVMemory(f"{len(rids)} requests need {total} {store.name} slots, {store.free} free")
+        pool = store.pool
+        pool.owe(total)
+        live = self.requests._seqs
+        for rid in rids:
+            q = live[rid]
+            q.owed += n
+            q.n_new += n
+            q._owed_pool = pool
+
+    def settle(self) -> None:
+        """Pick the ids of every owed slot (before reading the pools' free slots)."""
+        for q in self.requests:
+            if q.owed:
+                q.settle()
+
     def extend_all(self, rids: list[int], n: int) -> list[np.ndarray]:
         """``extend(rid, n)`` for every request, with one pool call when possible (decode steps)."""
         seqs = [self.requests.get(r) for r in rids]
@@ -231,6 +287,8 @@ class KVAllocator:
                                     f"{self.store.free} free")
         block = self.store.pool.allocate(total).reshape(len(seqs), n)
         for q, row in zip(seqs, block):
+            if q.owed:
+                q.settle()
             hi = q._hi
             if hi + n <= q._buf.size:  # push() inlined: this loop runs for every decode step
                 q._buf[hi : hi + n] = row
@@ -385,6 +443,7 @@ class KVAllocator:
         return self.views.cached_runs()
 
     def free_slots(self) -> dict[str, np.ndarray]:
+        self.settle()
         return self.views.free_slots()
 
     def pool_bounds(self) -> dict[str, tuple[int, int]]:

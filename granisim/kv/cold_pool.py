@@ -27,17 +27,35 @@ class ColdPool:
         # (deterministic, and recently freed rows are likely still in cache on a GPU).
         self._stack = np.arange(slot_start + capacity - 1, slot_start - 1, -1, dtype=SLOT_DTYPE)
         self._top = self.capacity
+        # slots counted as taken (``owe``) whose ids are not picked yet (``take_owed``): the top
+        # ``_owed`` entries of the stack are spoken for
+        self._owed = 0
         self._is_free = np.ones(self.capacity, dtype=bool)
         # Scratch for the O(n) repeated-id check in free_slots (not state: never read across calls).
         self._stamp = np.zeros(self.capacity, dtype=np.int32)
 
     @property
     def free(self) -> int:
-        return self._top
+        return self._top - self._owed
 
     @property
     def used(self) -> int:
-        return self.capacity - self._top
+        return self.capacity - self.free
+
+    def owe(self, n: int) -> None:
+        """Count ``n`` free slots as taken now; their ids are picked later by ``take_owed`` (for
+        callers that need no ids yet: the cost executor's decode steps). Until then they show as
+        free in ``free_mask``."""
+        if n < 0 or n > self.free:
+            raise ValueError(f"{self.name}: cannot owe {n} slots, only {self.free} free")
+        self._owed += n
+
+    def take_owed(self, n: int) -> np.ndarray:
+        """Pick the ids of ``n`` owed slots (as ``allocate`` picks them)."""
+        if not 0 <= n <= self._owed:
+            raise ValueError(f"{self.name}: {n} slots asked for, {self._owed} owed")
+        self._owed -= n
+        return self.allocate(n)
 
     def owns(self, slots: np.ndarray) -> bool:
         s = np.asarray(slots)
@@ -47,8 +65,8 @@ class ColdPool:
         """Take ``n`` free slots; raises ValueError (state unchanged) if fewer are free."""
         if n < 0:
             raise ValueError(f"{self.name}: cannot allocate a negative number of slots ({n})")
-        if n > self._top:
-            raise ValueError(f"{self.name}: asked for {n} slots, only {self._top} free")
+        if n > self._top - self._owed:
+            raise ValueError(f"{self.name}: asked for {n} slots, only {self.free} free")
         out = self._stack[self._top - n : self._top][::-1].copy()
         self._top -= n
         self._is_free[out - self.slot_start] = False

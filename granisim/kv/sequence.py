@@ -30,10 +30,13 @@ def _is_run(slots: np.ndarray) -> bool:
 
 class _Seq:
     """A live request: tokens [0, cached_len) on a locked radix path, then an optional
-    reserved HOT slab of slab_len tokens (filled first), then private slots priv[:n_priv]."""
+    reserved HOT slab of slab_len tokens (filled first), then private slots priv[:n_priv].
+
+    The last ``owed`` private slots may be counted but not yet picked (``KVAllocator.grow``): the
+    pool ``_owed_pool`` owes them, and reading ``priv`` picks them first."""
 
     __slots__ = ("rid", "node", "cached_len", "shared_len", "slab", "slab_len", "n_new", "group", "_buf", "_lo",
-                 "_hi")
+                 "_hi", "owed", "_owed_pool")
 
     def __init__(self, rid: int, node: RadixNode, cached_len: int, shared_len: int):
         self.rid = rid
@@ -48,10 +51,19 @@ class _Seq:
         # doubling so that a decode step's append is O(1) amortised
         self._buf = _EMPTY
         self._lo = self._hi = 0
+        self.owed = 0
+        self._owed_pool = None  # a ColdPool with owe / take_owed, while owed > 0
 
     @property
     def priv(self) -> np.ndarray:
+        if self.owed:
+            self.settle()
         return self._buf[self._lo : self._hi]
+
+    def settle(self) -> None:
+        """Pick the ids of the owed slots (they go after the slots held so far)."""
+        n, self.owed = self.owed, 0
+        self.push(self._owed_pool.take_owed(n))
 
     def push(self, slots: np.ndarray) -> None:
         n = slots.size

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from granisim.core.request import Request
+from granisim.core.request import Request, stand_in_token, stand_in_tokens
 from granisim.core.workload import RequestSpec
 
 PREFIX = np.arange(100, 110, dtype=np.int32)
@@ -16,23 +16,30 @@ def spec(suffix_len=5, output_len=400):
 
 _step = st.one_of(st.tuples(st.just("one"), st.integers(0, 127_999)),
                   st.tuples(st.just("block"), st.lists(st.integers(0, 127_999), min_size=1, max_size=80)),
-                  st.tuples(st.just("read")))
+                  st.tuples(st.just("read")),
+                  st.tuples(st.just("advance"), st.integers(1, 70)))
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_step, max_size=30))
 def test_tokens_read_back_every_append_in_order(steps):
     """Any mix of one-token and block appends (real engine ids up to 128K), read at any point,
-    gives prompt + outputs in order, as int64. Shown to catch a planted bug: flushing the
-    pending tokens one position early fails here."""
+    gives prompt + outputs in order, as int64; stand-in tokens (``advance``) read back as the
+    stand-in of their output position. Shown to catch planted bugs: flushing the pending tokens
+    one position early, or computing the stand-ins from the count after instead of before them
+    (``self.generated`` for ``self.generated - synth``), fails here."""
     s = spec()
     r = Request(s)
     want = PREFIX.tolist() + (np.arange(5) + 500).tolist()
     assert r.n_tokens == r.prompt_len == len(want)
     for step in steps:
-        if r.generated + (len(step[1]) if step[0] == "block" else 1) > s.output_len:
+        if r.generated + {"block": lambda: len(step[1]), "advance": lambda: step[1]}.get(step[0], lambda: 1)() \
+                > s.output_len:
             break
-        if step[0] == "one":
+        if step[0] == "advance":
+            want.extend(stand_in_token(s.rid, r.generated + i) for i in range(step[1]))
+            r.advance(step[1])
+        elif step[0] == "one":
             r.append_one(step[1])
             want.append(step[1])
         elif step[0] == "block":
@@ -49,3 +56,9 @@ def test_a_waiting_request_holds_no_buffer():
     r = Request(spec())
     assert r._buf is None and r.n_tokens == 15
     assert r.tokens.size == 15 + 400 and r._buf is not None
+
+
+def test_stand_in_tokens_match_the_scalar_formula():
+    """The block and scalar forms agree (the scalar one is what a one-step plan used to append)."""
+    for rid in (0, 7, 123_456):
+        assert stand_in_tokens(rid, 5, 40).tolist() == [stand_in_token(rid, 5 + i) for i in range(40)]

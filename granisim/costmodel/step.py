@@ -122,7 +122,8 @@ class StepPricing:
             kv_copy = ctok * self.copy_tok + self.copy_launch
         else:
             kv_copy = 0.0
-        overhead = self._host(len(plan.requests), tok, len(passes))
+        # the host lists every KV slot a decode row reads: paged-group members' prefix pages too (host_work)
+        overhead = self._host(len(plan.requests), tok + shared_len, len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
             linear = self._in_engine("linear", linear, eager, offset=None if eager else self._linear_offset(T))
@@ -158,7 +159,7 @@ class StepPricing:
         # decode fast-forward
         copy = np.zeros(n)
         copy[0] = kv_copy
-        host = self._host(len(plan.requests), tok + n_dec * np.arange(n), len(passes))  # slot lists grow a token a step
+        host = self._host(len(plan.requests), tok + shared_len + n_dec * np.arange(n), len(passes))  # slot lists grow a token a step
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0

@@ -34,6 +34,7 @@ Checked after every rule:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -44,15 +45,39 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from granisim.experiments.fuzz_model import ModelMismatch, ReferenceModel
 from granisim.kv.allocator import make_allocator
+from granisim.kv.host_invariants import check_host_tier, check_transfers, replay
+from granisim.kv.host_tier import HostTierConfig
 from granisim.kv.protocol import AllocatorProtocol
 
 VOCAB = 6  # tiny vocabulary: many partial matches, hence many node splits
 _rng = np.random.default_rng(5)
-AGENT_PREFIXES = [_rng.integers(0, VOCAB, 56).astype(np.int64) for _ in range(3)]
+AGENT_PREFIXES = [_rng.integers(0, VOCAB, 56).astype(np.int64) for _ in range(6)]
 FUZZ_CAPACITY = 160
 FUZZ_HOT_FRACTION = 0.25
 FUZZ_PAGE = 4
 POLICIES = ("granikv", "granikv-adaptive", "token", "paged")
+# with the host KV tier on (granisim/kv/host_tier.py): "<policy>-host", a host pool smaller than the
+# traffic (host eviction happens), each policy in the tier mode and host eviction it is fuzzed with
+FUZZ_HOST_CAPACITY = 96
+FUZZ_HOST_BYTES_PER_TOKEN = 2
+HOST_MODES = {"granikv": ("slabs", "lru"), "granikv-adaptive": ("slabs+pages", "next_use"),
+              "token": ("slabs+pages", "lru"), "paged": ("slabs+pages", "next_use")}
+HOST_POLICIES = tuple(f"{p}-host" for p in POLICIES)
+
+
+def host_policy(policy: str) -> str:
+    """The fuzz policy name of ``policy`` with the host tier on (``granikv`` -> ``granikv-host``)."""
+    return policy if policy.endswith("-host") else f"{policy}-host"
+
+
+def _host(policy: str) -> tuple[str, HostTierConfig | None]:
+    if not policy.endswith("-host"):
+        return policy, None
+    base = policy[: -len("-host")]
+    if base not in HOST_MODES:
+        raise ValueError(f"unknown fuzz policy {policy!r}; choose one of {', '.join(POLICIES + HOST_POLICIES)}")
+    mode, eviction = HOST_MODES[base]
+    return base, HostTierConfig(FUZZ_HOST_CAPACITY, FUZZ_HOST_BYTES_PER_TOKEN, mode, eviction)
 
 
 def _config(policy: str) -> tuple[str, dict]:
@@ -64,18 +89,24 @@ def _config(policy: str) -> tuple[str, dict]:
         return "paged", dict(page_size=FUZZ_PAGE)
     if policy == "token":
         return "token", {}
-    raise ValueError(f"unknown fuzz policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    raise ValueError(f"unknown fuzz policy {policy!r}; choose one of {', '.join(POLICIES + HOST_POLICIES)}")
 
 
 def default_factory(policy: str) -> Callable[[], AllocatorProtocol]:
-    """The allocator each fuzz policy name stands for (160 slots)."""
-    name, kw = _config(policy)
-    return lambda: make_allocator(name, FUZZ_CAPACITY, **kw)
+    """The allocator each fuzz policy name stands for (160 slots; ``-host``: with a host tier)."""
+    base, host = _host(policy)
+    name, kw = _config(base)
+    return lambda: make_allocator(name, FUZZ_CAPACITY, host=host, **kw)
 
 
-def default_model(policy: str) -> Callable[[], ReferenceModel]:
-    """The reference model matching :func:`default_factory`."""
-    name, kw = _config(policy)
+def default_model(policy: str) -> Callable[[], ReferenceModel] | None:
+    """The reference model matching :func:`default_factory` (None with the host tier: the model
+    has no host tier, whose prefetches change matched lengths and counts; the tier's own
+    invariants are checked instead)."""
+    base, host = _host(policy)
+    if host is not None:
+        return None
+    name, kw = _config(base)
     return lambda: ReferenceModel(name, FUZZ_CAPACITY, **kw)
 
 
@@ -96,15 +127,29 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             self.alloc = factory()
             self.model = model() if model is not None else None
             self.shadow = np.full(self.alloc.capacity, -1, dtype=np.int64)
+            # the host KV tier, when the allocator has one (ours: ``host=`` of make_allocator)
+            self.tier = getattr(self.alloc, "host_tier", None) is not None
+            self.host_shadow = np.full(self.alloc.host_tier.pool.capacity, -1, np.int64) if self.tier else None
             self.reqs: dict[int, dict] = {}  # rid -> tokens, prompt, shared, done
             self.history: list[np.ndarray] = []
             self.next_rid = 0
             self.bounds = self.alloc.pool_bounds()
+            self.store = [n for n in self.bounds if n != "hot"]  # the private pools
+            self.snap = None  # views read by the last invariant check (the state every rule starts from)
 
         # ---- helpers ---------------------------------------------------------------------
-        def _sync_copies(self):
-            for c in self.alloc.take_copies():
-                self.shadow[c.dst : c.dst + c.length] = self.shadow[c.src : c.src + c.length].copy()
+        def _sync_copies(self) -> list:
+            """Replay the queued compaction copies (and host-tier transfers, in their exact
+            interleaving) on the shadow arrays; returns the transfers."""
+            copies = self.alloc.take_copies()
+            if not self.tier:
+                for c in copies:
+                    self.shadow[c.dst : c.dst + c.length] = self.shadow[c.src : c.src + c.length].copy()
+                return []
+            transfers = self.alloc.take_transfers()
+            check_transfers(self.alloc, transfers)
+            replay(copies, transfers, self.shadow, self.host_shadow)
+            return transfers
 
         def _hot_delta(self) -> int:
             if self.model is None or "hot" not in self.model.cap:
@@ -141,38 +186,83 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             if self.model is not None:
                 self.model.release(rid, tokens)
 
+        def _views(self):
+            """(stats, free slots) of the current state: the last invariant check's when no rule
+            has changed anything since (every rule reads them first thing)."""
+            if self.snap is not None:
+                return self.snap
+            return self.alloc.stats(), self.alloc.free_slots()
+
+        def _free_runs(self, free) -> set[int]:
+            """Lengths of the runs of consecutive free slots of one pool."""
+            if not free.size:
+                return set()
+            f = np.sort(free)
+            cuts = np.flatnonzero(np.diff(f) != 1) + 1
+            return set(np.diff(np.concatenate([[0], cuts, [f.size]])).tolist())
+
         def _edges(self) -> list[int]:
             """Lengths at the edges of the free space, of pages and of HOT: where off-by-ones live."""
             page = self.alloc.page_size
+            stats, free_slots = self._views()
             out = [1, 2, page - 1, page, page + 1, 2 * page, 2 * page + 1]
-            for ps in self.alloc.stats().pools.values():
+            for ps in stats.pools.values():
                 for base in (ps.free, ps.free + ps.cached, ps.capacity):
                     out += [base - 1, base, base + 1]
-            for free in self.alloc.free_slots().values():  # each run of consecutive free slots: exact fits
-                if free.size:
-                    f = np.sort(free)
-                    cuts = np.flatnonzero(np.diff(f) != 1) + 1
-                    for run in set(np.diff(np.concatenate([[0], cuts, [f.size]])).tolist()):
-                        out += [run - 1, run, run + 1]
+            for free in free_slots.values():  # each run of consecutive free slots: exact fits
+                for run in self._free_runs(free):
+                    out += [run - 1, run, run + 1]
             for r in self.reqs.values():  # a request's room left in its last page
                 out.append(-r["done"] % page + 1)
             return [x for x in out if x >= 1]
 
+        def _slab_edges(self) -> list[int]:
+            """Slab lengths at the edges of HOT's free space (1 slot, each free run +- 1, exact
+            fits, one more than a hole): the uncached part of a declared shared prefix."""
+            _, free_slots = self._views()
+            out = [1, 2]
+            for run in self._free_runs(free_slots.get("hot", np.empty(0, np.int64))):
+                out += [run - 1, run, run + 1]
+            return [x for x in out if x >= 1]
+
+        def _cached_match(self, tokens: np.ndarray) -> int:
+            """Length of the longest cached prefix of ``tokens`` (from :meth:`cached_runs`, which
+            reads without touching: no use for LRU), floored to pages, below the whole prompt."""
+            runs = self.alloc.cached_runs()
+            by_id = {r.id: r for r in runs}
+            best = 0
+            for r in runs:
+                path, x = [r.tokens], r
+                while x.parent:
+                    x = by_id[x.parent]
+                    path.append(x.tokens)
+                p = np.concatenate(path[::-1])
+                k = min(p.size, tokens.size - 1)
+                neq = np.flatnonzero(p[:k] != tokens[:k])
+                best = max(best, int(neq[0]) if neq.size else k)
+            return best - best % self.alloc.page_size
+
         # ---- rules -----------------------------------------------------------------------
-        @rule(source=st.integers(-3, 2), reuse=st.integers(0, 10**6),
+        @rule(source=st.integers(-3, 5), reuse=st.integers(0, 10**6),
               length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)),
-              shared=st.one_of(st.integers(0, 48), st.integers(-10**6, -1)),
+              shared=st.one_of(st.integers(0, 16), st.integers(0, 48), st.integers(-10**6, -1),
+                               st.integers(-2 * 10**6, -10**6 - 1)),
               fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]),
               now=st.sampled_from([0, 0, 1, 7, 64]))
         def admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
             """A prompt (``fill`` seeds its own tokens, 0 = all zeros) of ``length`` tokens, or an edge
-            length when negative; then ``outputs`` tokens to decode. With ``now`` > 0 the prefill runs
-            at once in chunks of ``now`` (else later, chunk by chunk, in ``prefill``)."""
+            length when negative; then ``outputs`` tokens to decode. ``shared`` in [-10**6, -1] picks
+            an edge length, below -10**6 the cached part of the role's prompt plus a slab edge length.
+            With ``now`` > 0 the prefill runs at once in chunks of ``now`` (else later, chunk by chunk,
+            in ``prefill``)."""
             edges = self._edges()
             fill = _tokens(fill, 64)
             if length < 0:  # negative draws pick a boundary length
                 length = edges[-length % len(edges)]
-            if shared < 0:
+            if source >= 0 and shared < -10**6:
+                slab = self._slab_edges()
+                shared = self._cached_match(AGENT_PREFIXES[source]) + slab[(-shared - 10**6) % len(slab)]
+            elif shared < 0:
                 shared = edges[-shared % len(edges)]
             if source >= 0:  # an agent role's prompt: its shared system prompt, then its own text
                 prefix = AGENT_PREFIXES[source][:shared]
@@ -197,7 +287,7 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             rid = self.next_rid
             self.next_rid += 1
             cached = self.alloc.admit(rid, prompt, shared)
-            self._sync_copies()
+            transfers = self._sync_copies()
             if not 0 <= cached < prompt.size:
                 raise AssertionError(f"admit({rid}) says {cached} of {prompt.size} prompt tokens are cached")
             if self.model is not None:
@@ -205,6 +295,12 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             tokens = np.concatenate([prompt, _tokens(rid + 1, outputs)])
             self.reqs[rid] = dict(tokens=tokens, prompt=prompt.size, shared=shared, done=cached)
             self.history.append(prompt)
+            if transfers:  # a prefetch from host restores what it copies as cached prefix of this request
+                prefix_slots = set(self.alloc.layout(rid).slots()[:cached].tolist())
+                for t in transfers:
+                    if t.direction == "to_gpu" and not set(t.gpu_slots.tolist()) <= prefix_slots:
+                        raise AssertionError(f"admit({rid}): a run prefetched from host is not restored as the "
+                                             f"request's cached prefix ({cached} tokens)")
             promise = {rid: prompt.size - cached + reserve}
             if not self.alloc.can_extend(promise):
                 raise PromiseBroken(f"over-admission: can_admit said yes to request {rid} (prompt {prompt.size}, "
@@ -292,23 +388,58 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             self._release(rid, r["tokens"][: r["done"]] if cache else None)
 
         @precondition(lambda self: self.history)
-        @rule(pick=st.integers(0, 10**6), length=st.integers(1, 64))
-        def lookup(self, pick, length):
+        @rule(pick=st.integers(0, 10**6), length=st.integers(1, 64), run=st.booleans())
+        def lookup(self, pick, length, run):
+            """Look up the first ``length`` tokens of an earlier prompt or, with ``run``, the whole
+            token path of a cached run (a use for LRU: that run must now outlive older ones)."""
             q = self.history[pick % len(self.history)][:length]
+            runs = self.alloc.cached_runs() if run else None
+            if runs:
+                by_id = {x.id: x for x in runs}
+                x, path = runs[pick % len(runs)], []
+                while True:
+                    path.append(x.tokens)
+                    if not x.parent:
+                        break
+                    x = by_id[x.parent]
+                q = np.concatenate(path[::-1])
             slots = np.asarray(self.alloc.lookup(q))
             if slots.size > q.size or not np.array_equal(self.shadow[slots], q[: slots.size]):
                 raise AssertionError(f"lookup of {q.size} tokens: the {slots.size} matched slots hold other tokens")
+            if runs and slots.size != q.size:
+                raise AssertionError(f"lookup of a cached run's whole path ({q.size} tokens) matched {slots.size}")
             if self.model is not None:
                 _agree(f"lookup of {q.size} tokens: matched length", int(slots.size), self.model.match(q)[1])
 
         @rule(n=st.one_of(st.integers(1, 8), st.integers(1, 200), st.just(0)))
         def evict(self, n):
             """Evict ``n`` cached private tokens; 0 clears the whole cache."""
+            before = self._views()[0]
             freed = self.alloc.evict(n) if n else self.alloc.clear_cache()
             self._sync_copies()
+            self._after_eviction(n, freed, before)
             if self.model is not None:
                 _agree(f"evict({n}) tokens freed" if n else "clear_cache() tokens freed", freed,
                        self.model.evict(n) if n else self.model.clear_cache())
+
+        def _after_eviction(self, n: int, freed: int, before) -> None:
+            """What evict(n) / clear_cache() (n = 0) promise, whatever the policy: the tokens freed
+            are exactly the cached tokens that went; clear_cache leaves no unlocked cached run; an
+            evict that freed fewer than ``n`` leaves no unlocked cached leaf in the private pools."""
+            after = self.alloc.stats()
+            pools = self.store if n else list(after.pools)
+            gone = sum(before.pools[p].cached - after.pools[p].cached for p in pools)
+            what = f"evict({n})" if n else "clear_cache()"
+            if freed != gone:
+                raise AssertionError(f"{what} says it freed {freed} tokens; cached tokens fell by {gone}")
+            if n and freed >= n:
+                return
+            runs = self.alloc.cached_runs()
+            parents = {r.parent for r in runs}
+            for r in runs:
+                if not r.locked and (not n or (r.pool in self.store and r.id not in parents)):
+                    raise AssertionError(f"{what} freed {freed} tokens and left unlocked cached run {r.id} "
+                                         f"({r.tokens.size} tokens, {r.pool})")
 
         @rule(rebalance=st.booleans())
         def maintain(self, rebalance):
@@ -325,27 +456,57 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
 
         # ---- invariants ------------------------------------------------------------------
         @invariant()
-        def slots_tile_every_pool(self):
-            cap = self.alloc.capacity
+        def allocator_is_consistent(self):
+            """Every check of the module docstring, on views read once per step."""
+            self.snap = None
             bounds, free = self.alloc.pool_bounds(), self.alloc.free_slots()
-            inside = np.zeros(cap, np.int64)
-            for name, (lo, hi) in bounds.items():
-                if not 0 <= lo <= hi <= cap:
-                    raise AssertionError(f"pool {name} spans [{lo}, {hi}) outside [0, {cap})")
-                inside[lo:hi] += 1
-            if (inside > 1).any():
-                raise AssertionError(f"slot {int(np.flatnonzero(inside > 1)[0])} lies in two pools")
-            runs = [(name, np.asarray(free[name]), "free") for name in bounds]
-            runs += [(pool, np.asarray(slots), f"{kind} {oid}") for kind, oid, pool, slots in self.alloc.ownership()]
-            for pool, slots, who in runs:
+            owned, runs, stats = self.alloc.ownership(), self.alloc.cached_runs(), self.alloc.stats()
+            self._slots_tile_every_pool(bounds, free, owned)
+            self._counts_and_tree(stats, runs, owned)
+            self._layouts_hold_own_tokens(owned)
+            if self.tier:
+                check_host_tier(self.alloc, self.host_shadow)
+            self.snap = (stats, free)
+
+        def _pool_map(self, bounds):
+            """(pool index of every slot, -1 outside every pool; pool names), cached per bounds."""
+            key = tuple(sorted(bounds.items()))
+            if getattr(self, "_map_key", None) != key:
+                cap = self.alloc.capacity
+                inside = np.zeros(cap, np.int64)
+                pool_of = np.full(cap, -1, np.int64)
+                names = list(bounds)
+                for i, name in enumerate(names):
+                    lo, hi = bounds[name]
+                    if not 0 <= lo <= hi <= cap:
+                        raise AssertionError(f"pool {name} spans [{lo}, {hi}) outside [0, {cap})")
+                    inside[lo:hi] += 1
+                    pool_of[lo:hi] = i
+                if (inside > 1).any():
+                    raise AssertionError(f"slot {int(np.flatnonzero(inside > 1)[0])} lies in two pools")
+                self._map_key, self._map = key, (pool_of, {n: i for i, n in enumerate(names)})
+            return self._map
+
+        def _slots_tile_every_pool(self, bounds, free, owned):
+            cap = self.alloc.capacity
+            pool_of, index = self._pool_map(bounds)
+            runs = [(name, np.asarray(free[name]), "free", None) for name in bounds]
+            runs += [(pool, np.asarray(slots), kind, oid) for kind, oid, pool, slots in owned]
+            allslots = np.concatenate([r[1] for r in runs]).astype(np.int64)
+            want = np.repeat([index[r[0]] for r in runs], [r[1].size for r in runs])
+            ok = (allslots >= 0) & (allslots < cap)
+            ok[ok] = pool_of[allslots[ok]] == want[ok]
+            if not ok.all():
+                k = int(np.flatnonzero(~ok)[0])
+                at = np.searchsorted(np.cumsum([r[1].size for r in runs]), k, side="right")
+                pool, _, kind, oid = runs[at]
                 lo, hi = bounds[pool]
-                if slots.size and (slots.min() < lo or slots.max() >= hi):
-                    bad = slots[(slots < lo) | (slots >= hi)][0]
-                    raise AssertionError(f"{pool}: slot {int(bad)} ({who}) is outside the pool [{lo}, {hi})")
-            seen = np.bincount(np.concatenate([r[1] for r in runs]).astype(np.int64), minlength=cap)
+                who = kind if oid is None else f"{kind} {oid}"
+                raise AssertionError(f"{pool}: slot {int(allslots[k])} ({who}) is outside the pool [{lo}, {hi})")
+            seen = np.bincount(allslots, minlength=cap)
             if (seen > 1).any():
                 raise AssertionError(f"slot {int(np.flatnonzero(seen > 1)[0])} is owned twice or both owned and free")
-            lost = np.flatnonzero((seen == 0) & (inside == 1))
+            lost = np.flatnonzero((seen == 0) & (pool_of >= 0))
             if lost.size:
                 raise AssertionError(f"slot {int(lost[0])} is neither free nor owned (lost)")
             if bounds != self.bounds:
@@ -366,30 +527,30 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     raise AssertionError(f"{name}: the pool boundary moved across slots that are not free")
             self.bounds = bounds
 
-        @invariant()
-        def counts_and_tree(self):
-            stats = self.alloc.stats()
-            runs = self.alloc.cached_runs()
+        def _counts_and_tree(self, stats, runs, owned):
             by_id = {r.id: r for r in runs}
-            owned = self.alloc.ownership()
+            held = {}
+            for o in owned:
+                held[o[2]] = held.get(o[2], 0) + np.asarray(o[3]).size
             for name, ps in stats.pools.items():
                 if ps.free + ps.used + ps.cached != ps.capacity or min(ps.free, ps.used, ps.cached) < 0:
                     raise AssertionError(f"{name}: free {ps.free} + used {ps.used} + cached {ps.cached} "
                                          f"!= capacity {ps.capacity}")
-                n_owned = sum(np.asarray(o[3]).size for o in owned if o[2] == name)
-                if n_owned != ps.used + ps.cached:
-                    raise AssertionError(f"{name}: {n_owned} owned slots but used+cached={ps.used + ps.cached}")
+                if held.get(name, 0) != ps.used + ps.cached:
+                    raise AssertionError(f"{name}: {held.get(name, 0)} owned slots but used+cached="
+                                         f"{ps.used + ps.cached}")
                 cached = sum(r.tokens.size for r in runs if r.pool == name and not r.locked)
                 if cached != ps.cached:
                     raise AssertionError(f"{name}: stats say {ps.cached} cached, unlocked runs hold {cached}")
+            page = self.alloc.page_size
             for r in runs:
                 if r.parent and r.parent not in by_id:
                     raise AssertionError(f"cached run {r.id} hangs off a missing run {r.parent}")
                 if r.locked and r.parent and not by_id[r.parent].locked:
                     raise AssertionError(f"run {r.id} is locked but its parent {r.parent} is not")
-                if r.tokens.size != r.slots.size or r.tokens.size == 0 or r.tokens.size % self.alloc.page_size:
+                if r.tokens.size != r.slots.size or r.tokens.size == 0 or r.tokens.size % page:
                     raise AssertionError(f"cached run {r.id}: {r.tokens.size} tokens, {r.slots.size} slots")
-                if r.pool == "hot" and not (np.diff(r.slots) == 1).all():
+                if r.pool == "hot" and r.slots.size > 1 and r.slots[-1] - r.slots[0] != r.slots.size - 1:
                     raise AssertionError(f"HOT run {r.id} is not one contiguous slab")
                 if not np.array_equal(self.shadow[r.slots], r.tokens):
                     raise AssertionError(f"cached run {r.id} maps to other tokens")
@@ -410,23 +571,30 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                         break
                     x = by_id[x.parent]
                 shape.add((tuple(path), r.pool, r.locked))
-            if shape != m.shape():
-                extra, missing = sorted(shape - m.shape()), sorted(m.shape() - shape)
+            want = m.shape()
+            if shape != want:
+                extra, missing = sorted(shape - want), sorted(want - shape)
                 raise ModelMismatch(f"prefix tree differs: only in the allocator {extra[:2]}, "
                                     f"only in the model {missing[:2]}")
+            held: dict[int, dict[str, int]] = {}
+            for kind, oid, pool, slots in owned:
+                if kind == "request":
+                    h = held.setdefault(oid, {})
+                    h[pool] = h.get(pool, 0) + np.asarray(slots).size
             for rid in self.reqs:
-                held = {}
-                for kind, oid, pool, slots in owned:
-                    if kind == "request" and oid == rid:
-                        held[pool] = held.get(pool, 0) + np.asarray(slots).size
-                want = m.held(rid)
-                _agree(f"slots request {rid} holds per pool", {p: held.get(p, 0) for p in want}, want)
+                want, h = m.held(rid), held.get(rid, {})
+                _agree(f"slots request {rid} holds per pool", {p: h.get(p, 0) for p in want}, want)
 
-        @invariant()
-        def layouts_hold_own_tokens(self):
+        def _layouts_hold_own_tokens(self, owned):
             page = self.alloc.page_size
-            owned = self.alloc.ownership()
-            store = [n for n in self.alloc.pool_bounds() if n != "hot"]
+            store = self.store
+            held: dict[int, int] = {}
+            in_node = np.zeros(self.alloc.capacity, bool)  # slots owned by cached runs
+            for o in owned:
+                if o[0] == "node":
+                    in_node[np.asarray(o[3])] = True
+                elif o[2] in store:
+                    held[o[1]] = held.get(o[1], 0) + np.asarray(o[3]).size
             for rid, r in self.reqs.items():
                 lay = self.alloc.layout(rid)
                 slots = lay.slots()
@@ -434,31 +602,42 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     raise AssertionError(f"request {rid}: layout has {slots.size} slots for {r['done']} tokens")
                 if not np.array_equal(self.shadow[slots], r["tokens"][: r["done"]]):
                     raise AssertionError(f"request {rid}: layout maps to other tokens")
-                held = sum(np.asarray(o[3]).size for o in owned if o[0] == "request" and o[1] == rid and o[2] in store)
-                written = sum(len(s.slots) for s in lay.segments if s.pool in store)
-                node_slots = {int(x) for o in owned if o[0] == "node" for x in np.asarray(o[3])}
-                mine = [int(x) for s in lay.segments if s.pool in store for x in s.slots if int(x) not in node_slots]
-                if held - len(mine) >= page or held < len(mine):
-                    raise AssertionError(f"request {rid}: holds {held} private slots for {len(mine)} written tokens "
-                                         f"(page {page}; {written} in its layout)")
+                written = [np.asarray(s.slots) for s in lay.segments if s.pool in store]
+                n_written = sum(w.size for w in written)
+                mine = n_written - int(in_node[np.concatenate(written)].sum()) if n_written else 0
+                h = held.get(rid, 0)
+                if h - mine >= page or h < mine:
+                    raise AssertionError(f"request {rid}: holds {h} private slots for {mine} written tokens "
+                                         f"(page {page}; {n_written} in its layout)")
 
         def teardown(self):
+            if self.reqs:  # clear the cache under live requests: only their locked paths may stay
+                before = self.alloc.stats()
+                freed = self.alloc.clear_cache()
+                self._sync_copies()
+                self._after_eviction(0, freed, before)
+                if self.model is not None:
+                    _agree("clear_cache() tokens freed (live requests)", freed, self.model.clear_cache())
             for rid in list(self.reqs):
                 self.alloc.release(rid)
             self.alloc.clear_cache()
+            self._sync_copies()
             for name, ps in self.alloc.stats().pools.items():
                 if ps.free != ps.capacity:
                     raise AssertionError(f"{name}: {ps.capacity - ps.free} slots not returned after releasing all")
+            if self.tier:
+                check_host_tier(self.alloc, self.host_shadow)
 
     AllocatorMachine.__name__ = "AllocatorMachine"
     return AllocatorMachine
 
 
+@functools.lru_cache(maxsize=4096)
 def _tokens(seed: int, n: int) -> np.ndarray:
-    """``n`` tokens drawn from ``seed`` (seed 0: all zeros)."""
-    if seed == 0:
-        return np.zeros(n, np.int64)
-    return np.random.default_rng(seed).integers(0, VOCAB, n).astype(np.int64)
+    """``n`` tokens drawn from ``seed`` (seed 0: all zeros); read-only, shared between calls."""
+    out = np.zeros(n, np.int64) if seed == 0 else np.random.default_rng(seed).integers(0, VOCAB, n).astype(np.int64)
+    out.flags.writeable = False
+    return out
 
 
 def r_tokens(run) -> list[int]:

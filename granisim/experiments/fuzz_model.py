@@ -152,12 +152,21 @@ class ReferenceModel:
         return freed + len(node.tokens)
 
     def _evict(self, pool: str, n: int) -> int:
+        """LRU leaves of ``pool`` first; when none is left, the LRU unlocked run of ``pool`` that
+        only descendants in another pool (a HOT slab below a COLD prefix) keep from being a leaf,
+        with its subtree: every cached token of a pool is obtainable by evicting in that pool."""
         freed = 0
         while freed < n:
             leaves = [x for x in self.runs() if not x.children and x.lock == 0 and x.pool == pool]
-            if not leaves:
+            if leaves:
+                freed += self._drop(min(leaves, key=lambda x: (x.stamp, x.id)))
+                continue
+            rest = [x for x in self.runs() if x.lock == 0 and x.pool == pool]
+            if not rest:
                 break
-            freed += self._drop(min(leaves, key=lambda x: (x.stamp, x.id)))
+            before = self.evictable(pool)
+            self._drop(min(rest, key=lambda x: (x.stamp, x.id)))
+            freed += before - self.evictable(pool)
         return freed
 
     def _evict_hot_leaf(self) -> bool:
@@ -214,7 +223,8 @@ class ReferenceModel:
             spare = self.free[self.store] + self.evictable(self.store) - on_path - max(0, need - n)
             if hot_delta and spare < int(HOT_HEADROOM * self.budget):
                 raise ModelMismatch(f"HOT grew by {hot_delta} into the COLD headroom ({spare} spare left)")
-            if self.free["hot"] + self.evictable("hot") >= n:
+            hot_path = sum(len(x.tokens) for x in self._path(node) if x.lock == 0 and x.pool == "hot")
+            if self.free["hot"] + self.evictable("hot") - hot_path >= n:  # its own path is locked at admit
                 need -= n
         elif hot_delta:
             raise ModelMismatch(f"can_admit moved the HOT/COLD boundary by {hot_delta} without wanting a slab")

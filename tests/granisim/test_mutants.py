@@ -3,14 +3,16 @@
 ``python -m granisim.experiments.mutants`` runs the whole list on demand (2,000 examples
 per mutant and policy); here a few mutants, one per kind of check (a free-list off-by-one
 seen by the tiling check, a broken promise, a wrong counter seen only by the reference
-model), each stopping at the first failing example.
+model, a host-tier slab read while its KV is only on host), each stopping at the first
+failing example, with the pending fixes (``FIXES``) applied as the whole-list run does.
 """
 
 import pytest
 
-from granisim.experiments.mutants import MUTANTS, run_one
+from granisim.experiments.mutants import FIXES, MUTANTS, run_one
 
-SAMPLE = ["hot_release_leaks_last_slot", "token_need_one_short", "evicted_tokens_counts_nodes"]
+SAMPLE = ["hot_release_leaks_last_slot", "token_need_one_short", "evicted_tokens_counts_nodes",
+          "slab_read_while_on_host"]
 
 
 def test_every_mutant_applies_to_the_current_source(tmp_path):
@@ -19,11 +21,12 @@ def test_every_mutant_applies_to_the_current_source(tmp_path):
     assert len(MUTANTS) >= 25 and len({m.name for m in MUTANTS}) == len(MUTANTS)
     for m in MUTANTS:
         patched_copy(m, tmp_path / m.name)  # raises when its line no longer occurs exactly once
+        patched_copy(m, tmp_path / f"{m.name}_fixed", FIXES)  # and once the pending fixes are in
 
 
 @pytest.mark.parametrize("name", SAMPLE)
 def test_sampled_mutant_is_caught(name):
     mutant = next(m for m in MUTANTS if m.name == name)
-    res = run_one(mutant, mutant.policies[0], examples=300, seed=1)
+    res = run_one(mutant, mutant.policies[0], examples=300, seed=1, fixes=FIXES)
     assert res["caught"], res
     assert not res["error"].startswith(("TypeError", "NameError", "AttributeError")), res

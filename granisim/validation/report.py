@@ -34,7 +34,7 @@ from granisim.config.hardware import PROFILE_DIR, Source, get_profile
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import prepare, simulate
 from granisim.validation.plans import load_plans
-from granisim.validation.validate import TARGETS, end_to_end, reprice, step_errors
+from granisim.validation.validate import TARGETS, end_to_end, percentile_errors, reprice, step_errors
 
 
 def _setup(name: str, requests: int, profile: str):
@@ -91,10 +91,16 @@ def graph_limit(run: Path, names: list[str], steps: dict[str, pd.DataFrame]) -> 
     return limits.pop()
 
 
-def _e2e(setup, measured: dict) -> dict:
+def _e2e(setup, measured: dict, measured_requests: Path) -> dict:
+    """The simulator alone on `setup` against the run: {"end_to_end": ...} and, where the run kept its
+    per-request records, "percentile_errors" (the latency percentiles peers report)."""
     res = simulate(setup, progress=False)
-    return end_to_end({k: v["measured"] for k, v in measured.items()},
-                      summarize(requests_frame(res.records), res.steps.frame(), res.end_s))
+    predicted = requests_frame(res.records)
+    out = {"end_to_end": end_to_end({k: v["measured"] for k, v in measured.items()},
+                                    summarize(predicted, res.steps.frame(), res.end_s))}
+    if measured_requests.exists():
+        out["percentile_errors"] = percentile_errors(pd.read_parquet(measured_requests), predicted)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                     note="granisim.calibration.engine_fit fit on the real engine's validation runs "
                          f"({', '.join(names)}): key time = scale * model + offset per launch (linear: by step size); "
                          "overhead per step + per request + per KV token + per prefix pass")
-    report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"]},
+    report = {"run": {"date": raw[names[0]]["date"], **meta, "device": raw[names[0]]["device"], "dir": str(args.run)},
               "policy": args.policy, "model": args.model, "targets": TARGETS, "workloads": {},
               "held_out": [n for n in names if held_out(n)]}  # units kept out of every fit, judged on their own
     setups = {n: _setup(n, run_requests(args.run / n, n, args.requests), args.profile) for n in names}
@@ -149,25 +155,26 @@ def main(argv: list[str] | None = None) -> None:
     for n in names:
         setup = setups[n]
         measured = raw[n]["end_to_end"]
+        mreq = args.run / n / "measured_requests.parquet"
         report["workloads"][n] = {"steps": int(len(base[n])), "executor": raw[n].get("executor"),
                                   "held_out": held_out(n), "idle": raw[n].get("idle"),
                                   "at_run_time": {"step_errors": raw[n]["step_errors"], "end_to_end": measured},
                                   "microbenchmark_profile": {"step_errors": step_errors(base[n]),
-                                                             "end_to_end": _e2e(setup, measured)}}
+                                                             **_e2e(setup, measured, mreq)}}
         for label, on in (("engine_calibrated_held_out", [o for o in fitted if o != n]),
                           ("engine_calibrated_in_sample", fitted)):
             vals = fit([base[o] for o in on], limit)
             prof = with_engine(setup.profile, vals, source)
             cal = reprice(steps[n], plans[n], prof, setup.model)
             report["workloads"][n][label] = {"fitted_on": on, "coefficients": vals, "step_errors": step_errors(cal),
-                                             "end_to_end": _e2e(replace(setup, profile=prof), measured)}
+                                             **_e2e(replace(setup, profile=prof), measured, mreq)}
             if label == "engine_calibrated_held_out":
                 frames.append(cal.assign(workload=n))
         if args.check_profile:
             prof = get_profile(args.check_profile)
             report["workloads"][n]["check_profile"] = {
                 "profile": args.check_profile, "step_errors": step_errors(reprice(steps[n], plans[n], prof, setup.model)),
-                "end_to_end": _e2e(replace(setup, profile=prof), measured)}
+                **_e2e(replace(setup, profile=prof), measured, mreq)}
         print(n, {k: json.dumps(report["workloads"][n][k]["step_errors"]["total"]) for k in
                   ("microbenchmark_profile", "engine_calibrated_held_out", "engine_calibrated_in_sample")})
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,8 @@
 """Machine-readable validation summary: one record per workload x policy x model x machine x metric.
 
     granisim validation summary RAW --out reports/validation/summary.json
+    granisim validation summary --reports REPORT/h200.json ... --out reports/validation/summary.json
+
 
 Reads every ``validation_<unit>.json`` under RAW (as ``granisim validation gpu-run validate`` writes
 them; the machine is the unit's folder under RAW, less a trailing ``h200_run``, e.g. ``runD1``) and
@@ -10,7 +12,10 @@ error on the same plan; no single measured/predicted value), the end-to-end metr
 (throughput, TTFT/TPOT p50/p99) and, where the run has them, the latency percentiles
 ``{ttft,tpot,e2e}_p{50,90,99}`` (:func:`granisim.validation.validate.percentile_errors`).
 ``mape`` holds, per policy, model and metric, the mean error over workloads and machines (held-out
-workloads included, and flagged in their records). No GPU needed.
+workloads included, and flagged in their records). With ``--reports`` the records come instead from
+``granisim validation report --check-profile PROFILE`` outputs: the predictions of PROFILE as it stands (re-priced
+and re-simulated on a CPU), so a run measured under one profile is judged by another (variant
+``profile:NAME``). No GPU needed.
 """
 from __future__ import annotations
 
@@ -46,6 +51,41 @@ def _unit(js: Path) -> tuple[str, str, str, str] | None:
     return w, pol, model, rest.lstrip("_")
 
 
+def _machine_of_dir(run_dir: str) -> str:
+    parts = list(Path(run_dir).parts)
+    if parts and parts[-1] == RUN_LEAF:
+        parts.pop()
+    return parts[-1] if parts else run_dir
+
+
+def _unit_records(base: dict, step_errors: dict, e2e: dict, percentiles: dict) -> list[dict]:
+    out = [_record(base, "step_median", None, None, step_errors["total"].get("median"))]
+    out += [_record(base, k, e["measured"], e["predicted"], e["error"]) for k, e in e2e.items()]
+    out += [_record(base, k, e["measured"], e["predicted"], e["error"]) for k, e in percentiles.items()]
+    return out
+
+
+def report_records(paths: list[Path]) -> list[dict]:
+    """Records of the ``check_profile`` variant of `granisim validation report` outputs (h200.json files)."""
+    out = []
+    for path in paths:
+        try:
+            rep = json.loads(Path(path).read_text())
+            run_dir = rep["run"]["dir"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+            _fail(f"{path}: not a validation report with a run folder ({' '.join(str(err).split())[:120]})")
+        for name, w in rep.get("workloads", {}).items():
+            chk, unit = w.get("check_profile"), split_unit(name)
+            if chk is None or unit is None:
+                continue
+            wl, pol, model = unit
+            base = {"workload": wl, "policy": pol, "model": model, "machine": _machine_of_dir(run_dir),
+                    "variant": f"profile:{Path(chk['profile']).stem}", "held_out": wl in HELD_OUT,
+                    "idle": w.get("idle"), "date": rep["run"].get("date")}
+            out += _unit_records(base, chk["step_errors"], chk["end_to_end"], chk.get("percentile_errors", {}))
+    return out
+
+
 def _record(base: dict, metric: str, measured, predicted, error) -> dict:
     target = TARGETS.get(metric)
     ok = error is not None and not (isinstance(error, float) and math.isnan(error))
@@ -66,11 +106,7 @@ def records(raw: Path) -> list[dict]:
         w, pol, model, variant = unit
         base = {"workload": w, "policy": pol, "model": model, "machine": _machine(raw, js), "variant": variant,
                 "held_out": w in HELD_OUT, "idle": rep.get("idle"), "date": rep.get("date")}
-        out.append(_record(base, "step_median", None, None, rep["step_errors"]["total"].get("median")))
-        for k, e in rep["end_to_end"].items():
-            out.append(_record(base, k, e["measured"], e["predicted"], e["error"]))
-        for k, e in rep.get("percentile_errors", {}).items():
-            out.append(_record(base, k, e["measured"], e["predicted"], e["error"]))
+        out += _unit_records(base, rep["step_errors"], rep["end_to_end"], rep.get("percentile_errors", {}))
     return out
 
 
@@ -91,14 +127,23 @@ def _fail(msg: str):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
-    ap.add_argument("raw", type=Path, help="folder of validation runs (searched recursively)")
+    ap.add_argument("raw", type=Path, nargs="?", help="folder of validation runs (searched recursively)")
+    ap.add_argument("--reports", type=Path, nargs="+", metavar="H200_JSON",
+                    help="instead: `granisim validation report --check-profile` outputs (their check_profile variant)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if not args.raw.is_dir():
-        _fail(f"{args.raw}: no such folder")
-    recs = records(args.raw)
-    if not recs:
-        _fail(f"{args.raw}: no validation_*.json with end-to-end results under it")
+    if (args.raw is None) == (args.reports is None):
+        _fail("give either a folder of validation runs or --reports, not both or neither")
+    if args.reports:
+        recs = report_records(args.reports)
+        if not recs:
+            _fail(f"{args.reports[0]}: no workload with a check_profile variant in these reports")
+    else:
+        if not args.raw.is_dir():
+            _fail(f"{args.raw}: no such folder")
+        recs = records(args.raw)
+        if not recs:
+            _fail(f"{args.raw}: no validation_*.json with end-to-end results under it")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"targets": TARGETS, "records": recs, "mape": mape(recs)}, indent=1) + "\n")
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}

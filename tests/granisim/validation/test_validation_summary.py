@@ -38,3 +38,24 @@ def test_mape_is_the_mean_over_workloads_and_machines(tmp_path):
     assert row["mape"] == pytest.approx(0.05)
     met = {(r["machine"], r["workload"]): r["met"] for r in doc["records"] if r["metric"] == "tpot_p50_s"}
     assert met == {("m1", "azure_replay"): True, ("m2", "azure_replay"): False, ("m1", "control_short"): True}
+
+
+def test_reports_give_the_checked_profiles_predictions(tmp_path, capsys):
+    """--reports takes the check_profile variant (a profile judged on a machine it was not fitted on), not the
+    prediction made at run time; the machine comes from the report's run folder."""
+    chk = {"profile": "granisim/config/profiles/h200-engine.json", **_rep(0.04)}
+    at_run = {"step_errors": {"total": {"median": 0.5}}, "end_to_end": {}}
+    rep = {"run": {"dir": "RAW/validation/runG1/h200_run", "date": "d"},
+           "workloads": {"arxiv_replay_500_token_llama-3.1-8b": {"idle": True, "at_run_time": at_run,
+                                                                "check_profile": chk}}}
+    (tmp_path / "h200.json").write_text(json.dumps(rep))
+    S.main(["--reports", str(tmp_path / "h200.json"), "--out", str(tmp_path / "s.json")])
+    recs = json.loads((tmp_path / "s.json").read_text())["records"]
+    assert {(r["machine"], r["workload"], r["policy"], r["variant"], r["held_out"]) for r in recs} == \
+        {("runG1", "arxiv_replay_500", "token", "profile:h200-engine", True)}
+    by = {r["metric"]: r for r in recs}
+    assert by["step_median"]["error"] == pytest.approx(0.02) and by["tpot_p50_s"]["met"] is True
+    assert "e2e_p90" in by
+    with pytest.raises(SystemExit) as e:
+        S.main([str(tmp_path), "--reports", str(tmp_path / "h200.json"), "--out", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and "not both" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, planned_request
+from granisim.core.contract import PLANNED_SETTERS, BatchPlan, PlannedRequest, PrefixGroup, planned_request
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
 PathChooser = Callable[..., str]
@@ -102,8 +102,22 @@ class BatchBuilder:
                 g = group_of.get(i, -1)
                 reqs.append(planned_request(r.rid, r.computed, n, not r.decoding, g,
                                             groups[g].prefix_len if g >= 0 else 0))
-        else:
-            reqs = [planned_request(r.rid, r.computed, n, not r.decoding) for r, n, _ in work]
+        else:  # planned_request(r.rid, r.computed, n, not r.decoding), inlined: one per request per plan
+            new, cls = object.__new__, PlannedRequest
+            s_rid, s_ctx, s_new, s_pre, s_grp, s_shr, s_slots, s_inp, s_lay = PLANNED_SETTERS
+            reqs = []
+            for r, n, _ in work:
+                o = new(cls)
+                s_rid(o, r.rid)
+                s_ctx(o, r.computed)
+                s_new(o, n)
+                s_pre(o, not r.decoding)
+                s_grp(o, -1)
+                s_shr(o, 0)
+                s_slots(o, None)
+                s_inp(o, None)
+                s_lay(o, None)
+                reqs.append(o)
         plan = BatchPlan(step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
                          tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:

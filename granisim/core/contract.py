@@ -45,7 +45,8 @@ class PlannedRequest:
 
 
 _new = object.__new__
-_SET = tuple(PlannedRequest.__dict__[f].__set__ for f in ("rid", "context_len", "num_new", "is_prefill", "group",
+# the slot setters of PlannedRequest's fields, in field order (bypass the frozen __setattr__)
+PLANNED_SETTERS = _SET = tuple(PlannedRequest.__dict__[f].__set__ for f in ("rid", "context_len", "num_new", "is_prefill", "group",
                                                           "shared_len", "new_slots", "input_tokens", "layout"))
 
 

@@ -117,14 +117,13 @@ class Scheduler:
             work.extend(zip(decode, repeat(1), repeat(None)))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
-        for r in list(self.running.values()):
+        for r in [q for q in self.running.values() if not q.decoding]:
             if budget <= 0:
                 break
-            if not r.decoding:
-                n = min(r.n_tokens - r.computed, budget)
-                if alloc.can_extend({r.rid: n}):
-                    work.append((r, n, alloc.extend(r.rid, n)))
-                    budget -= n
+            n = min(r.n_tokens - r.computed, budget)
+            if alloc.can_extend({r.rid: n}):
+                work.append((r, n, alloc.extend(r.rid, n)))
+                budget -= n
         # (3) admissions
         if cfg.admission == "prefix" and len(self.waiting) > 1:
             self._group_by_prefix(now)
@@ -176,7 +175,10 @@ class Scheduler:
         return int(self.cfg.new_token_ratio * q.remaining_output) + (q.n_tokens - q.computed)
 
     def _outstanding(self) -> int:
-        return sum(self._reserve_of(q) for q in self.running.values())
+        """``sum(self._reserve_of(q) for q in self.running.values())``, inlined (one pass per plan)."""
+        ratio = self.cfg.new_token_ratio
+        return sum([int(ratio * (q.output_len - q.generated)) + (q.n_tokens - q.computed)
+                    for q in self.running.values()])
 
     def _admit(self, r: Request, now: float, outstanding: int) -> bool:
         tokens = r.tokens[: r.n_tokens]
@@ -265,8 +267,10 @@ class Scheduler:
             r = running[p.rid]
             if r.decoding and (r.prefix_cached or not r.spec.shared_len):  # a decode step: nothing else changes
                 r.computed += steps
-                if real is None:
-                    r.advance(steps)
+                if real is None:  # r.advance(steps), inlined
+                    r._synth += steps
+                    r.n_tokens += steps
+                    r.generated += steps
                 else:
                     r.append_one(int(real[r.rid]))
                 if r.generated >= r.output_len:

@@ -21,6 +21,8 @@ Each run is a fresh subprocess, so peak RSS (``ru_maxrss``) is that run's own. C
 seconds; bytes per request = (peak RSS - RSS before the simulation) / requests, the
 simulation's frames included. The table and JSON give the median of ``--repeats`` runs
 (by CPU time). Pin it to one core for comparable figures: ``taskset -c 0 granisim bench sim``.
+``--baseline DIR`` also times another checkout's code (``git worktree add DIR COMMIT``), its runs
+alternating with this one's so that both see the same machine load, and reports the ratios.
 """
 
 from __future__ import annotations
@@ -115,16 +117,33 @@ def measure(name: str, policy: str, router: str = "round_robin") -> dict:
             "peak_rss_mb": peak / 2**20, "bytes_per_request": (peak - rss0) / max(1, n)}
 
 
-def _run_child(name: str, policy: str, router: str = "round_robin") -> dict:
+def _run_child(name: str, policy: str, router: str = "round_robin", code: str | Path | None = None) -> dict:
+    """One measurement in a fresh process; ``code``: run another checkout's granisim instead (its
+    folder first on PYTHONPATH, its own scenarios)."""
     cmd = [sys.executable, "-m", "granisim.experiments.bench_sim", "--child", name, "--policy", policy,
            "--router", router]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    env = None
+    if code is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=code).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    got["load_avg_1m"] = load  # when the run started
+    return got
 
 
-def _commit() -> str:
+def _median_row(got: list[dict]) -> dict:
+    got = sorted(got, key=lambda r: r["cpu_s"])
+    med = dict(got[len(got) // 2])
+    med["cpu_s_runs"] = [r["cpu_s"] for r in got]
+    med["load_avg_1m_runs"] = [r["load_avg_1m"] for r in got]
+    med["wall_s"] = statistics.median(r["wall_s"] for r in got)
+    return med
+
+
+def _commit(where: str | Path = ROOT) -> str:
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=where, text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -142,15 +161,26 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, policy: str = "granikv",
-        router: str = "round_robin") -> dict:
-    rows, runs = [], {}
+        router: str = "round_robin", baseline: str | Path | None = None) -> dict:
+    """``baseline``: also measure that checkout's code, alternating its runs with this one's (both see
+    the same machine load); its rows are named ``CASE@baseline`` and each case gets a speedup."""
+    rows, base_rows, speedups = [], [], {}
     for name in cases:
-        got = sorted((_run_child(name, policy, router) for _ in range(repeats)), key=lambda r: r["cpu_s"])
-        med = dict(got[len(got) // 2])
-        med["cpu_s_runs"] = [r["cpu_s"] for r in got]
-        med["wall_s"] = statistics.median(r["wall_s"] for r in got)
+        got, base = [], []
+        for _ in range(repeats):
+            if baseline is not None:
+                base.append(_run_child(name, policy, router, baseline))
+            got.append(_run_child(name, policy, router))
+        med = _median_row(got)
+        if baseline is not None:
+            b = _median_row(base)
+            b["case"] = f"{name}@baseline"
+            base_rows.append(b)
+            speedups[name] = {"cpu_s_ratio": b["cpu_s"] / med["cpu_s"],
+                              "peak_rss_ratio": b["peak_rss_mb"] / med["peak_rss_mb"],
+                              "same_plans": b["plans"] == med["plans"] and b["steps"] == med["steps"]}
+            print(format_table([b]).splitlines()[-1], flush=True)
         rows.append(med)
-        runs[name] = got
         print(format_table([med]).splitlines()[-1], flush=True)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     report = {
@@ -160,12 +190,17 @@ def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, po
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "affinity": affinity,
                     "python": platform.python_version(), "load_avg_1m": os.getloadavg()[0]},
         "policy": policy, "router": router, "repeats": repeats, "cases": rows,
+        **({"baseline": {"code": str(baseline), "commit": _commit(baseline), "cases": base_rows,
+                         "speedup": speedups}} if baseline is not None else {}),
         "goal": ">= 1000x real time on one core and <= 1 KB per request (1-hour replay: <= 3.5 s CPU)",
     }
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-    print(format_table(rows))
+    print(format_table([*base_rows, *rows]))
+    for name, sp in speedups.items():
+        print(f"{name}: baseline / this CPU time {sp['cpu_s_ratio']:.2f}x, peak RSS {sp['peak_rss_ratio']:.2f}x, "
+              f"same plans and steps: {sp['same_plans']}")
     print(f"median of {repeats} runs per case (by CPU time); wrote {path}")
     return report
 
@@ -178,6 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON report to write (default {DEFAULT_OUT})")
     ap.add_argument("--fleet", action="store_true", help=f"the fleet scaling series only: {', '.join(FLEET_CASES)}")
     ap.add_argument("--router", default="round_robin", help=f"fleet cases' router: {', '.join(FLEET_ROUTERS)}")
+    ap.add_argument("--baseline", metavar="DIR", help="also time the granisim of this checkout (e.g. a git "
+                    "worktree of an older commit), alternating its runs with this one's")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one measurement in this (fresh) process
     args = ap.parse_args(argv)
     if args.router not in FLEET_ROUTERS:
@@ -194,7 +231,10 @@ def main(argv=None) -> int:
             f"--repeats: must be >= 1, got {args.repeats}"
         print(f"bench sim: {bad}", file=sys.stderr)
         return 2
-    run(args.out, cases, args.repeats, args.policy, args.router)
+    if args.baseline is not None and not (Path(args.baseline) / "granisim" / "experiments" / "bench_sim.py").is_file():
+        print(f"bench sim: --baseline: {args.baseline!r} holds no granisim/experiments/bench_sim.py", file=sys.stderr)
+        return 2
+    run(args.out, cases, args.repeats, args.policy, args.router, args.baseline)
     return 0
 
 

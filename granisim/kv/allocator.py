@@ -153,6 +153,8 @@ class KVAllocator:
         self.counters.hit_tokens += m.length
         self.counters.lookup_tokens += tokens.size
         seq = _Seq(rid, m.node, m.length, shared_len)
+        if self._owing:
+            seq._owed_pool = self.store.pool  # grow() may count its decode slots
         self.requests.add(seq)
         if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
             hot.place(seq, shared_len - m.length)
@@ -266,7 +268,6 @@ class KVAllocator:
             q = live[rid]
             q.owed += n
             q.n_new += n
-            q._owed_pool = pool
 
     def settle(self) -> None:
         """Pick the ids of every owed slot (before reading the pools' free slots)."""

@@ -52,7 +52,7 @@ class _Seq:
         self._buf = _EMPTY
         self._lo = self._hi = 0
         self.owed = 0
-        self._owed_pool = None  # a ColdPool with owe / take_owed, while owed > 0
+        self._owed_pool = None  # the ColdPool (owe / take_owed) that grow() may owe slots from
 
     @property
     def priv(self) -> np.ndarray:

@@ -33,3 +33,30 @@ def test_bad_arguments_exit_2_with_one_line(argv, msg, capsys):
     assert bench_sim.main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1
+
+
+def test_baseline_must_be_a_checkout(tmp_path, capsys):
+    assert bench_sim.main(["--cases", "azure_replay", "--baseline", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline" in err and str(tmp_path) in err and err.count("\n") == 1
+
+
+def test_baseline_runs_alternate_and_give_the_ratio_of_medians(monkeypatch, tmp_path):
+    """Runs alternate baseline, this, baseline, this...; the ratio is of the two medians. Planted bug
+    this catches: running all baseline repeats first (the order differs), or dividing this by the
+    baseline (the ratio is inverted)."""
+    calls = []
+    cpu = {None: iter([1.0, 3.0, 2.0]), "B": iter([8.0, 4.0, 6.0])}
+
+    def fake(name, policy, router="round_robin", code=None):
+        calls.append(code)
+        return {"case": name, "requests": 10, "simulated_s": 100.0, "plans": 5, "steps": 9,
+                "cpu_s": next(cpu[code]), "wall_s": 1.0, "speed_x_real_time": 1.0, "peak_rss_mb": 100.0,
+                "bytes_per_request": 1.0, "load_avg_1m": 0.5}
+
+    monkeypatch.setattr(bench_sim, "_run_child", fake)
+    rep = bench_sim.run(tmp_path / "o.json", ["azure_replay"], 3, baseline="B")
+    assert calls == ["B", None] * 3
+    assert rep["cases"][0]["cpu_s"] == 2.0 and rep["baseline"]["cases"][0]["cpu_s"] == 6.0
+    assert rep["baseline"]["speedup"]["azure_replay"]["cpu_s_ratio"] == 3.0
+    assert rep["baseline"]["speedup"]["azure_replay"]["same_plans"] is True

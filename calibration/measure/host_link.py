@@ -4,8 +4,8 @@ For prefixes of L tokens (every layer's K and V rows of the model), times moving
 (a) as one slice copy per layer (a HOT slab: both sides contiguous) and (b) as page-granular gathers (page
 size 1 and 16, slots scattered on both sides) through ``gpu_backend.executor.transfers.HostKV``, the code the
 real engine runs. Rows: direction, kind, page, tokens, bytes, pieces, median_us, GB/s. :func:`fit` turns them
-into the profile's ``host.link_bandwidth``, ``host.copy_launch_s`` and ``host.page_copy_s`` (least squares of
-``t = fixed + bytes / bw`` over the slab rows, then the per-piece excess of the page rows).
+into the profile's ``host.link_bandwidth`` and ``host.copy_launch_s`` (least squares of ``t = fixed + bytes / bw``
+over the slab rows) and ``host.page_copy_s`` with each direction's page bandwidth (the page rows).
 
     python -m calibration.measure.host_link --out RAW [--model llama-3.1-8b] [--smoke]
 
@@ -72,16 +72,31 @@ def measure(layers: int, kv_heads: int, head_dim: int, lengths, *, device: str, 
 
 
 def fit(rows: list[dict]) -> dict[str, float]:
-    """host.link_bandwidth, host.copy_launch_s (slab rows) and host.page_copy_s (page rows' excess per piece)."""
+    """host.link_bandwidth, host.copy_launch_s (slab rows: ``t = fixed + bytes / bw``), and from the page rows
+    (non-negative least squares of ``t = pieces * page_copy_s + bytes / page_bandwidth_<direction>``)
+    host.page_copy_s and each direction's host.page_bandwidth_to_gpu / _to_host: a gather's bytes need not
+    move at the link's rate (the engine gathers pages on the host side)."""
+    from scipy.optimize import nnls
+
     slab = [r for r in rows if r["kind"] == "slab"]
     x = np.array([r["bytes"] for r in slab], float)
     y = np.array([r["median_us"] * 1e-6 for r in slab])
     a = np.vstack([np.ones_like(x), x]).T
     (fixed, inv_bw), *_ = np.linalg.lstsq(a, y, rcond=None)
     inv_bw = max(inv_bw, 1e-15)
-    excess = [(r["median_us"] * 1e-6 - r["bytes"] * inv_bw) / r["pieces"] for r in rows if r["kind"] == "pages"]
-    return {"host.link_bandwidth": 1.0 / inv_bw, "host.copy_launch_s": max(0.0, float(fixed)),
-            "host.page_copy_s": max(0.0, float(np.median(excess))) if excess else 0.0}
+    out = {"host.link_bandwidth": 1.0 / inv_bw, "host.copy_launch_s": max(0.0, float(fixed)), "host.page_copy_s": 0.0}
+    pages = [r for r in rows if r["kind"] == "pages"]
+    if pages:
+        dirs = sorted({r.get("direction", "to_gpu") for r in pages})
+        a = np.array([[r["pieces"], *(r["bytes"] * (r.get("direction", "to_gpu") == d) for d in dirs)] for r in pages],
+                     float)
+        y = np.array([r["median_us"] * 1e-6 for r in pages])
+        scale = a.max(axis=0)  # columns of ~1e4 pieces and ~1e9 bytes: solve on a common scale
+        coef = nnls(a / scale, y)[0] / scale
+        out["host.page_copy_s"] = float(coef[0])
+        for d, c in zip(dirs, coef[1:]):
+            out[f"host.page_bandwidth_{d}"] = 1.0 / c if c > 0 else 1.0 / inv_bw
+    return out
 
 
 def main(argv=None) -> int:

@@ -147,12 +147,14 @@ PARALLEL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
 # The host link of a host-memory KV tier (granisim/kv/host_tier.py, [hardware] host_kv_gb > 0); priced by
 # granisim/costmodel/transfers.py. A contiguous copy (a HOT slab) takes copy_launch_s + bytes / link_bandwidth;
 # a page-granular one (COLD / token / paged pages, gathered as HiCache does) pieces * page_copy_s + bytes /
-# link_bandwidth. Copies run on a copy stream: up to `overlap` of the step's compute hides them. Defaults:
+# page_bandwidth_<direction> (0: link_bandwidth). Copies run on a copy stream: up to `overlap` of the step's compute hides them. Defaults:
 # PCIe Gen5 x16 (the h200 profile's extrapolated figures) until a GPU run measures them.
 HOST_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "host.link_bandwidth": ("B/s", "pos", 55e9),
     "host.copy_launch_s": ("s", "nonneg", 10e-6),
     "host.page_copy_s": ("s", "nonneg", 1e-6),
+    "host.page_bandwidth_to_gpu": ("B/s", "nonneg", 0.0),
+    "host.page_bandwidth_to_host": ("B/s", "nonneg", 0.0),
     "host.overlap": ("", "frac", 0.8),
 }
 OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS, **PARALLEL_COEFFICIENTS,

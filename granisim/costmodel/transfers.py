@@ -1,7 +1,8 @@
 """Pricing of host-tier KV copies (a plan's ``transfers``, granisim/kv/host_tier.py). Pure functions.
 
 One copy: ``host.copy_launch_s + bytes / host.link_bandwidth`` when contiguous (a HOT slab), else
-``pieces * host.page_copy_s + bytes / host.link_bandwidth`` (page-granular gathers). Copies to the
+``pieces * host.page_copy_s + bytes / host.page_bandwidth_<direction>`` (page-granular gathers; a page
+bandwidth of 0 stands for the link's). Copies to the
 GPU and to the host use the link's two directions at once; each direction's copies run one after
 another on a copy stream. Up to ``host.overlap`` of the step's compute hides the copy stream; the
 rest lengthens the step (breakdown key ``host_copy``).
@@ -15,17 +16,20 @@ from granisim.config.coefficients import HardwareProfile
 from granisim.core.contract import BatchPlan, StepResult
 
 
-def copy_seconds(nbytes: int, contiguous: bool, pieces: int, profile: HardwareProfile) -> float:
+def copy_seconds(nbytes: int, contiguous: bool, pieces: int, profile: HardwareProfile,
+                 direction: str = "to_gpu") -> float:
     """One copy's time on the link."""
-    fixed = profile["host.copy_launch_s"] if contiguous else pieces * profile["host.page_copy_s"]
-    return fixed + nbytes / profile["host.link_bandwidth"]
+    if contiguous:
+        return profile["host.copy_launch_s"] + nbytes / profile["host.link_bandwidth"]
+    bw = profile[f"host.page_bandwidth_{direction}"] or profile["host.link_bandwidth"]
+    return pieces * profile["host.page_copy_s"] + nbytes / bw
 
 
 def copy_stream_seconds(transfers, profile: HardwareProfile) -> float:
     """The copy stream's time: the slower of the two directions."""
     per = {"to_gpu": 0.0, "to_host": 0.0}
     for t in transfers:
-        per[t.direction] += copy_seconds(t.nbytes, t.contiguous, t.pieces, profile)
+        per[t.direction] += copy_seconds(t.nbytes, t.contiguous, t.pieces, profile, t.direction)
     return max(per.values())
 
 

@@ -15,11 +15,13 @@ def test_smoke_on_cpu(tmp_path):
 
 
 def test_fit_recovers_a_known_link():
-    bw, launch, piece = 50e9, 8e-6, 1.5e-6
+    bw, launch, piece, to_gpu, to_host = 50e9, 8e-6, 1.5e-6, 4e9, 16e9
     rows = [dict(kind="slab", bytes=b, pieces=1, median_us=(launch + b / bw) * 1e6) for b in (1e8, 5e8, 2e9)]
-    rows += [dict(kind="pages", bytes=b, pieces=n, median_us=(n * piece + b / bw) * 1e6)
-             for b, n in ((1e8, 800), (2e9, 16384))]
+    rows += [dict(kind="pages", direction=d, bytes=b, pieces=n, median_us=(n * piece + b / pbw) * 1e6)
+             for d, pbw in (("to_gpu", to_gpu), ("to_host", to_host)) for b, n in ((1e8, 800), (2e9, 16384), (5e8, 31))]
     got = fit(rows)
     assert abs(got["host.link_bandwidth"] / bw - 1) < 1e-6
     assert abs(got["host.copy_launch_s"] - launch) < 1e-9
-    assert abs(got["host.page_copy_s"] - piece) < 1e-9
+    assert abs(got["host.page_copy_s"] / piece - 1) < 1e-4
+    assert abs(got["host.page_bandwidth_to_gpu"] / to_gpu - 1) < 1e-4
+    assert abs(got["host.page_bandwidth_to_host"] / to_host - 1) < 1e-4

@@ -151,9 +151,24 @@ def test_slab_copy_is_cheaper_than_pages_and_overlap_hides_it():
 
 
 def test_old_profiles_load_with_defaults():
-    prof = get_profile("h200")
+    prof = get_profile("h100-sxm")  # no host link measured there: the defaults, page gathers at the link's rate
     assert prof["host.link_bandwidth"] > 0 and 0 < prof["host.overlap"] <= 1
-    assert prof.coefficients["host.link_bandwidth"].source.kind == "extrapolated"
+    assert prof["host.page_bandwidth_to_gpu"] == 0.0
+    n = 1 << 30
+    assert copy_seconds(n, False, 0, prof, "to_gpu") == pytest.approx(n / prof["host.link_bandwidth"])
+    h200 = get_profile("h200")
+    assert h200.coefficients["host.link_bandwidth"].source.kind == "measured"
+
+
+def test_page_gathers_move_at_their_directions_measured_rate():
+    prof = get_profile("h200")
+    n = 16384 * 131072
+    for d in ("to_gpu", "to_host"):
+        bw = prof[f"host.page_bandwidth_{d}"]
+        assert 0 < bw < prof["host.link_bandwidth"]
+        assert copy_seconds(n, False, 1024, prof, d) == pytest.approx(1024 * prof["host.page_copy_s"] + n / bw)
+    t = [KVTransfer("to_gpu", np.arange(4), np.arange(4), n, False, 1024)]
+    assert copy_stream_seconds(t, prof) == pytest.approx(copy_seconds(n, False, 1024, prof, "to_gpu"))
 
 
 # ---- bad input ---------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import numpy as np
 from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from granisim.experiments.fuzz_model import ModelMismatch, ReferenceModel
 from granisim.kv.allocator import make_allocator
@@ -243,18 +243,35 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             return best - best % self.alloc.page_size
 
         # ---- rules -----------------------------------------------------------------------
-        @rule(source=st.integers(-3, 5), reuse=st.integers(0, 10**6),
-              length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)),
-              shared=st.one_of(st.integers(0, 16), st.integers(0, 48), st.integers(-10**6, -1),
-                               st.integers(-2 * 10**6, -10**6 - 1)),
-              fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]),
-              now=st.sampled_from([0, 0, 1, 7, 64]))
+        _ADMIT = dict(reuse=st.integers(0, 10**6), length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)),
+                      fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]),
+                      now=st.sampled_from([0, 0, 1, 7, 64]))
+        _SHARED = st.one_of(st.integers(0, 16), st.integers(0, 48), st.integers(-10**6, -1),
+                            st.integers(-2 * 10**6, -10**6 - 1))
+
+        @initialize(source=st.integers(-3, 5), shared=_SHARED, **_ADMIT)
+        def first_admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
+            """Every example starts with one admission (rules are switched off at random per example)."""
+            self.admit(source, reuse, length, shared, fill, outputs, reserve, now)
+
+        @initialize(role=st.integers(0, len(AGENT_PREFIXES) - 1), shared=_SHARED, **_ADMIT)
+        def first_role(self, role, reuse, length, shared, fill, outputs, reserve, now):
+            """And with one agent role's admission."""
+            self.admit(role, reuse, length, shared, fill, outputs, reserve, now)
+
+        @rule(role=st.integers(0, len(AGENT_PREFIXES) - 1), shared=_SHARED, **_ADMIT)
+        def admit_role(self, role, reuse, length, shared, fill, outputs, reserve, now):
+            """An agent role's prompt: its declared shared system prompt, then its own text."""
+            self.admit(role, reuse, length, shared, fill, outputs, reserve, now)
+
+        @rule(source=st.integers(-3, 5), shared=_SHARED, **_ADMIT)
         def admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
             """A prompt (``fill`` seeds its own tokens, 0 = all zeros) of ``length`` tokens, or an edge
-            length when negative; then ``outputs`` tokens to decode. ``shared`` in [-10**6, -1] picks
-            an edge length, below -10**6 the cached part of the role's prompt plus a slab edge length.
-            With ``now`` > 0 the prefill runs at once in chunks of ``now`` (else later, chunk by chunk,
-            in ``prefill``)."""
+            length when negative; then ``outputs`` tokens to decode. ``source`` >= 0: an agent role's
+            prompt, -1: a prefix of an earlier prompt, else its own tokens only. ``shared`` in
+            [-10**6, -1] picks an edge length, below -10**6 the cached part of the role's prompt plus a
+            slab edge length. With ``now`` > 0 the prefill runs at once in chunks of ``now`` (else later,
+            chunk by chunk, in ``prefill``)."""
             edges = self._edges()
             fill = _tokens(fill, 64)
             if length < 0:  # negative draws pick a boundary length
@@ -529,9 +546,12 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
 
         def _counts_and_tree(self, stats, runs, owned):
             by_id = {r.id: r for r in runs}
-            held = {}
+            held, cached = {}, {}
             for o in owned:
                 held[o[2]] = held.get(o[2], 0) + np.asarray(o[3]).size
+            for r in runs:
+                if not r.locked:
+                    cached[r.pool] = cached.get(r.pool, 0) + r.tokens.size
             for name, ps in stats.pools.items():
                 if ps.free + ps.used + ps.cached != ps.capacity or min(ps.free, ps.used, ps.cached) < 0:
                     raise AssertionError(f"{name}: free {ps.free} + used {ps.used} + cached {ps.cached} "
@@ -539,9 +559,9 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                 if held.get(name, 0) != ps.used + ps.cached:
                     raise AssertionError(f"{name}: {held.get(name, 0)} owned slots but used+cached="
                                          f"{ps.used + ps.cached}")
-                cached = sum(r.tokens.size for r in runs if r.pool == name and not r.locked)
-                if cached != ps.cached:
-                    raise AssertionError(f"{name}: stats say {ps.cached} cached, unlocked runs hold {cached}")
+                if cached.get(name, 0) != ps.cached:
+                    raise AssertionError(f"{name}: stats say {ps.cached} cached, unlocked runs hold "
+                                         f"{cached.get(name, 0)}")
             page = self.alloc.page_size
             for r in runs:
                 if r.parent and r.parent not in by_id:
@@ -552,8 +572,11 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     raise AssertionError(f"cached run {r.id}: {r.tokens.size} tokens, {r.slots.size} slots")
                 if r.pool == "hot" and r.slots.size > 1 and r.slots[-1] - r.slots[0] != r.slots.size - 1:
                     raise AssertionError(f"HOT run {r.id} is not one contiguous slab")
-                if not np.array_equal(self.shadow[r.slots], r.tokens):
-                    raise AssertionError(f"cached run {r.id} maps to other tokens")
+            if runs:  # every cached run maps to its own tokens (one comparison; find the run on a mismatch)
+                slots = np.concatenate([r.slots for r in runs])
+                if not np.array_equal(self.shadow[slots], np.concatenate([r.tokens for r in runs])):
+                    bad = next(r for r in runs if not np.array_equal(self.shadow[r.slots], r.tokens))
+                    raise AssertionError(f"cached run {bad.id} maps to other tokens")
             if self.model is not None:
                 self._compare_with_model(stats, runs, by_id, owned)
 
@@ -562,15 +585,16 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             real = {n: (ps.capacity, ps.free, ps.used, ps.cached) for n, ps in stats.pools.items()}
             _agree("pool (capacity, free, used, cached)", real, m.pool_counts())
             _agree("counters", {k: getattr(stats, k) for k in m.counters}, m.counters)
-            shape = set()
-            for r in runs:
-                path, x = [], r
-                while True:
-                    path = r_tokens(x) + path
-                    if not x.parent:
-                        break
-                    x = by_id[x.parent]
-                shape.add((tuple(path), r.pool, r.locked))
+            paths: dict[int, tuple[int, ...]] = {0: ()}
+
+            def path(r):
+                p = paths.get(r.id)
+                if p is None:
+                    p = paths[r.id] = path(by_id[r.parent]) + tuple(r.tokens.tolist()) if r.parent else \
+                        tuple(r.tokens.tolist())
+                return p
+
+            shape = {(path(r), r.pool, r.locked) for r in runs}
             want = m.shape()
             if shape != want:
                 extra, missing = sorted(shape - want), sorted(want - shape)
@@ -595,13 +619,12 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     in_node[np.asarray(o[3])] = True
                 elif o[2] in store:
                     held[o[1]] = held.get(o[1], 0) + np.asarray(o[3]).size
+            lays = {}
             for rid, r in self.reqs.items():
-                lay = self.alloc.layout(rid)
+                lay = lays[rid] = self.alloc.layout(rid)
                 slots = lay.slots()
                 if not (lay.num_tokens == r["done"] == slots.size):
                     raise AssertionError(f"request {rid}: layout has {slots.size} slots for {r['done']} tokens")
-                if not np.array_equal(self.shadow[slots], r["tokens"][: r["done"]]):
-                    raise AssertionError(f"request {rid}: layout maps to other tokens")
                 written = [np.asarray(s.slots) for s in lay.segments if s.pool in store]
                 n_written = sum(w.size for w in written)
                 mine = n_written - int(in_node[np.concatenate(written)].sum()) if n_written else 0
@@ -609,6 +632,14 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                 if h - mine >= page or h < mine:
                     raise AssertionError(f"request {rid}: holds {h} private slots for {mine} written tokens "
                                          f"(page {page}; {n_written} in its layout)")
+                lays[rid] = slots
+            if lays:  # every layout maps to its own tokens (one comparison; find the request on a mismatch)
+                got = self.shadow[np.concatenate(list(lays.values()))]
+                if not np.array_equal(got, np.concatenate([self.reqs[r]["tokens"][: self.reqs[r]["done"]]
+                                                           for r in lays])):
+                    bad = next(r for r, sl in lays.items()
+                               if not np.array_equal(self.shadow[sl], self.reqs[r]["tokens"][: sl.size]))
+                    raise AssertionError(f"request {bad}: layout maps to other tokens")
 
         def teardown(self):
             if self.reqs:  # clear the cache under live requests: only their locked paths may stay

@@ -4,6 +4,10 @@ Hypothesis shrinks each distinct failure it finds to a short rule sequence; when
 several it raises them together as an ``ExceptionGroup``. Every one is printed (the error
 and its sequence) and all are written to one replayable test file (``--repro``, default
 ``out/fuzz/repro_<policy>.py``): run it with ``pytest`` or ``python``.
+
+``--host-tier`` fuzzes the policy with the host KV tier on (fuzz policy ``<policy>-host``):
+
+    python -m granisim.experiments.fuzz_cli --allocator granikv --host-tier --examples 2000
 """
 
 from __future__ import annotations
@@ -75,9 +79,10 @@ def run_fuzz(args) -> int:
         print(f"granisim fuzz: --examples and --max-steps must be >= 1, got {args.examples} and {args.max_steps}",
               file=sys.stderr)
         return 2
-    model = fuzz.default_model(args.allocator) if not args.no_model else None
-    machine, bar = progress_machine(fuzz.allocator_machine(fuzz.default_factory(args.allocator), model),
-                                    args.examples)
+    policy = fuzz.host_policy(args.allocator) if getattr(args, "host_tier", False) else args.allocator
+    args.allocator = policy
+    model = fuzz.default_model(policy) if not args.no_model else None
+    machine, bar = progress_machine(fuzz.allocator_machine(fuzz.default_factory(policy), model), args.examples)
     hypothesis.seed(args.seed)(machine)
     try:
         run_state_machine_as_test(machine, settings=fuzz.fuzz_settings(args.examples, args.max_steps))
@@ -95,3 +100,25 @@ def run_fuzz(args) -> int:
     bar.close()
     print(f"fuzz {args.allocator}: {args.examples} examples, no invariant violated (seed {args.seed})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``granisim fuzz`` with ``--host-tier`` (also runnable as ``python -m granisim.experiments.fuzz_cli``)."""
+    import argparse
+
+    from granisim.experiments.fuzz import HOST_POLICIES, POLICIES
+
+    ap = argparse.ArgumentParser(prog="python -m granisim.experiments.fuzz_cli",
+                                 description="property-based fuzzing of an allocator policy")
+    ap.add_argument("--allocator", choices=[*POLICIES, *HOST_POLICIES], default="granikv")
+    ap.add_argument("--host-tier", action="store_true", help="with the host KV tier on (policy <allocator>-host)")
+    ap.add_argument("--examples", type=int, default=1000, help="examples (rule sequences) to try")
+    ap.add_argument("--max-steps", "--steps", dest="max_steps", type=int, default=30, help="rules per example")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repro", help="reproduction test file to write on failure (default out/fuzz/repro_POLICY.py)")
+    ap.add_argument("--no-model", action="store_true", help="check invariants only, not the reference model")
+    return run_fuzz(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -65,13 +65,12 @@ class ReferenceModel:
 
     def shape(self) -> set[tuple[tuple[int, ...], str, bool]]:
         """(whole token path to the run's end, pool, locked) of every cached run."""
-        out = set()
-        for n in self.runs():
-            path, x = [], n
-            while x is not self.root:
-                path = list(x.tokens) + path
-                x = x.parent
-            out.add((tuple(path), n.pool, n.lock > 0))
+        out, stack = set(), [(c, ()) for c in self.root.children.values()]
+        while stack:
+            n, above = stack.pop()
+            path = above + n.tokens
+            out.add((path, n.pool, n.lock > 0))
+            stack.extend((c, path) for c in n.children.values())
         return out
 
     def _key(self, tokens):

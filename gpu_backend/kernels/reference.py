@@ -52,13 +52,18 @@ def _scale(d, sm_scale):
     return 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
 
 
-def grouped(q, k_cache, v_cache, group_indptr, kv: L.KVLayout, sm_scale=None):
-    """Cascade/dense reference: rows group_indptr[g]:group_indptr[g+1] of q over sequence g."""
+def _start(q, indptr, k_cache, v_cache):
+    """Empty outputs (float64, lse -inf) for q's rows, the row pointer and the caches, on the CPU."""
     T, n_q, d = q.shape
     o = torch.zeros(T, n_q, d, dtype=torch.float64)
     lse = torch.full((T, n_q), float("-inf"), dtype=torch.float64)
-    p = group_indptr.cpu().long()
-    kc, vc = k_cache.cpu(), v_cache.cpu()
+    return o, lse, indptr.cpu().long(), k_cache.cpu(), v_cache.cpu()
+
+
+def grouped(q, k_cache, v_cache, group_indptr, kv: L.KVLayout, sm_scale=None):
+    """Cascade/dense reference: rows group_indptr[g]:group_indptr[g+1] of q over sequence g."""
+    o, lse, p, kc, vc = _start(q, group_indptr, k_cache, v_cache)
+    d = q.shape[-1]
     for g in range(p.shape[0] - 1):
         a, b = int(p[g]), int(p[g + 1])
         sl = slots_of(kv, g)
@@ -75,11 +80,8 @@ def decode(q, k_cache, v_cache, kv: L.KVLayout, sm_scale=None):
 
 def extend(q, k_new, v_new, qo_indptr, k_cache, v_cache, prefix: L.KVLayout, sm_scale=None):
     """Request r's new tokens q[a:b] see its cached prefix and new tokens j <= i (causal)."""
-    T, n_q, d = q.shape
-    o = torch.zeros(T, n_q, d, dtype=torch.float64)
-    lse = torch.full((T, n_q), float("-inf"), dtype=torch.float64)
-    p = qo_indptr.cpu().long()
-    kc, vc = k_cache.cpu(), v_cache.cpu()
+    o, lse, p, kc, vc = _start(q, qo_indptr, k_cache, v_cache)
+    d = q.shape[-1]
     for r in range(p.shape[0] - 1):
         a, b = int(p[r]), int(p[r + 1])
         if b == a:

@@ -88,6 +88,7 @@ class ServingLoop:
         initial = self.workload.initial()
         self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
         self._add_arrivals(initial)
+        del initial  # the arrival queue holds each spec until it is delivered, a running request until it ends
         env.process(self._engine())
         env.run()
         self._bar.close()

@@ -243,36 +243,40 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             return best - best % self.alloc.page_size
 
         # ---- rules -----------------------------------------------------------------------
-        _ADMIT = dict(reuse=st.integers(0, 10**6), length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)),
-                      fill=st.integers(0, 2**16), outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]),
-                      now=st.sampled_from([0, 0, 1, 7, 64]))
+        _ADMIT = dict(length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)), fill=st.integers(0, 2**16),
+                      outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]), now=st.sampled_from([0, 0, 1, 7, 64]))
         _SHARED = st.one_of(st.integers(0, 16), st.integers(0, 48), st.integers(-10**6, -1),
                             st.integers(-2 * 10**6, -10**6 - 1))
+        _ROLE = st.integers(0, len(AGENT_PREFIXES) - 1)
 
-        @initialize(source=st.integers(-3, 5), shared=_SHARED, **_ADMIT)
-        def first_admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
+        @initialize(source=st.integers(-3, -1), reuse=st.integers(0, 10**6), **_ADMIT)
+        def first_admit(self, source, reuse, length, fill, outputs, reserve, now):
             """Every example starts with one admission (rules are switched off at random per example)."""
-            self.admit(source, reuse, length, shared, fill, outputs, reserve, now)
+            self.admit(source, reuse, length, fill, outputs, reserve, now)
 
-        @initialize(role=st.integers(0, len(AGENT_PREFIXES) - 1), shared=_SHARED, **_ADMIT)
-        def first_role(self, role, reuse, length, shared, fill, outputs, reserve, now):
+        @initialize(role=_ROLE, shared=_SHARED, **_ADMIT)
+        def first_role(self, role, shared, length, fill, outputs, reserve, now):
             """And with one agent role's admission."""
-            self.admit(role, reuse, length, shared, fill, outputs, reserve, now)
+            self.admit_role(role, shared, length, fill, outputs, reserve, now)
 
-        @rule(role=st.integers(0, len(AGENT_PREFIXES) - 1), shared=_SHARED, **_ADMIT)
-        def admit_role(self, role, reuse, length, shared, fill, outputs, reserve, now):
-            """An agent role's prompt: its declared shared system prompt, then its own text."""
-            self.admit(role, reuse, length, shared, fill, outputs, reserve, now)
+        @rule(role=_ROLE, shared=_SHARED, **_ADMIT)
+        def admit_role(self, role, shared, length, fill, outputs, reserve, now):
+            """An agent role's prompt: the first ``shared`` tokens of its system prompt (declared shared;
+            in [-10**6, -1] an edge length, below -10**6 the cached part of the role's prompt plus a slab
+            edge length), then its own text, ``length`` tokens in all (at least the shared part)."""
+            self._admit(role, 0, length, shared, fill, outputs, reserve, now)
 
-        @rule(source=st.integers(-3, 5), shared=_SHARED, **_ADMIT)
-        def admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
-            """A prompt (``fill`` seeds its own tokens, 0 = all zeros) of ``length`` tokens, or an edge
-            length when negative; then ``outputs`` tokens to decode. ``source`` >= 0: an agent role's
-            prompt, -1: a prefix of an earlier prompt, else its own tokens only. ``shared`` in
-            [-10**6, -1] picks an edge length, below -10**6 the cached part of the role's prompt plus a
-            slab edge length. With ``now`` > 0 the prefill runs at once in chunks of ``now`` (else later,
-            chunk by chunk, in ``prefill``)."""
-            edges = self._edges()
+        @rule(source=st.integers(-3, -1), reuse=st.integers(0, 10**6), **_ADMIT)
+        def admit(self, source, reuse, length, fill, outputs, reserve, now):
+            """A prompt of ``length`` tokens (an edge length when negative): with ``source`` -1 a prefix
+            of an earlier prompt, else its own tokens only, nothing declared shared."""
+            self._admit(source, reuse, length, 0, fill, outputs, reserve, now)
+
+        def _admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
+            """``fill`` seeds the prompt's own tokens (0 = all zeros); then ``outputs`` tokens to decode,
+            ``reserve`` more asked of ``can_admit``. With ``now`` > 0 the prefill runs at once in chunks
+            of ``now`` (else later, chunk by chunk, in ``prefill``)."""
+            edges = self._edges() if length < 0 or -10**6 <= shared < 0 else None
             fill = _tokens(fill, 64)
             if length < 0:  # negative draws pick a boundary length
                 length = edges[-length % len(edges)]

@@ -26,7 +26,7 @@ def test_every_failure_of_a_group_is_listed_and_written(tmp_path):
 
 def test_replaying_a_written_sequence_runs_the_machine(tmp_path):
     err = _failure("x", ["state = AllocatorMachine()", "state.admit(fill=0, length=3, now=1, outputs=1, reserve=0, "
-                         "reuse=0, shared=0, source=-3)", "state.allocator_is_consistent()", "state.teardown()"])
+                         "reuse=0, source=-3)", "state.allocator_is_consistent()", "state.teardown()"])
     path = tmp_path / "repro.py"
     write_repro(path, [err], policy="token", examples=1, seed=0)
     scope = {}

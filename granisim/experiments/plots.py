@@ -45,6 +45,16 @@ def plot_cdf(ax, values, label):
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
 
 
+def cdf_panel(ax, curves, xlabel: str, fontsize: int) -> None:
+    """CDFs of several (values, label) curves on a log x axis, with a legend."""
+    for values, label in curves:
+        plot_cdf(ax, values, label)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("CDF")
+    ax.legend(fontsize=fontsize)
+
+
 def latency_axis(ax, *arrays, which: str = "x") -> None:
     """A readable x axis for latencies: log scale when they span more than a decade, labelled in
     plain numbers at 1-2-5 steps (at decades only beyond three decades), no minor labels (they

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from granisim.experiments.plots import plot_cdf, plt, save_figure
+from granisim.experiments.plots import cdf_panel, plt, save_figure
 
 
 def plot_fleet(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "") -> Path:
@@ -31,12 +31,8 @@ def plot_fleet(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = 
     axes[0].set_title(f"Per replica — {title}")
     path = save_figure(fig, out / "replicas.png")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for rid, g in done.groupby("replica", sort=True):
-        plot_cdf(ax, g.ttft_s.to_numpy(), f"replica {rid}")
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s)")
-    ax.set_ylabel("CDF")
-    ax.legend(fontsize=7)
+    cdf_panel(ax, [(g.ttft_s.to_numpy(), f"replica {rid}") for rid, g in done.groupby("replica", sort=True)],
+              "TTFT (s)", fontsize=7)
     save_figure(fig, out / "ttft_by_replica.png")
     return path
 

@@ -184,7 +184,7 @@ def _markdown(r: dict) -> str:
 
 
 def _plots(steps: pd.DataFrame, measured, simulated, out: Path) -> None:
-    from granisim.experiments.plots import plot_cdf, plt, save_figure  # report sets the Agg backend
+    from granisim.experiments.plots import cdf_panel, plt, save_figure  # report sets the Agg backend
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     a1.scatter(steps.measured_s * 1e3, steps.predicted_s * 1e3, s=6, alpha=0.6)
@@ -194,14 +194,11 @@ def _plots(steps: pd.DataFrame, measured, simulated, out: Path) -> None:
     a1.set_ylabel("predicted step (ms)")
     a1.set_title("per step, same plan")
     mreq, sreq = requests_frame(measured.records), requests_frame(simulated.records)
+    curves = []
     for df, name in ((mreq, "measured"), (sreq, "predicted")):
         done = df[df.status == "completed"]
-        plot_cdf(a2, done.tpot_s.to_numpy(), f"TPOT {name}")
-        plot_cdf(a2, done.ttft_s.to_numpy(), f"TTFT {name}")
-    a2.set_xscale("log")
-    a2.set_xlabel("seconds")
-    a2.set_ylabel("CDF")
-    a2.legend(fontsize=8)
+        curves += [(done.tpot_s.to_numpy(), f"TPOT {name}"), (done.ttft_s.to_numpy(), f"TTFT {name}")]
+    cdf_panel(a2, curves, "seconds", fontsize=8)
     save_figure(fig, out / "validation.png")
 
 

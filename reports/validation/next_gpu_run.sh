@@ -7,8 +7,8 @@
 # DONE: a folder holding the validation_*.json (and sustained_load.json) of earlier calls: those units are
 #       skipped. CALL_S: seconds this call may take (default 540, inside a 10-minute limit). No unit starts
 #       unless the longest one (~180 s) still fits.
-# Priority order: the sustained-load benchmark, then llama-3.1-8b under granikv, token, paged16, then
-# qwen-2.5-14b under the same, every workload each (reports/validation/README.md, "Next GPU run").
+# Priority order: the sustained-load benchmark, then each of $MODELS (default: llama-3.1-8b qwen-2.5-14b) under each
+# of $POLICIES (default: granikv token paged16), every workload each (reports/validation/README.md, "Next GPU run").
 # Read-only on the GPU: the clock/power log only queries nvidia-smi; no clock or power setting is changed.
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [DONE] [CALL_S]}
@@ -31,8 +31,8 @@ if [ ! -e "$OUT/sustained/sustained_load.json" ] && { [ -z "$DONE" ] || [ ! -e "
       || echo "sustained-load benchmark failed; going on with the validation units"
   fi
 fi
-for model in llama-3.1-8b qwen-2.5-14b; do
-  for policy in granikv token paged16; do
+for model in ${MODELS:-llama-3.1-8b qwen-2.5-14b}; do
+  for policy in ${POLICIES:-granikv token paged16}; do
     b=$(left)
     if [ "$b" -le 0 ]; then echo "call budget used; run again with DONE holding this call's JSON files"; exit 0; fi
     set -o pipefail

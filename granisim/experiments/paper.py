@@ -136,21 +136,30 @@ def _beyond(name: str, df: pd.DataFrame, spec) -> dict:
     return {}
 
 
+def _md_table(header: list[str], rows) -> str:
+    """A markdown table: the header, its rule, one line per row (each a list of cells)."""
+    head = "| " + " | ".join(header) + " |\n|" + " --- |" * len(header)
+    return head + "\n" + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
+
+
 def _beyond_md(name: str, s: dict, folder: str) -> str:
+    pts = s.get("points", [])
     if name == "adaptive_hot":
-        rows = "\n".join(f"| {x['k']} | {x['L_p']} | {x['best_static']} | {x['best_static_speedup']:.3f}x | "
-                         f"{x['adaptive_speedup']:.3f}x | {x['adaptive_over_best']:.4f} | {x['adaptive_hot_end']} |"
-                         for x in s["points"])
+        table = _md_table(["k", "L_p", "best static", "its speedup", "adaptive", "adaptive / best",
+                           "HOT tokens at end"],
+                          [[f"{x['k']}", f"{x['L_p']}", f"{x['best_static']}", f"{x['best_static_speedup']:.3f}x",
+                            f"{x['adaptive_speedup']:.3f}x", f"{x['adaptive_over_best']:.4f}",
+                            f"{x['adaptive_hot_end']}"] for x in pts])
         return (f"**Adaptive HOT fraction** (`sweeps/adaptive_hot.toml`; table `{folder}/results.csv`, plot "
                 f"`{folder}/*.png`): adaptive matches or beats the best static `hot_fraction` (0.05 … 0.6) at "
                 f"**{s['matches_or_beats']} of {s['of']}** (k, L_p) points; worst shortfall "
-                f"{s['worst_shortfall']:.2%}.\n\n| k | L_p | best static | its speedup | adaptive | adaptive / best "
-                f"| HOT tokens at end |\n| --- | --- | --- | --- | --- | --- | --- |\n{rows}\n")
+                f"{s['worst_shortfall']:.2%}.\n\n" + table)
     if name in ("dispatch", "dispatch_tenancy"):
         modes = s["modes"]
         label = "max_running (mean batch)" if name == "dispatch" else "k (mean batch)"
-        rows = "\n".join(f"| {x['L_p']} | {x['axis']} ({x['mean_batch']:.0f}) | "
-                         + " | ".join(f"{x[d]:.3f}" for d in modes) + " |" for x in s["points"])
+        table = _md_table(["L_p", label, *modes],
+                          [[f"{x['L_p']}", f"{x['axis']} ({x['mean_batch']:.0f})", *(f"{x[d]:.3f}" for d in modes)]
+                           for x in pts])
         what = ("one role, group size set by max_running" if name == "dispatch" else
                 "k roles, default batch limits: many small groups")
         return (f"**Dispatch: cost model vs the M_sat threshold, {what}** (`sweeps/{name}.toml`; `{folder}/`): "
@@ -159,22 +168,21 @@ def _beyond_md(name: str, s: dict, folder: str) -> str:
                 + "; lowest speedup over token: " + ", ".join(f"{d} {v:.3f}x" for d, v in s["min_speedup"].items())
                 + "; points below token (< 0.995x): " + ", ".join(f"{d} {v}" for d, v in
                                                                   s["points_below_token"].items())
-                + f".\n\n| L_p | {label} | " + " | ".join(modes) + " |\n| --- | --- | "
-                + " | ".join("---" for _ in modes) + f" |\n{rows}\n")
+                + ".\n\n" + table)
     if name == "msat":
-        rows = "\n".join(f"| {x['L_p']} | {x['best_m_sat']} | {x['best_rps']:.3f} | {x['nearest_grid_m_sat']} | "
-                         f"{x['profile_m_sat_rps']:.3f} | {x['loss_at_profile_m_sat']:.2%} |" for x in s["points"])
-        pm = s["points"][0]["profile_m_sat"] if s["points"] else "?"
+        table = _md_table(["L_p", "best M_sat", "its req/s", "grid M_sat nearest the profile's", "its req/s", "loss"],
+                          [[f"{x['L_p']}", f"{x['best_m_sat']}", f"{x['best_rps']:.3f}", f"{x['nearest_grid_m_sat']}",
+                            f"{x['profile_m_sat_rps']:.3f}", f"{x['loss_at_profile_m_sat']:.2%}"] for x in pts])
+        pm = pts[0]["profile_m_sat"] if pts else "?"
         return (f"**Throughput over M_sat** (`sweeps/msat.toml`, threshold dispatch, one role, batch ~600; "
-                f"`{folder}/`; the profile's M_sat is {pm}):\n\n| L_p | best M_sat | its req/s | grid M_sat nearest "
-                f"the profile's | its req/s | loss |\n| --- | --- | --- | --- | --- | --- |\n{rows}\n")
+                f"`{folder}/`; the profile's M_sat is {pm}):\n\n" + table)
     if name == "tenancy":
-        rows = "\n".join(f"| {x['k']} | {x['policy']} | {x['fcfs_rps']:.3f} | {x['prefix_rps']:.3f} | "
-                         f"{x['prefix_rps'] / x['fcfs_rps']:.2f}x | {x['fcfs_hit']:.2f} → {x['prefix_hit']:.2f} |"
-                         for x in s["points"])
+        table = _md_table(["k", "policy", "FCFS req/s", "prefix req/s", "gain", "hit rate"],
+                          [[f"{x['k']}", f"{x['policy']}", f"{x['fcfs_rps']:.3f}", f"{x['prefix_rps']:.3f}",
+                            f"{x['prefix_rps'] / x['fcfs_rps']:.2f}x", f"{x['fcfs_hit']:.2f} → {x['prefix_hit']:.2f}"]
+                           for x in pts])
         return (f"**Tenancy-aware admission** (`sweeps/tenancy.toml`; `{folder}/`): `scheduler.admission = "
-                f"\"prefix\"` vs FCFS.\n\n| k | policy | FCFS req/s | prefix req/s | gain | hit rate |\n"
-                f"| --- | --- | --- | --- | --- | --- |\n{rows}\n")
+                f"\"prefix\"` vs FCFS.\n\n" + table)
     return ""
 
 

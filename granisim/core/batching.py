@@ -10,9 +10,10 @@ kept. ``m_sat`` takes effect in :func:`choose_path`'s threshold rule: dense when
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 from dataclasses import replace
 
-from granisim.core.contract import PLANNED_SETTERS, BatchPlan, PlannedRequest, PrefixGroup, planned_request
+from granisim.core.contract import PLANNED_SETTERS, BatchPlan, PlannedRequest, PrefixGroup
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
 PathChooser = Callable[..., str]
@@ -68,52 +69,52 @@ class BatchBuilder:
 
     def build(self, work, alloc, step_id: int) -> BatchPlan:
         """``work``: (request, new tokens, their slots) per request, in scheduling order."""
-        members: dict[int, list[int]] = {}
-        info: dict[int, tuple[int, str]] = {}
+        members: dict[int, list[int]] = {}  # group node id -> indices into work
         for i, (r, n, _) in enumerate(work):
             if r.decoding:
                 g = r.group
                 if g is not None:
-                    members.setdefault(g[0], []).append(i)
-                    info[g[0]] = (g[1], g[2])
-        groups, group_of, private = [], {}, []
+                    idx = members.get(g[0])
+                    if idx is None:
+                        members[g[0]] = [i]
+                    else:
+                        idx.append(i)
+        groups, private = [], []
+        group_of = shared_of = None  # per work index: its group (-1: none) and the group's prefix length
         for key, idx in members.items():
             if len(idx) < 2:
                 continue  # a lone request gains nothing from a prefix pass
-            prefix_len, storage = info[key]
+            _, prefix_len, storage = work[idx[-1]][0].group  # as the last member sees it
             own = 0
             if self.dispatch == "auto":  # members' own tokens, on average (the chooser weighs re-reading)
                 own = sum(work[i][0].computed for i in idx) // len(idx) - prefix_len
+            if group_of is None:
+                group_of, shared_of = [-1] * len(work), [0] * len(work)
+            gno = len(groups)
             for i in idx:
-                group_of[i] = len(groups)
+                group_of[i] = gno
+                shared_of[i] = prefix_len
             groups.append(PrefixGroup(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
                                       tuple(idx), len(idx) * self.group_size))
             private.append(own)
+        if group_of is None:
+            group_of, shared_of = repeat(-1), repeat(0)
         if self.needs_layouts:
-            reqs = []
-            for i, (r, n, slots) in enumerate(work):
-                g = group_of.get(i, -1)
-                shared = groups[g].prefix_len if g >= 0 else 0
-                reqs.append(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, shared, slots,
-                                           r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid)))
-        elif groups:
-            reqs = []
-            for i, (r, n, _) in enumerate(work):
-                g = group_of.get(i, -1)
-                reqs.append(planned_request(r.rid, r.computed, n, not r.decoding, g,
-                                            groups[g].prefix_len if g >= 0 else 0))
-        else:  # planned_request(r.rid, r.computed, n, not r.decoding), inlined: one per request per plan
+            reqs = [PlannedRequest(r.rid, r.computed, n, not r.decoding, g, sh, slots,
+                                   r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid))
+                    for (r, n, slots), g, sh in zip(work, group_of, shared_of)]
+        else:  # planned_request(r.rid, r.computed, n, not r.decoding, g, sh), inlined: one per request per plan
             new, cls = object.__new__, PlannedRequest
             s_rid, s_ctx, s_new, s_pre, s_grp, s_shr, s_slots, s_inp, s_lay = PLANNED_SETTERS
             reqs = []
-            for r, n, _ in work:
+            for (r, n, _), g, sh in zip(work, group_of, shared_of):
                 o = new(cls)
                 s_rid(o, r.rid)
                 s_ctx(o, r.computed)
                 s_new(o, n)
                 s_pre(o, not r.decoding)
-                s_grp(o, -1)
-                s_shr(o, 0)
+                s_grp(o, g)
+                s_shr(o, sh)
                 s_slots(o, None)
                 s_inp(o, None)
                 s_lay(o, None)

@@ -150,11 +150,11 @@ def _commit(where: str | Path = ROOT) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'case':<22} {'requests':>9} {'sim time':>9} {'plans':>8} {'CPU s':>8} {'wall s':>8} "
+    head = (f"{'case':<30} {'requests':>9} {'sim time':>9} {'plans':>8} {'CPU s':>8} {'wall s':>8} "
             f"{'x real':>7} {'peak RSS':>9} {'B/request':>10}")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['case']:<22} {r['requests']:>9} {r['simulated_s']:>8.0f}s {r['plans']:>8} "
+        lines.append(f"{r['case']:<30} {r['requests']:>9} {r['simulated_s']:>8.0f}s {r['plans']:>8} "
                      f"{r['cpu_s']:>8.2f} {r['wall_s']:>8.2f} {r['speed_x_real_time']:>6.0f}x "
                      f"{r['peak_rss_mb']:>7.0f}MB {r['bytes_per_request']:>10.0f}")
     return "\n".join(lines)

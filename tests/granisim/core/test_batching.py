@@ -131,3 +131,19 @@ def test_auto_compares_with_the_best_prefix_pass():
     chooser = lambda L, b, st, private, allow_paged: "paged" if allow_paged else "dense"  # noqa: E731
     price = {"paged": 2.0, "dense": 1.0}
     assert _auto(chooser, lambda p: price[p.groups[0].path]).groups[0].path == "dense"
+
+
+def test_planned_request_builds_an_equal_frozen_request():
+    """The batch builder's fast constructor gives the dataclass's own object: equal, same fields, still
+    frozen. Planted bug this catches: setting the fields in another order (context_len and num_new
+    swapped, say) makes the objects differ."""
+    import dataclasses
+
+    from granisim.core.contract import PLANNED_SETTERS, PlannedRequest, planned_request
+
+    assert len(PLANNED_SETTERS) == len(dataclasses.fields(PlannedRequest))
+    for args in [(3, 100, 1, False), (4, 0, 512, True, -1, 0), (5, 2048, 1, False, 2, 1024)]:
+        got, want = planned_request(*args), PlannedRequest(*args)
+        assert got == want and dataclasses.astuple(got) == dataclasses.astuple(want)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.num_new = 2

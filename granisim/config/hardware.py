@@ -43,6 +43,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
+from granisim.config.files import unreadable
 from granisim.config.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
                                    OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
                                    ProfileError, Source)
@@ -108,7 +109,7 @@ def _read_table(file: Path | str, path: Path) -> tuple[tuple[int, ...], dict[str
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError as e:
-        raise _fail(file, "linear_table.file", str(path), f"cannot read ({e.strerror})") from None
+        raise _fail(file, "linear_table.file", str(path), unreadable(e)) from None
     acc: dict[int, list[list[float]]] = {}
     try:
         for i, row in enumerate(rows, 1):
@@ -161,12 +162,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
     path = Path(path)
     try:
         raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: field (file): value {str(path)!r}: no such profile file") from None
-    except OSError as e:
-        raise ProfileError(f"{path}: field (file): value {str(path)!r}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"{path}: field (file): value {str(path)!r}: not UTF-8 text (offset {e.start})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: field (file): value {str(path)!r}: {unreadable(e, 'no such profile file')}") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: field (file): value line {e.lineno} col {e.colno}: invalid JSON ({e.msg})") from None
     try:
@@ -251,7 +248,7 @@ def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError as e:
-        raise _fail(file, "kernel_table.file", str(path), f"cannot read ({e.strerror})") from None
+        raise _fail(file, "kernel_table.file", str(path), unreadable(e)) from None
     cols: dict[str, list] = {c: [] for c in KERNEL_TABLE_COLS}
     try:
         for i, row in enumerate(rows, 1):

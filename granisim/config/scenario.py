@@ -138,14 +138,13 @@ class WorkloadCfg(_Strict):
     @classmethod
     def _lengths_trace(cls, v):
         if v is not None:
+            from granisim.config.files import unreadable
             from granisim.core.workload import TraceError, load_lengths
 
             try:
                 load_lengths(v)
-            except FileNotFoundError:
-                raise ValueError("file not found (give a CSV path or a shipped name: arxiv)") from None
             except OSError as err:
-                raise ValueError(f"cannot read ({err.strerror})") from None
+                raise ValueError(unreadable(err, "file not found (give a CSV path or a shipped name: arxiv)")) from None
             except TraceError as err:
                 raise ValueError(str(err)) from None
         return v

@@ -10,6 +10,7 @@ from typing import Callable
 
 import pandas as pd
 
+from granisim.config.files import unreadable
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.core.metrics import requests_frame, summarize
 from granisim.config.models import ModelShape, get_model, kv_budget_tokens
@@ -61,10 +62,8 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
     wl = scenario.workload
     try:
         trace = load_trace(wl.trace)
-    except FileNotFoundError:
-        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: file not found") from None
     except OSError as err:
-        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: cannot read ({err.strerror})") from None
+        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {unreadable(err)}") from None
     except ValueError as err:
         raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {err}") from None
     if (wl.kind == "azure" or wl.arrivals == "trace") and wl.num_requests > len(trace):

@@ -234,7 +234,8 @@ def main(argv=None) -> int:
     if args.baseline is not None and not (Path(args.baseline) / "granisim" / "experiments" / "bench_sim.py").is_file():
         print(f"bench sim: --baseline: {args.baseline!r} holds no granisim/experiments/bench_sim.py", file=sys.stderr)
         return 2
-    run(args.out, cases, args.repeats, args.policy, args.router, args.baseline)
+    extra = {"baseline": args.baseline} if args.baseline is not None else {}
+    run(args.out, cases, args.repeats, args.policy, args.router, **extra)
     return 0
 
 

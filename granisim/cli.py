@@ -318,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--repro", help="reproduction test file to write on failure (default out/fuzz/repro_POLICY.py)")
     f.add_argument("--no-model", action="store_true", help="check invariants only, not the reference model")
+    f.add_argument("--host-tier", action="store_true",
+                   help="with a host KV tier (evicted KV kept in a small host pool), and the tier's invariants")
     f.set_defaults(fn=cmd_fuzz)
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=["alloc", "sweep", "sim"])

@@ -192,31 +192,7 @@ MUTANTS = [Mutant(**m) for m in [
 # Fixes of allocator bugs the fuzzer finds in the current source, not yet applied there (each a one-place
 # edit, like a mutant). ``--fixes`` applies them to every copy (mutated or not) so that a mutant is caught
 # for its own bug, not for one the source already has; the "(none)" rows fuzz the source without a mutant.
-FIXES = [Mutant(**m) for m in [
-    # can_admit counted the request's own matched HOT path (locked by admit) as evictable HOT room for
-    # its slab: admit then fell back to COLD, which can_admit had not counted (over-admission)
-    dict(name="fix_slab_room_counts_own_path", kind="fix", file="kv/hot_slabs.py",
-         old='        return self.pool.free + self.radix.evictable.get("hot", 0) >= n\n',
-         new='        on_path = sum(len(x) for x in m.path() if x.lock_ref == 0 and x.pool == "hot")\n'
-             '        return self.pool.free + self.radix.evictable.get("hot", 0) - on_path >= n\n',
-         policies=["granikv", "granikv-adaptive"]),
-    # a cached COLD run with a HOT slab below it counts as evictable COLD but is never a COLD leaf, so
-    # COLD eviction could not free it: can_extend said yes and extend ran out of memory
-    dict(name="fix_cold_run_above_hot_slab", kind="fix", file="kv/eviction.py",
-         old="        return self.radix.evict(n, pool, self.free_node)\n",
-         new="        freed = self.radix.evict(n, pool, self.free_node)\n"
-             "        while freed < n:\n"
-             "            rest = [x for x in self.radix.nodes() if x.pool == pool and x.lock_ref == 0]\n"
-             "            if not rest:\n"
-             "                break\n"
-             "            before = self.radix.evictable.get(pool, 0)\n"
-             "            self.radix.evict_subtree(min(rest, key=lambda x: (x.last_access, x.id)), self.free_node)\n"
-             "            freed += before - self.radix.evictable.get(pool, 0)\n"
-             "            if freed < n:\n"
-             "                freed += self.radix.evict(n - freed, pool, self.free_node)\n"
-             "        return freed\n",
-         policies=["granikv", "granikv-adaptive"]),
-]]
+FIXES: list[Mutant] = []  # none pending
 
 
 # Runs in the child process: import the patched package (cwd and PYTHONPATH point at the copy), fuzz one policy.

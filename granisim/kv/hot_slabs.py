@@ -88,7 +88,9 @@ class HotSlabs:
         grows towards it (see :meth:`_grow`)."""
         if self.demand is not None:
             self._grow(n, cold_need, m)
-        return self.pool.free + self.radix.evictable.get("hot", 0) >= n
+        # the request's own matched HOT path is locked by admit: it is no room for the slab
+        on_path = sum(len(x) for x in m.path() if x.lock_ref == 0 and x.pool == "hot")
+        return self.pool.free + self.radix.evictable.get("hot", 0) - on_path >= n
 
     def place(self, seq: _Seq, n: int) -> None:
         """Reserve a slab of ``n`` for ``seq`` (counted as a placement), or count a fallback to COLD."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import repeat
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from granisim.core.contract import PLANNED_SETTERS, BatchPlan, PlannedRequest, PrefixGroup
 
@@ -46,21 +46,21 @@ def choose_path(policy: str, dispatch: str, prefix_len: int, b: int, storage: st
     return "dense" if storage == "slab" and b * group_size >= m_sat else "cascade"
 
 
+@dataclass
 class BatchBuilder:
     """Turns a step's work list into a frozen :class:`BatchPlan`."""
 
-    def __init__(self, policy: str, group_size: int, m_sat: int, dispatch: str = "threshold",
-                 path_chooser: PathChooser | None = None, step_pricer: StepPricer | None = None,
-                 needs_layouts: bool = False):
-        if dispatch in ("cost", "auto") and path_chooser is None:
-            raise ValueError(f"dispatch = {dispatch!r} needs a path_chooser (the cost model)")
-        self.policy = policy
-        self.group_size = group_size
-        self.m_sat = m_sat
-        self.dispatch = dispatch
-        self.path_chooser = path_chooser
-        self.step_pricer = step_pricer
-        self.needs_layouts = needs_layouts
+    policy: str
+    group_size: int
+    m_sat: int
+    dispatch: str = "threshold"
+    path_chooser: PathChooser | None = None
+    step_pricer: StepPricer | None = None
+    needs_layouts: bool = False
+
+    def __post_init__(self):
+        if self.dispatch in ("cost", "auto") and self.path_chooser is None:
+            raise ValueError(f"dispatch = {self.dispatch!r} needs a path_chooser (the cost model)")
 
     def path(self, prefix_len: int, b: int, storage: str, private: int = 0, allow_paged: bool = True) -> str:
         return choose_path(self.policy, self.dispatch, prefix_len, b, storage, group_size=self.group_size,

@@ -56,12 +56,12 @@ class ReferenceModel:
 
     # ---- the prefix tree ------------------------------------------------------------------
     def runs(self) -> list[_Run]:
-        out, stack = [], list(self.root.children.values())
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
+        """Every cached run (in no particular order: callers pick by key or sum)."""
+        def below(n: _Run):
+            for c in n.children.values():
+                yield c
+                yield from below(c)
+        return list(below(self.root))
 
     def shape(self) -> set[tuple[tuple[int, ...], str, bool]]:
         """(whole token path to the run's end, pool, locked) of every cached run."""

@@ -104,7 +104,11 @@ def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys):
     import granisim.experiments.fuzz
     from tests.granisim.planted_bugs import PLANTED
 
+    import hypothesis.internal.conjecture.engine as engine
+
     monkeypatch.setattr(granisim.experiments.fuzz, "default_factory", lambda policy: PLANTED["evicts_locked_node"])
+    # hypothesis shrinks for up to 300 s; the sequence it has shrunk to by 20 s is what this test reads
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", 20)
     assert main(["fuzz", "--allocator", "token", "--examples", "300", "--seed", "3"]) == 1
     captured = capsys.readouterr()
     text = captured.out + captured.err

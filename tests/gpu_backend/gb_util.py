@@ -131,3 +131,19 @@ def stored(kind, lens, n_kv, d, dtype, seed, extra=40):
 def queries(t, n_q, d, dtype, seed):
     g = torch.Generator().manual_seed(seed + 12345)
     return torch.randn(t, n_q, d, generator=g).to(dtype).to(DEV)
+
+
+def validate_on_cpu(tmp_path, scenario_toml: str):
+    """`granisim validate SCENARIO --device cpu` on a scenario written from text: (out folder, validation.json
+    as a dict, steps.parquet as a frame)."""
+    import json
+
+    import pandas as pd
+
+    from granisim.cli import main
+
+    sc = tmp_path / "scenario.toml"
+    sc.write_text(scenario_toml)
+    out = tmp_path / "val"
+    assert main(["validate", str(sc), "--device", "cpu", "--out", str(out)]) == 0
+    return out, json.loads((out / "validation.json").read_text()), pd.read_parquet(out / "steps.parquet")

@@ -1,8 +1,6 @@
 """The real fleet on one device (CPU, tiny model, Triton interpreter): replicas take turns on the device with
 their own KV buffers and one copy of the weights; `granisim validate` reports per replica and fleet-wide."""
 
-import json
-
 import numpy as np
 import pandas as pd
 
@@ -12,6 +10,8 @@ from granisim.core.serving_loop import ServingLoop
 from granisim.experiments.run import prepare
 from granisim.fleet.build import simulate_fleet
 from gpu_backend.executor.fleet import FleetExecutors
+
+from gb_util import validate_on_cpu
 
 TINY = {"name": "tiny-fleet", "seed": 4, "model": {"name": "tiny"}, "hardware": {"kv_budget_tokens": 512},
         "scheduler": {"fast_forward": False},
@@ -45,14 +45,11 @@ def test_two_replicas_share_weights_and_give_single_replica_tokens():
 
 
 def test_validate_on_a_fleet_reports_every_replica(tmp_path, capsys):
-    path = tmp_path / "fleet.toml"
-    path.write_text('name = "tiny-fleet"\nseed = 4\n[model]\nname = "tiny"\n[hardware]\nkv_budget_tokens = 512\n'
-                    "[workload]\nroles = 2\nprefix_len = 24\nnum_requests = 6\nrate = 100.0\nsuffix_scale = 0.01\n"
-                    'max_output_len = 3\n[fleet]\nreplicas = 2\nrouter = "cache_aware"\n')
-    out = tmp_path / "val"
-    assert main(["validate", str(path), "--device", "cpu", "--out", str(out)]) == 0
-    rep = json.loads((out / "validation.json").read_text())
-    steps = pd.read_parquet(out / "steps.parquet")
+    _, rep, steps = validate_on_cpu(
+        tmp_path, 'name = "tiny-fleet"\nseed = 4\n[model]\nname = "tiny"\n[hardware]\nkv_budget_tokens = 512\n'
+        "[workload]\nroles = 2\nprefix_len = 24\nnum_requests = 6\nrate = 100.0\nsuffix_scale = 0.01\n"
+        'max_output_len = 3\n[fleet]\nreplicas = 2\nrouter = "cache_aware"\n')
+    path = tmp_path / "scenario.toml"
     assert rep["num_replicas"] == 2 and rep["completed"] == rep["requests"] == 6
     assert [r["replica"] for r in rep["replicas"]] == [0, 1]
     assert sum(r["steps"] for r in rep["replicas"]) == rep["steps"] == len(steps)

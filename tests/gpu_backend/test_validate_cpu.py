@@ -13,6 +13,8 @@ from granisim.costmodel import BREAKDOWN_KEYS, step_cost
 from granisim.experiments.run import prepare
 from granisim.validation.plans import load_plans
 
+from gb_util import validate_on_cpu
+
 
 def test_validate_writes_a_report(tmp_path, capsys):
     """The report's per-step errors are those of the stored plans re-priced: each plan in plans.pkl matches its
@@ -21,19 +23,15 @@ def test_validate_writes_a_report(tmp_path, capsys):
     Planted bugs: the error taken relative to the prediction (``/ meas`` -> ``/ pred`` in validate._rel) fails
     the recomputed medians; the paired executor pricing another plan than the one it stores (the plan read as
     16-token pages, ``replace(plan, page_size=16)``) fails the re-priced predictions."""
-    sc = tmp_path / "tiny.toml"
-    sc.write_text('name = "tiny"\n[model]\nname = "tiny"\n[hardware]\nkv_budget_tokens = 512\n'
-                  "[workload]\nroles = 1\nprefix_len = 24\nnum_requests = 3\nrate = 100.0\n"
-                  "suffix_scale = 0.01\nmax_output_len = 3\n")
-    out = tmp_path / "val"
-    assert main(["validate", str(sc), "--device", "cpu", "--out", str(out)]) == 0
-    rep = json.loads((out / "validation.json").read_text())
-    steps = pd.read_parquet(out / "steps.parquet")
+    out, rep, steps = validate_on_cpu(tmp_path, 'name = "tiny"\n[model]\nname = "tiny"\n[hardware]\nkv_budget_tokens = 512\n'
+                                      "[workload]\nroles = 1\nprefix_len = 24\nnum_requests = 3\nrate = 100.0\n"
+                                      "suffix_scale = 0.01\nmax_output_len = 3\n")
     plans = load_plans(out / "plans.pkl")
     assert rep["steps"] == len(steps) == len(plans) >= 3
     assert (out / "validation.png").exists()
     assert "Per step" in capsys.readouterr().out
 
+    sc = tmp_path / "scenario.toml"  # as validate_on_cpu wrote it
     setup = prepare(load_scenario(sc), str(sc))
     assert rep["profile"] == setup.profile.name and rep["model"] == setup.model.name
     assert any(p.groups for p in plans)  # the shared prefix ran grouped in some step

@@ -31,11 +31,14 @@ from granisim.validation.validate import TARGETS
 RUN_LEAF = "h200_run"
 
 
+def _run_parts(folder: Path) -> list[str]:
+    """A run folder's path parts, less a trailing ``h200_run``."""
+    parts = list(folder.parts)
+    return parts[:-1] if parts and parts[-1] == RUN_LEAF else parts
+
+
 def _machine(raw: Path, js: Path) -> str:
-    parts = list(js.parent.relative_to(raw).parts)
-    if parts and parts[-1] == RUN_LEAF:
-        parts.pop()
-    return "/".join(parts) or raw.resolve().name
+    return "/".join(_run_parts(js.parent.relative_to(raw))) or raw.resolve().name
 
 
 def _unit(js: Path) -> tuple[str, str, str, str] | None:
@@ -52,9 +55,7 @@ def _unit(js: Path) -> tuple[str, str, str, str] | None:
 
 
 def _machine_of_dir(run_dir: str) -> str:
-    parts = list(Path(run_dir).parts)
-    if parts and parts[-1] == RUN_LEAF:
-        parts.pop()
+    parts = _run_parts(Path(run_dir))
     return parts[-1] if parts else run_dir
 
 

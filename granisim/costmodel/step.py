@@ -123,7 +123,8 @@ class StepPricing:
         else:
             kv_copy = 0.0
         # the host lists every KV slot a decode row reads: paged-group members' prefix pages too (host_work)
-        overhead = self._host(len(plan.requests), tok + shared_len, len(passes))
+        host_tok = tok + shared_len
+        overhead = self._host(len(plan.requests), host_tok, len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
             linear = self._in_engine("linear", linear, eager, offset=None if eager else self._linear_offset(T))
@@ -159,7 +160,7 @@ class StepPricing:
         # decode fast-forward
         copy = np.zeros(n)
         copy[0] = kv_copy
-        host = self._host(len(plan.requests), tok + shared_len + n_dec * np.arange(n), len(passes))  # slot lists grow a token a step
+        host = self._host(len(plan.requests), host_tok + n_dec * np.arange(n), len(passes))  # a token a step more
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0

@@ -91,7 +91,7 @@ class KernelForms:
         return n + 0.0 * base, chunk + 0.0 * base
 
     def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0, inv_eff=1.0,
-                     first_bytes=0.0):
+                     first_bytes=0.0, longest_bytes=None):
         """Seconds (one layer) of one kernel of family ``fam`` (wave model; arrays broadcast).
 
         ``programs`` programs, each doing ``flops_prog`` / ``bytes_prog``. An SM runs
@@ -100,7 +100,8 @@ class KernelForms:
         max(sm_count, n)`` and streams at ``hbm_bandwidth * mem_eff / max(sm_count * sat_ctas_per_sm / e, n)``
         where ``e = 1 / inv_eff`` is the storage's gather efficiency: a gather slows one program's stream
         (dependent index loads: latency), not the GPU's bandwidth once enough programs share it; a
-        program's first KV tile (``first_bytes``) arrives while its prologue runs.
+        program's first KV tile (``first_bytes``) arrives while its prologue runs; no wave ends before its
+        longest program (``longest_bytes``, default ``bytes_prog``) has streamed at that one-program rate.
         A program's fixed work (``program_s``) does not overlap with other programs' on its SM.
         ``t = launches * launch_s + program_s * max(1, programs / sm_count) + waves * max(compute, stream)
         + partial_bytes / merge rate``.
@@ -113,7 +114,8 @@ class KernelForms:
         comp = flops_prog * np.maximum(self.sms, conc) / (self.P * ef)
         # one program streams at most BW * em / (sms * sat) (its first KV tile arrives during the prologue);
         # together they share BW * em
-        mem = np.maximum((bytes_prog - first_bytes) * self.sms * sat * inv_eff, bytes_prog * conc) / (self.BW * em)
+        one = bytes_prog if longest_bytes is None else np.maximum(bytes_prog, longest_bytes)
+        mem = np.maximum((one - first_bytes) * self.sms * sat * inv_eff, bytes_prog * conc) / (self.BW * em)
         # the per-program fixed work is issue-bound: one SM retires programs' prologues one after another
         over = prog * np.maximum(1.0, N / self.sms)
         return launches * launch + over + waves * np.maximum(comp, mem) + partial_bytes / self.merge_eff_bw
@@ -141,8 +143,12 @@ class KernelForms:
         split = n > 1
         partial = np.where(split, 2.0 * n * n_dec * self.n_q * (self.d + 1) * 4.0, 0.0)
         raw = nbytes if raw_bytes is None else raw_bytes
+        # a ragged batch's longest sequence (its longest split) streams alone at one program's rate
+        longest = np.where(split, np.minimum(chunk, max_len), max_len)
+        longest_bytes = raw / N / np.maximum(per, 1e-9) * np.ceil(longest / 64.0) * 64.0
         t = self.kernel_time2("decode", N, flops, raw / N * pad, np.where(split, 2.0, 1.0), partial,
-                              inv_eff=nbytes / np.maximum(raw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b)
+                              inv_eff=nbytes / np.maximum(raw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b,
+                              longest_bytes=longest_bytes)
         if self.corr:
             t = t * self._corr("decode", "slab" if not np.any(gather) else self._priv_class,
                                np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))

@@ -313,3 +313,20 @@ def test_shared_prefix_rereads_cost_a_fraction_after_the_first_member():
     full, reread = cost(many, H200).breakdown["attn_decode"], cost(many, cheap).breakdown["attn_decode"]
     assert reread < 0.5 * full
     assert reread > cost(one, H200).breakdown["attn_decode"]  # the first member still streams the whole prefix
+
+
+def test_skewed_decode_batch_never_cheaper_at_the_same_total_kv():
+    """A decode kernel lasts at least as long as its longest sequence (or split) takes to stream alone, so at a
+    fixed total of KV tokens, moving tokens from the other sequences into one never makes the kernel cheaper.
+    Measured on the H200 engine: ragged batches of 8-32 requests ran 15-20% over a mean-length pricing
+    (reports/validation/README.md). Planted bug: pricing every program at the batch's mean length (dropping
+    ``longest_bytes`` in ``decode_time2``) fails at 32 requests."""
+    for b in (4, 8, 16, 32):
+        total = 2048 * b
+        costs = []
+        for share in (1 / b, 0.25, 0.5, 0.75):
+            longest = int(total * share)
+            lens = [longest] + [(total - longest) // (b - 1)] * (b - 1)
+            costs.append(cost(plan([decode(i, c) for i, c in enumerate(lens)], policy="token"), H200)
+                         .breakdown["attn_decode"])
+        assert np.all(np.diff(costs) >= 0), (b, costs)

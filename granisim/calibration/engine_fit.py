@@ -134,10 +134,12 @@ def _fit_keys(df: pd.DataFrame, prefix: str) -> dict[str, float]:
     return out
 
 
-def fit(steps: list[pd.DataFrame], graph_max: int) -> dict[str, float]:
+def fit(steps: list[pd.DataFrame], graph_max: int, layers: int = 0) -> dict[str, float]:
     """Coefficient values (``engine.<key>.scale/offset_s`` for graph-replayed steps, ``engine.eager.*`` for
     steps of more than ``graph_max`` tokens, ``overhead.step_s/per_request_s/per_kv_token_s/per_pass_s``).
-    ``graph_max`` is the CUDA-graph row limit of the executor that measured ``steps`` (its ``stats()``)."""
+    ``graph_max`` is the CUDA-graph row limit of the executor that measured ``steps`` (its ``stats()``);
+    ``layers``, the layers of the model they ran (``engine.fit_layers``: the per-layer offsets scale to other
+    models by it; 0: not recorded)."""
     df = pd.concat(steps, ignore_index=True)
     eager = df["tokens"] > graph_max
     out = _fit_keys(df[~eager], "engine.")
@@ -153,6 +155,8 @@ def fit(steps: list[pd.DataFrame], graph_max: int) -> dict[str, float]:
             if f"engine.{k}.{c}" in out:
                 out[f"engine.eager.{k}.{c}"] = fitted.get(f"engine.eager.{k}.{c}", out[f"engine.{k}.{c}"])
     out["engine.graph_max_tokens"] = float(graph_max)
+    if layers:
+        out["engine.fit_layers"] = float(layers)
     if "engine.eager.linear.scale" in fitted:
         x, y = df.loc[eager, "predicted_linear"].to_numpy(float), df.loc[eager, "measured_linear"].to_numpy(float)
         (out["engine.eager.linear.scale"], out["engine.eager.linear.offset_s"],

@@ -104,6 +104,9 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
        for k in ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
        for c, u, r, d in (("scale", "", "pos", 1.0), ("offset_s", "s", "nonneg", 0.0))},
     "engine.graph_max_tokens": ("tokens", "nonneg", 0),
+    # layers of the model the engine offsets were fitted on: a per-layer kernel's offset (a gap per launch, one
+    # launch per layer) scales to another model by its layers / these; 0 = the offsets as fitted, for any model
+    "engine.fit_layers": ("layers", "nonneg", 0),
     # graph-replayed steps' linear offset by step size (knots in tokens, log-linear between them; where a
     # profile has them they replace engine.linear.offset_s): with one flat offset the engine's 1-token steps
     # measured 2% under it, its 2-32-token steps 1-2% over (reports/validation/)

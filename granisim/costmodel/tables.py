@@ -18,6 +18,12 @@ from .parallel import ParallelPricing, skips_dense_mlp, tp_shard_dims
 from .step import StepPricing
 
 
+# engine keys whose offset is a gap per launch of a per-layer kernel: it scales with the layers
+# (engine.fit_layers). Not linear (its offsets by step size also carry the fitted model's GEMM shapes: scaled,
+# Qwen-2.5-14B's per-step error grew) nor lm_head (once a step).
+PER_LAYER_KEYS = ("attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
+
+
 class CostTables(KernelForms, StepPricing, ParallelPricing):
     """Constants of one (profile, model) pair, and memoised pieces of the step cost."""
 
@@ -39,8 +45,11 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         self.overhead_pass = p["overhead.per_pass_s"]
         self.reread = p["attn.decode.shared_reread"]
         # (scale, offset) per key; empty when the profile carries no engine calibration (the usual case)
-        engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"]) for k in ENGINE_KEYS}
-        eager = {k: (p[f"engine.eager.{k}.scale"], p[f"engine.eager.{k}.offset_s"]) for k in ENGINE_KEYS}
+        fit_layers = p["engine.fit_layers"]
+        per_layer = {k: model.num_layers / fit_layers if fit_layers and k in PER_LAYER_KEYS else 1.0
+                     for k in ENGINE_KEYS}
+        engine = {k: (p[f"engine.{k}.scale"], p[f"engine.{k}.offset_s"] * per_layer[k]) for k in ENGINE_KEYS}
+        eager = {k: (p[f"engine.eager.{k}.scale"], p[f"engine.eager.{k}.offset_s"] * per_layer[k]) for k in ENGINE_KEYS}
         self.graph_max = int(p["engine.graph_max_tokens"])  # steps over it: the eager set
         self.engine = engine if any(v != (1.0, 0.0) for v in (*engine.values(), *eager.values())) else {}
         self.engine_eager = eager if self.graph_max else engine

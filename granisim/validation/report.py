@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                              "its steps cannot join one fit")
         s0 = setups[names[0]]  # one profile and model for every unit of the policy and model
         pooled += [reprice(more_steps[n], more_plans[n], s0.profile, s0.model) for n in more_names if not held_out(n)]
-    report["fit_all"] = fit(pooled, limit)
+    layers = setups[names[0]].model.num_layers
+    report["fit_all"] = fit(pooled, limit, layers)
     if args.fit_runs:
         report["fit_all_runs"] = [str(args.run), *map(str, args.fit_runs)]
     frames = []
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
                                                              **_e2e(setup, measured, mreq)}}
         for label, on in (("engine_calibrated_held_out", [o for o in fitted if o != n]),
                           ("engine_calibrated_in_sample", fitted)):
-            vals = fit([base[o] for o in on], limit)
+            vals = fit([base[o] for o in on], limit, layers)
             prof = with_engine(setup.profile, vals, source)
             cal = reprice(steps[n], plans[n], prof, setup.model)
             report["workloads"][n][label] = {"fitted_on": on, "coefficients": vals, "step_errors": step_errors(cal),

@@ -219,6 +219,7 @@ VALIDATION_VERBS = {
     "speedups": ("speedups", "speedup table from a real-engine grid run"),
     "engine-vs-sim": ("engine_vs_sim", "the simulator against the real engine's speedup grid"),
     "summary": ("summary", "one record per workload, policy, model, machine and metric (summary.json)"),
+    "clock-term": ("clock_term", "per-step errors by step size with and without a power/clock heat term"),
 }
 
 

@@ -4,7 +4,7 @@
 #   reports/regenerate.sh RAW [validation|engine ...]
 #
 # RAW is laid out as reports/README.md ("Raw runs") describes:
-#   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1 (granisim validation gpu-run validate)
+#   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1, runH1 (granisim validation gpu-run validate)
 #   RAW/engine/speedup_2048                                            (granisim validation gpu-run speedup)
 # The engine fits of each run go to RAW/validation/fits/. Nothing here needs a GPU. The validation part runs
 # about 30 reports of 3-4 minutes each on a 2-core machine (each re-prices and re-simulates three workloads);
@@ -27,7 +27,7 @@ need() { [[ -d $1 ]] || { echo "error: $1: no such raw-run folder (see reports/R
 
 validation() {
   local pairs=(A1:A2 A2:A1 B1:B2 B2:B1 C1:C2 C2:C1 D1:D2 D2:D1) x y
-  for r in A1 A2 B1 B2 C1 C2 D1 D2 E1 G1; do need "$RAW/validation/run$r/h200_run"; done
+  for r in A1 A2 B1 B2 C1 C2 D1 D2 E1 G1 H1; do need "$RAW/validation/run$r/h200_run"; done
   mkdir -p "$RAW/validation/fits"
   for r in A1 A2 B1 B2 C1 C2 D1 D2 E1; do   # each run's own fit (on all its workloads)
     $G validation report "$RAW/validation/run$r/h200_run" --out "$SCRATCH/$r" \
@@ -47,7 +47,11 @@ validation() {
     $G validation report "$RAW/validation/runG1/h200_run" --policy $pol --out "$V/runs/runG1/$pol" \
       --check-profile "$SHIPPED" >/dev/null
   done
-  $G validation summary --reports "$V"/runs/runG1/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
+  for pm in granikv:qwen-2.5-14b token:qwen-2.5-14b paged16:llama-3.1-8b; do  # machine H: the second model, paged16
+    $G validation report "$RAW/validation/runH1/h200_run" --policy ${pm%%:*} --model ${pm##*:} \
+      --out "$V/runs/runH1/${pm%%:*}-${pm##*:}" --check-profile "$SHIPPED" >/dev/null
+  done
+  $G validation summary --reports "$V"/runs/run{G1,H1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
     --out "$V/summary.json" >/dev/null
   mkdir -p "$V/targets"
   for m in A B C D; do $G validation targets ${m}1 ${m}2 --root "$V/runs" > "$V/targets/machine_$m.md"; done

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from granisim.core.columns import PackedRows, pages
 from granisim.core.contract import BatchPlan, StepResult
-from granisim.core.request import RequestRecord
+from granisim.core.request import RequestRecord, RequestRecords
 
 BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write",
                   "kv_copy", "overhead")
@@ -20,18 +21,21 @@ _ZEROS = (0.0,) * len(BREAKDOWN_KEYS)
 class StepLog:
     """Columnar log of executed plans (one row per plan; ``num_steps`` > 1 when fast-forwarded).
 
-    A plan is recorded as one tuple (step columns, pool occupancy, breakdown); every ``CHUNK``
-    rows are packed into one numpy array per column, so a long run keeps ~8 bytes per value."""
+    A plan is recorded as one tuple (step columns, pool occupancy, breakdown), packed every
+    ``CHUNK`` rows into one array per column (:class:`granisim.core.columns.PackedRows`: ~8 bytes
+    per value). ``frame()`` is a frame over those arrays, not a copy of them; each call returns a
+    shallow copy of it (pandas copy-on-write: changing one changes no other)."""
 
-    CHUNK = 4096
+    CHUNK = 1024
 
     def __init__(self):
-        self._rows: list[tuple] = []
-        self._chunks: list[list[np.ndarray]] = []  # per packed chunk, one array per column
+        self._log: PackedRows | None = None
         self._pools: tuple[str, ...] | None = None  # the pools' names, in occupancy() order
+        self._frame: pd.DataFrame | None = None  # over the first _framed rows
+        self._framed = 0
 
     def __len__(self) -> int:
-        return len(self._rows) + sum(c[0].size for c in self._chunks)
+        return len(self._log) if self._log is not None else 0
 
     def record(self, start: float, plan: BatchPlan, result: StepResult, allocator) -> None:
         prefill = [r.num_new for r in plan.requests if r.is_prefill]
@@ -39,20 +43,15 @@ class StepLog:
         occ = allocator.occupancy()
         if self._pools is None:
             self._pools = tuple(occ)
+            self._log = PackedRows(self.CHUNK)
         elif tuple(occ) != self._pools:
             raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
         bd = result.breakdown
-        self._rows.append((plan.step, start, result.duration_s, plan.num_steps, len(plan.requests), sum(prefill),
-                           len(plan.requests) - len(prefill), paths.count("dense"), paths.count("cascade"),
-                           paths.count("paged"), sum(x.length for x in plan.copies) if plan.copies else 0,
-                           allocator.hit_rate, allocator.evictions, *(v for pair in occ.values() for v in pair),
-                           *map(bd.get, BREAKDOWN_KEYS, _ZEROS)))
-        if len(self._rows) >= self.CHUNK:
-            self._pack()
-
-    def _pack(self) -> None:
-        self._chunks.append([np.array(col) for col in zip(*self._rows)])
-        self._rows = []
+        self._log.append((plan.step, start, result.duration_s, plan.num_steps, len(plan.requests), sum(prefill),
+                          len(plan.requests) - len(prefill), paths.count("dense"), paths.count("cascade"),
+                          paths.count("paged"), sum(x.length for x in plan.copies) if plan.copies else 0,
+                          allocator.hit_rate, allocator.evictions, *(v for pair in occ.values() for v in pair),
+                          *map(bd.get, BREAKDOWN_KEYS, _ZEROS)))
 
     def _columns(self) -> list[str]:
         pools = [f"{n}_{what}" for n in self._pools for what in ("used", "cached")]
@@ -61,20 +60,48 @@ class StepLog:
     def frame(self) -> pd.DataFrame:
         if self._pools is None:  # nothing recorded
             return pd.DataFrame({**{k: [] for k in STEP_COLS}, **{f"t_{k}": [] for k in BREAKDOWN_KEYS}})
-        if self._rows:
-            self._pack()
-        cols = [np.concatenate(parts) for parts in zip(*self._chunks)]
-        return pd.DataFrame(dict(zip(self._columns(), cols)))
+        if self._frame is None or self._framed != len(self._log):
+            self._frame = None
+            self._framed = len(self._log)
+            self._frame = pd.DataFrame(dict(zip(self._columns(), self._log.arrays())), copy=False)
+        return self._frame.copy(deep=False)
 
 
 REQUEST_COLS = ("rid", "role", "session", "turn", "status", "reason", "arrival_s", "prompt_len", "output_len",
                 "generated", "cached_tokens", "preemptions", "queue_s", "ttft_s", "tpot_s", "e2e_s", "finish_s")
 
 
-def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
-    """One row per request, by rid (built column by column: no per-request dict)."""
-    cols = {k: [getattr(r, k) for r in records] for k in REQUEST_COLS}
-    return pd.DataFrame(cols).sort_values("rid", kind="stable").reset_index(drop=True)
+def requests_frame(records: RequestRecords | list[RequestRecord]) -> pd.DataFrame:
+    """One row per request, by rid (stable: records of one rid keep their order), built from the
+    records' columns (:class:`RequestRecords`; a list of records is put into one first): one array
+    per column, the derived latencies computed on whole columns (the same float operations as
+    :class:`RequestRecord`'s properties), and no per-request object."""
+    if not isinstance(records, RequestRecords):
+        records = RequestRecords(records)
+    if not len(records):
+        return pd.DataFrame({k: [] for k in REQUEST_COLS}).sort_values("rid", kind="stable").reset_index(drop=True)
+    src = records.columns()
+    order = np.argsort(src["rid"], kind="stable")
+    n = order.size
+
+    def out(dtype) -> np.ndarray:
+        return pages(n, dtype)  # the frame's columns: their own pages, not holes in the C heap
+
+    c = {k: np.take(v, order, out=out(v.dtype)) if v.dtype != object else v[order] for k, v in src.items()}
+    del src  # nothing is left viewing the records' arrays
+    arrival, first, finish, out_len = c["arrival_s"], c["first_token_s"], c["finish_s"], c["output_len"]
+    def minus(a, b):
+        return np.subtract(a, b, out=out(np.result_type(a, b)))
+
+    c["queue_s"] = minus(c.pop("admitted_s"), arrival)
+    c["ttft_s"] = minus(first, arrival)
+    tpot = out(np.float64)
+    tpot[:] = np.nan
+    many = out_len > 1
+    tpot[many] = (finish[many] - first[many]) / (out_len[many] - 1)
+    c["tpot_s"] = tpot
+    c["e2e_s"] = minus(finish, arrival)
+    return pd.DataFrame({k: c[k] for k in REQUEST_COLS}, copy=False)
 
 
 def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, end_s: float) -> dict:

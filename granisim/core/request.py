@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from granisim.core.columns import PackedRows
 from granisim.core.workload import VOCAB, RequestSpec
 
 
@@ -142,3 +143,87 @@ class RequestRecord:
     @property
     def queue_s(self) -> float:
         return self.admitted_s - self.arrival_s
+
+
+_RECORD_COLS = ("rid", "role", "session", "turn", "prompt_len", "output_len", "cached_tokens", "preemptions",
+                "generated", "arrival_s", "admitted_s", "first_token_s", "finish_s")
+
+
+class RequestRecords:
+    """The finished and rejected requests' records, held as columns (about 100 bytes per request
+    instead of a :class:`RequestRecord` and its boxed fields).
+
+    A sequence of :class:`RequestRecord`: ``len``, iteration and indexing build each record from
+    its columns. ``columns()`` gives the columns as numpy arrays (no copy) for
+    :func:`granisim.core.metrics.requests_frame`."""
+
+    __slots__ = ("_rows", "_statuses", "_reasons", "__weakref__")
+
+    def __init__(self, records=()):
+        # the record's fields in _RECORD_COLS order, then its status (an index into _statuses)
+        self._rows = PackedRows(dtypes=(None,) * len(_RECORD_COLS) + (np.int8,))
+        self._statuses = ["completed", "rejected"]
+        self._reasons: dict[int, str] = {}  # row -> reason, where not ""
+        for r in records:
+            self.append(r)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def append(self, r: RequestRecord) -> None:
+        try:
+            code = self._statuses.index(r.status)
+        except ValueError:
+            code = len(self._statuses)
+            self._statuses.append(r.status)
+        if r.reason:
+            self._reasons[len(self._rows)] = r.reason
+        self._rows.append((r.rid, r.role, r.session, r.turn, r.prompt_len, r.output_len, r.cached_tokens,
+                           r.preemptions, r.generated, r.arrival_s, r.admitted_s, r.first_token_s, r.finish_s, code))
+
+    def extend(self, records) -> None:
+        for r in records:
+            self.append(r)
+
+    def add_completed(self, spec: RequestSpec, r: Request, finish_s: float) -> None:
+        """``append(RequestRecord(..., "completed", "", r.admitted_s, r.first_token_s, finish_s, ...))``
+        of a request that finished, without building the record."""
+        self._rows.append((spec.rid, spec.role, spec.session, spec.turn, r.prompt_len, spec.output_len,
+                           r.cached_at_admit, r.preemptions, r.generated, spec.arrival_s, r.admitted_s,
+                           r.first_token_s, finish_s, 0))
+
+    def add_rejected(self, spec: RequestSpec, finish_s: float, reason: str) -> None:
+        """``append(RequestRecord(spec's fields, "rejected", reason, finish_s=finish_s))``."""
+        self.append(RequestRecord(spec.rid, spec.role, spec.session, spec.turn, spec.arrival_s, spec.prompt_len,
+                                  spec.output_len, "rejected", reason, finish_s=finish_s))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("record index out of range")
+        *values, code = self._rows.row(i)
+        return RequestRecord(status=self._statuses[code], reason=self._reasons.get(i, ""),
+                             **dict(zip(_RECORD_COLS, values)))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"RequestRecords({len(self)} records)"
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every field as an array in record order (views of the columns, never written again; status
+        and reason as object arrays of str). Needs a record."""
+        *arrays, codes = self._rows.arrays()
+        cols = dict(zip(_RECORD_COLS, arrays))
+        cols["status"] = np.array(self._statuses, dtype=object)[codes]
+        reason = np.full(len(self), "", dtype=object)
+        for i, why in self._reasons.items():
+            reason[i] = why
+        cols["reason"] = reason
+        return cols

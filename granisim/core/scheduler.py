@@ -31,7 +31,7 @@ import numpy as np
 from granisim.kv.allocator import KVAllocator
 from granisim.core.batching import BatchBuilder, PathChooser, StepPricer
 from granisim.core.contract import BatchPlan, StepResult
-from granisim.core.request import Request, RequestRecord
+from granisim.core.request import Request, RequestRecords
 from granisim.core.workload import RequestSpec
 
 
@@ -46,7 +46,7 @@ class Scheduler:
                                   needs_layouts)
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
-        self.records: list[RequestRecord] = []
+        self.records = RequestRecords()  # finished and rejected requests, as columns
         self.step_id = 0
         self._admitted = 0
         self._prefix_owner: dict[tuple[int, int], int] = {}  # (role, shared_len) -> rid prefilling it
@@ -90,8 +90,7 @@ class Scheduler:
         return min(times) if times else None
 
     def _reject(self, spec: RequestSpec, now: float, reason: str) -> None:
-        self.records.append(RequestRecord(spec.rid, spec.role, spec.session, spec.turn, spec.arrival_s,
-                                          spec.prompt_len, spec.output_len, "rejected", reason, finish_s=now))
+        self.records.add_rejected(spec, now, reason)
 
     @property
     def has_work(self) -> bool:
@@ -304,7 +303,4 @@ class Scheduler:
     def _finish(self, r: Request, now: float) -> None:
         self.alloc.release(r.rid, r.tokens[: r.computed])
         del self.running[r.rid]
-        s = r.spec
-        self.records.append(RequestRecord(s.rid, s.role, s.session, s.turn, s.arrival_s, r.prompt_len,
-                                          s.output_len, "completed", "", r.admitted_s, r.first_token_s, now,
-                                          r.cached_at_admit, r.preemptions, r.generated))
+        self.records.add_completed(r.spec, r, now)

@@ -37,14 +37,14 @@ from granisim.kv.allocator import make_allocator
 from granisim.kv.host_tier import host_tier_config
 from granisim.core.metrics import StepLog
 from granisim.core.contract import Executor
-from granisim.core.request import RequestRecord
+from granisim.core.request import RequestRecord, RequestRecords
 from granisim.core.scheduler import Scheduler
 from granisim.core.workload import ArrivalQueue, Workload
 
 
 @dataclass
 class SimResult:
-    records: list[RequestRecord]
+    records: RequestRecords | list[RequestRecord]  # a fleet's: a list
     steps: StepLog
     end_s: float
     info: dict = field(default_factory=dict)

@@ -104,3 +104,69 @@ def test_requests_frame_equals_a_frame_of_row_dicts():
     want = pd.DataFrame(rows).sort_values("rid", kind="stable").reset_index(drop=True)
     pd.testing.assert_frame_equal(requests_frame(recs), want, check_exact=True)
     assert np.isnan(requests_frame(recs).tpot_s[1])
+
+
+def test_step_frames_are_independent_and_rows_after_a_frame_are_kept():
+    """frame() shares the log's arrays, yet changing one frame changes neither the log nor a later
+    frame, and plans recorded after a frame appear in the next one (the framed arrays untouched)."""
+    class Alloc:
+        hit_rate, evictions = 0.0, 0
+
+        def occupancy(self):
+            return {"cold": (1, 2)}
+
+    log = StepLog()
+    log.CHUNK = 3
+    plan = BatchPlan(4, "granikv", 1, (PlannedRequest(0, 0, 1, False, -1, 0),), (), ())
+    for i in range(5):
+        log.record(float(i), plan, StepResult(0.1, {}), Alloc())
+    first = log.frame()
+    first.loc[0, "start_s"] = 99.0
+    first.insert(0, "replica", 7)
+    again = log.frame()
+    assert list(again.start_s) == [0.0, 1.0, 2.0, 3.0, 4.0] and "replica" not in again
+    for i in range(5, 9):
+        log.record(float(i), plan, StepResult(0.1, {}), Alloc())
+    later = log.frame()
+    assert list(later.start_s) == [float(i) for i in range(9)] and len(log) == 9
+    assert list(again.start_s) == [0.0, 1.0, 2.0, 3.0, 4.0] and first.start_s[0] == 99.0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5000])
+def test_packed_rows_equal_the_joined_chunks(chunk, monkeypatch):
+    """Columns packed every ``chunk`` rows and grown past their first size (and into memory maps)
+    equal np.concatenate over np.array of each chunk, dtypes included (an int column that meets a
+    float becomes float64); rows read back by index; rows appended after arrays() leave them be."""
+    from granisim.core import columns
+
+    rows = [(i, 0 if i < 7000 else 0.5 * i, -i * 1.25) for i in range(9000)]
+    monkeypatch.setattr(columns.PackedRows, "START", 16)
+    packed = columns.PackedRows(chunk)
+    for r in rows:
+        packed.append(r)
+    got = packed.arrays()
+    want = [np.concatenate(parts) for parts in zip(*[[np.array(c) for c in zip(*rows[k : k + chunk])]
+                                                      for k in range(0, len(rows), chunk)])]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    assert packed.row(7001) == (7001, 3500.5, -8751.25) and packed.row(3) == (3, 0.0, -3.75)
+    packed.append((1, 2.0, 3.0))
+    assert len(packed) == 9001 and got[0].size == 9000 and packed.row(9000) == (1, 2.0, 3.0)
+    assert packed.arrays()[0][-1] == 1 and got[0][-1] == 8999
+
+
+def test_request_records_read_back_and_frame_like_a_list():
+    """RequestRecords gives back the records appended (through append or the scheduler's own
+    paths) and the same requests frame as a plain list of them."""
+    from granisim.core.request import RequestRecords
+
+    recs = [RequestRecord(2, 0, -1, 0, 1.0, 10, 5, "completed", "", 1.5, 2.0, 3.0, 4, 0, 5),
+            RequestRecord(1, 1, 3, 1, 0.5, 12, 1, "rejected", "queue full", finish_s=0.6),
+            RequestRecord(0, -1, -1, 0, 0.0, 7, 2, "odd", "", 0.0, 0.25, 0.5, 0, 1, 2)] * 700
+    table = RequestRecords(recs)
+    assert len(table) == len(recs) and table[-2] == recs[-2]
+    assert all(a == b or (a.status == "rejected" and a.rid == b.rid) for a, b in zip(table, recs))
+    assert [r.reason for r in table[:3]] == ["", "queue full", ""]
+    pd.testing.assert_frame_equal(requests_frame(table), requests_frame(list(table)), check_exact=True)
+    _, _, res, reqs = run(small(**{"workload.num_requests": 12}))
+    pd.testing.assert_frame_equal(reqs, requests_frame(list(res.records)), check_exact=True)

@@ -1,0 +1,93 @@
+"""Rows appended one at a time, held as one numpy array per column (the step log, the request records).
+
+Rows are buffered as tuples and packed every ``chunk`` rows into the column arrays, which
+grow by doubling. A large column lives in its own anonymous memory map (:func:`pages`): only
+the rows written are resident, and an outgrown array goes back to the system when it is
+dropped, whatever the C allocator does with freed memory (it keeps freed heap blocks, so arrays
+grown and freed through it would stay resident as holes).
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+MAP_BYTES = 1 << 16  # arrays at least this large get their own memory map
+
+
+def pages(n: int, dtype) -> np.ndarray:
+    """An uninitialised writable array of ``n`` items; from ``MAP_BYTES`` bytes on, in its own
+    anonymous memory map (resident once written, unmapped when it and every view of it are gone)."""
+    dt = np.dtype(dtype)
+    nbytes = n * dt.itemsize
+    if nbytes < MAP_BYTES:
+        return np.empty(n, dt)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dt)
+
+
+class PackedRows:
+    """Tuples of one width, appended; read back by row (:meth:`row`) or as column arrays (:meth:`arrays`).
+
+    A column's dtype is that of ``np.array`` over its values (so of ``np.concatenate`` over the
+    packed chunks: ints and floats give float64, and so on) unless ``dtypes`` names one (None
+    entries are inferred). Arrays handed out by :meth:`arrays` are never written again: rows
+    appended afterwards go into copies."""
+
+    __slots__ = ("chunk", "_dtypes", "_rows", "_cols", "_n", "_shared", "__weakref__")
+
+    START = 4096  # rows a column array first holds
+
+    def __init__(self, chunk: int = 1024, dtypes: tuple | None = None):
+        self.chunk = chunk
+        self._dtypes = dtypes
+        self._rows: list[tuple] = []
+        self._cols: list[np.ndarray] = []  # rows 0 .. _n - 1 are set
+        self._n = 0
+        self._shared = False  # arrays() handed out views of _cols
+
+    def __len__(self) -> int:
+        return self._n + len(self._rows)
+
+    def append(self, row: tuple) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self.chunk:
+            self.pack()
+
+    def pack(self) -> None:
+        """Move the buffered rows into the column arrays."""
+        rows = self._rows
+        if not rows:
+            return
+        n, k = self._n, len(rows)
+        end = n + k
+        shared, self._shared = self._shared, False
+        given = self._dtypes
+        for j, col_values in enumerate(zip(*rows)):
+            part = np.array(col_values) if given is None or given[j] is None else np.array(col_values, given[j])
+            if j == len(self._cols):
+                self._cols.append(pages(max(self.START, k), part.dtype))
+            col = self._cols[j]
+            dtype = np.result_type(col.dtype, part.dtype)
+            if shared or end > col.size or dtype != col.dtype:
+                grown = pages(max(end, 2 * col.size) if end > col.size else col.size, dtype)
+                grown[:n] = col[:n]
+                self._cols[j] = col = grown  # one column at a time: the outgrown array goes now
+            col[n:end] = part
+        self._n = end
+        self._rows = []
+
+    def arrays(self) -> list[np.ndarray]:
+        """Every column as an array of ``len(self)`` items (views: not written again). Needs a row."""
+        self.pack()
+        self._shared = True
+        n = self._n
+        return [c[:n] for c in self._cols]
+
+    def row(self, i: int) -> tuple:
+        """Row ``i`` (0 <= i < len) as Python values (of the column's type once packed: an int appended
+        to a float column comes back as a float)."""
+        n = self._n
+        if i >= n:
+            return self._rows[i - n]
+        return tuple(c[i].item() for c in self._cols)

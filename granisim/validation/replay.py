@@ -1,6 +1,7 @@
 """TPOT on the measured schedule: is a TPOT error the cost model's or the schedule's?
 
     granisim validation replay RAW/validation/runA1 RAW/validation/runA2 [--profile h200-engine]
+        [--policy granikv] [--model llama-3.1-8b]
 
 For each validation run and workload, the stored plans are priced with PROFILE step by step and
 each request's TPOT is recomputed on the measured schedule (the same steps, in the same order,
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders holding h200_run/<workload>/")
     ap.add_argument("--profile", default="h200-engine")
+    ap.add_argument("--policy", default="granikv")
     ap.add_argument("--model", default="llama-3.1-8b")
     args = ap.parse_args(argv)
     prof, model = get_profile(args.profile), get_model(args.model)
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
           f"| TPOT p99 measured | on the measured schedule, {args.profile} |")
     print("|---|---|---|---|---|---|")
     for run in args.runs:
-        names, runs_steps, runs_plans = _load(run / "h200_run")
+        names, runs_steps, runs_plans = _load(run / "h200_run", args.policy, args.model)
         for w in names:
             plans = runs_plans[w]
             steps = reprice(runs_steps[w], plans, prof, model)

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name, validation_scenario
 from granisim.calibration.engine_fit import fit, host_work, unit_of, with_engine
 from granisim.config.hardware import PROFILE_DIR, Source, get_profile
+from granisim.config.models import get_model
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import prepare, simulate
 from granisim.validation.plans import load_plans
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                              "its steps cannot join one fit")
         s0 = setups[names[0]]  # one profile and model for every unit of the policy and model
         pooled += [reprice(more_steps[n], more_plans[n], s0.profile, s0.model) for n in more_names if not held_out(n)]
-    layers = setups[names[0]].model.num_layers
+    layers = get_model(args.model).num_layers
     report["fit_all"] = fit(pooled, limit, layers)
     if args.fit_runs:
         report["fit_all_runs"] = [str(args.run), *map(str, args.fit_runs)]

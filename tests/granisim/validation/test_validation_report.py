@@ -81,7 +81,7 @@ def test_the_held_out_workload_joins_no_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(V, "run_requests", lambda *a: 10)
     monkeypatch.setattr(V, "_setup", lambda *a: SimpleNamespace(profile=None, model=None))
     monkeypatch.setattr(V, "reprice", lambda steps, *a: steps)
-    monkeypatch.setattr(V, "fit", lambda fs, limit: fitted_on.append({f.unit.iloc[0] for f in fs}) or {})
+    monkeypatch.setattr(V, "fit", lambda fs, limit, layers: fitted_on.append({f.unit.iloc[0] for f in fs}) or {})
     monkeypatch.setattr(V, "with_engine", lambda p, *a: p)
     monkeypatch.setattr(V, "_e2e", lambda *a: {"end_to_end": e2e})
     monkeypatch.setattr(V, "step_errors", lambda s: {"total": {"median": 0.0, "p90": 0.0}})

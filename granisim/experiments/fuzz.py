@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from hypothesis import HealthCheck
@@ -108,6 +109,134 @@ def default_model(policy: str) -> Callable[[], ReferenceModel] | None:
         return None
     name, kw = _config(base)
     return lambda: ReferenceModel(name, FUZZ_CAPACITY, **kw)
+
+
+_M64 = 2**64 - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64 of ``x`` (0 stays 0, so the simplest choice decodes to the simplest parameters)."""
+    if not x:
+        return 0
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+class _Digits:
+    """Mixed-radix digits of a 128-bit hash of one hypothesis integer: ``take(n)`` is the next
+    digit in ``[0, n)``, ``low(n)`` one that is 0 a quarter of the time, as hypothesis draws the
+    simplest value of a choice often: the first role, request and prompt, the shortest lengths and
+    all-zero prompts are where prefixes are shared and eviction order matters."""
+    __slots__ = ("z",)
+
+    def __init__(self, x: int):
+        self.z = _mix(x) | _mix(x ^ 0x5851F42D4C957F2D) << 64 if x else 0
+
+    def take(self, n: int) -> int:
+        self.z, d = divmod(self.z, n)
+        return d
+
+    def low(self, n: int) -> int:
+        return self.take(n) if self.take(4) else 0
+
+
+def _edge(d: _Digits, low: int) -> int:
+    """A negative draw (an index into the edge lengths, ``low`` - index)."""
+    return low - d.low(1024)
+
+
+def _common(d: _Digits) -> dict:
+    """The parameters every admission draws: ``length`` (half the time 1..48, else an edge length),
+    ``fill`` (0: all zeros, else a token seed), outputs, reserve and ``now``."""
+    return dict(length=1 + d.low(48) if not d.take(2) else _edge(d, -1), fill=d.low(2**16 + 1),
+                outputs=1 + d.low(8), reserve=(0, 0, 1, 4)[d.low(4)], now=(0, 0, 1, 7, 64)[d.low(5)])
+
+
+class Admit(NamedTuple):
+    """Parameters of the ``admit`` rule (see its docstring)."""
+    source: int
+    reuse: int
+    length: int
+    fill: int
+    outputs: int
+    reserve: int
+    now: int
+
+
+class Role(NamedTuple):
+    """Parameters of the ``admit_role`` rule: ``shared`` 0..16 or 0..48, or negative: an edge length
+    (-1..-1024) or the cached part of the role's prompt plus a slab edge (below -10**6)."""
+    role: int
+    shared: int
+    length: int
+    fill: int
+    outputs: int
+    reserve: int
+    now: int
+
+
+class Prefill(NamedTuple):
+    pick: int
+    chunk: int
+
+
+class Batch(NamedTuple):
+    mask: int
+    n: int
+
+
+class Finish(NamedTuple):
+    pick: int
+    cache: bool
+
+
+class Lookup(NamedTuple):
+    pick: int
+    length: int
+    run: bool
+
+
+class Evict(NamedTuple):
+    n: int
+
+
+# Each rule draws one integer ``x`` in [0, 2**64) (RULE_X) and decodes it into its parameters with one of
+# these (``admit_params(x)`` and so on; 0 decodes to the simplest ones). A ``.map`` of the strategy would
+# print the decoded tuple in a shrunk sequence, but costs hypothesis as much again per step.
+RULE_X = st.integers(0, _M64)
+
+
+def _decoded(make):
+    def decode(x: int):
+        return make(_Digits(x))
+    return decode
+
+
+def _role(d: _Digits) -> Role:
+    role, kind = d.low(len(AGENT_PREFIXES)), d.low(4)
+    shared = d.low(17 if kind == 0 else 49) if kind < 2 else _edge(d, -1 if kind == 2 else -10**6 - 1)
+    return Role(role, shared, **_common(d))
+
+
+def _prefill(d: _Digits) -> Prefill:
+    pick, kind = d.low(2**20), d.low(3)
+    return Prefill(pick, 1 + d.low(8) if kind == 0 else 1 + d.low(64) if kind == 1 else _edge(d, -1))
+
+
+def _evict(d: _Digits) -> Evict:
+    kind = d.low(3)
+    return Evict(1 + d.low(8) if kind == 0 else 1 + d.low(200) if kind == 1 else 0)
+
+
+admit_params = _decoded(lambda d: Admit(-1 - d.low(3), d.low(2**20), **_common(d)))
+role_params = _decoded(_role)
+prefill_params = _decoded(_prefill)
+batch_params = _decoded(lambda d: Batch(1 + d.low(2**12 - 1), (1, 1, 2, 3)[d.low(4)]))
+finish_params = _decoded(lambda d: Finish(d.low(2**20), bool(d.take(2))))
+lookup_params = _decoded(lambda d: Lookup(d.low(2**20), 1 + d.low(64), bool(d.take(2))))
+evict_params = _decoded(_evict)
 
 
 class PromiseBroken(AssertionError):
@@ -197,9 +326,16 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             """Lengths of the runs of consecutive free slots of one pool."""
             if not free.size:
                 return set()
-            f = np.sort(free)
-            cuts = np.flatnonzero(np.diff(f) != 1) + 1
-            return set(np.diff(np.concatenate([[0], cuts, [f.size]])).tolist())
+            f = free.tolist()
+            if any(a > b for a, b in zip(f, f[1:])):
+                f.sort()
+            out, start = set(), 0
+            for i in range(1, len(f)):
+                if f[i] != f[i - 1] + 1:
+                    out.add(i - start)
+                    start = i
+            out.add(len(f) - start)
+            return out
 
         def _edges(self) -> list[int]:
             """Lengths at the edges of the free space, of pages and of HOT: where off-by-ones live."""
@@ -243,34 +379,34 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             return best - best % self.alloc.page_size
 
         # ---- rules -----------------------------------------------------------------------
-        _ADMIT = dict(length=st.one_of(st.integers(1, 48), st.integers(-10**6, -1)), fill=st.integers(0, 2**16),
-                      outputs=st.integers(1, 8), reserve=st.sampled_from([0, 0, 1, 4]), now=st.sampled_from([0, 0, 1, 7, 64]))
-        _SHARED = st.one_of(st.integers(0, 16), st.integers(0, 48), st.integers(-10**6, -1),
-                            st.integers(-2 * 10**6, -10**6 - 1))
-        _ROLE = st.integers(0, len(AGENT_PREFIXES) - 1)
+        # Each rule draws one integer, decoded into its parameters (see :func:`_decoded`): every
+        # hypothesis choice costs more than most rules, so one choice per rule instead of several.
 
-        @initialize(source=st.integers(-3, -1), reuse=st.integers(0, 10**6), **_ADMIT)
-        def first_admit(self, source, reuse, length, fill, outputs, reserve, now):
+        @initialize(x=RULE_X)
+        def first_admit(self, x):
             """Every example starts with one admission (rules are switched off at random per example)."""
-            self.admit(source, reuse, length, fill, outputs, reserve, now)
+            self.admit(x)
 
-        @initialize(role=_ROLE, shared=_SHARED, **_ADMIT)
-        def first_role(self, role, shared, length, fill, outputs, reserve, now):
+        @initialize(x=RULE_X)
+        def first_role(self, x):
             """And with one agent role's admission."""
-            self.admit_role(role, shared, length, fill, outputs, reserve, now)
+            self.admit_role(x)
 
-        @rule(role=_ROLE, shared=_SHARED, **_ADMIT)
-        def admit_role(self, role, shared, length, fill, outputs, reserve, now):
+        @rule(x=RULE_X)
+        def admit_role(self, x):
             """An agent role's prompt: the first ``shared`` tokens of its system prompt (declared shared;
             in [-10**6, -1] an edge length, below -10**6 the cached part of the role's prompt plus a slab
-            edge length), then its own text, ``length`` tokens in all (at least the shared part)."""
-            self._admit(role, 0, length, shared, fill, outputs, reserve, now)
+            edge length), then its own text, ``length`` tokens in all (at least the shared part);
+            the parameters are ``role_params(x)``."""
+            a = role_params(x)
+            self._admit(a.role, 0, a.length, a.shared, a.fill, a.outputs, a.reserve, a.now)
 
-        @rule(source=st.integers(-3, -1), reuse=st.integers(0, 10**6), **_ADMIT)
-        def admit(self, source, reuse, length, fill, outputs, reserve, now):
+        @rule(x=RULE_X)
+        def admit(self, x):
             """A prompt of ``length`` tokens (an edge length when negative): with ``source`` -1 a prefix
-            of an earlier prompt, else its own tokens only, nothing declared shared."""
-            self._admit(source, reuse, length, 0, fill, outputs, reserve, now)
+            of an earlier prompt, else its own tokens only, nothing declared shared (``admit_params(x)``)."""
+            a = admit_params(x)
+            self._admit(a.source, a.reuse, a.length, 0, a.fill, a.outputs, a.reserve, a.now)
 
         def _admit(self, source, reuse, length, shared, fill, outputs, reserve, now):
             """``fill`` seeds the prompt's own tokens (0 = all zeros); then ``outputs`` tokens to decode,
@@ -350,11 +486,11 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     self.model.cache_prefix(rid, r["tokens"][: r["shared"]])
 
         @precondition(lambda self: any(r["done"] < r["prompt"] for r in self.reqs.values()))
-        @rule(pick=st.integers(0, 10**6), chunk=st.one_of(st.integers(1, 8), st.integers(1, 64),
-                                                            st.integers(-10**6, -1)))
-        def prefill(self, pick, chunk):
+        @rule(x=RULE_X)
+        def prefill(self, x):
             """One prefill chunk (an edge length when ``chunk`` is negative); a request that cannot
             grow is preempted mid-prefill."""
+            pick, chunk = prefill_params(x)
             rid = self._pick(pick, lambda r: r["done"] < r["prompt"])
             if chunk < 0:
                 edges = self._edges()
@@ -377,9 +513,10 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                 self._extend(rid, 1, f"can_extend({{{rid}: 1}})")
 
         @precondition(lambda self: any(r["prompt"] <= r["done"] < r["tokens"].size for r in self.reqs.values()))
-        @rule(mask=st.integers(1, 2**12 - 1), n=st.sampled_from([1, 1, 2, 3]))
-        def decode_batch(self, mask, n):
+        @rule(x=RULE_X)
+        def decode_batch(self, x):
             """The scheduler's decode step: one batched question and one batched extend."""
+            mask, n = batch_params(x)
             ready = sorted(r for r, q in self.reqs.items() if q["prompt"] <= q["done"] <= q["tokens"].size - n)
             rids = [r for i, r in enumerate(ready) if mask >> (i % 12) & 1]
             if not rids:
@@ -402,17 +539,19 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     raise ModelMismatch(f"extend_all: request {rid} grew; the reference model has no room")
 
         @precondition(lambda self: self.reqs)
-        @rule(pick=st.integers(0, 10**6), cache=st.booleans())
-        def finish(self, pick, cache):
+        @rule(x=RULE_X)
+        def finish(self, x):
+            pick, cache = finish_params(x)
             rid = self._pick(pick, lambda r: True)
             r = self.reqs[rid]
             self._release(rid, r["tokens"][: r["done"]] if cache else None)
 
         @precondition(lambda self: self.history)
-        @rule(pick=st.integers(0, 10**6), length=st.integers(1, 64), run=st.booleans())
-        def lookup(self, pick, length, run):
+        @rule(x=RULE_X)
+        def lookup(self, x):
             """Look up the first ``length`` tokens of an earlier prompt or, with ``run``, the whole
             token path of a cached run (a use for LRU: that run must now outlive older ones)."""
+            pick, length, run = lookup_params(x)
             q = self.history[pick % len(self.history)][:length]
             runs = self.alloc.cached_runs() if run else None
             if runs:
@@ -432,9 +571,10 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
             if self.model is not None:
                 _agree(f"lookup of {q.size} tokens: matched length", int(slots.size), self.model.match(q)[1])
 
-        @rule(n=st.one_of(st.integers(1, 8), st.integers(1, 200), st.just(0)))
-        def evict(self, n):
+        @rule(x=RULE_X)
+        def evict(self, x):
             """Evict ``n`` cached private tokens; 0 clears the whole cache."""
+            n = evict_params(x).n
             before = self._views()[0]
             freed = self.alloc.evict(n) if n else self.alloc.clear_cache()
             self._sync_copies()
@@ -505,30 +645,38 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     pool_of[lo:hi] = i
                 if (inside > 1).any():
                     raise AssertionError(f"slot {int(np.flatnonzero(inside > 1)[0])} lies in two pools")
-                self._map_key, self._map = key, (pool_of, {n: i for i, n in enumerate(names)})
+                self._map_key, self._map = key, (pool_of, {n: i for i, n in enumerate(names)},
+                                                 (pool_of >= 0).astype(np.int64),
+                                                 np.concatenate([[-2], pool_of, [-2]]))
             return self._map
 
         def _slots_tile_every_pool(self, bounds, free, owned):
             cap = self.alloc.capacity
-            pool_of, index = self._pool_map(bounds)
-            runs = [(name, np.asarray(free[name]), "free", None) for name in bounds]
-            runs += [(pool, np.asarray(slots), kind, oid) for kind, oid, pool, slots in owned]
-            allslots = np.concatenate([r[1] for r in runs]).astype(np.int64)
-            want = np.repeat([index[r[0]] for r in runs], [r[1].size for r in runs])
-            ok = (allslots >= 0) & (allslots < cap)
-            ok[ok] = pool_of[allslots[ok]] == want[ok]
-            if not ok.all():
+            pool_of, index, inside, padded = self._pool_map(bounds)
+            arrays = [np.asarray(free[name]) for name in bounds]
+            want = [index[name] for name in bounds]
+            for o in owned:
+                arrays.append(np.asarray(o[3]))
+                want.append(index[o[2]])
+            sizes = [a.size for a in arrays]
+            allslots = np.concatenate(arrays).astype(np.int64, copy=False)
+            # the pool of every slot (-2 for one outside [0, capacity)) against the pool it is listed in
+            if (np.take(padded, allslots + 1, mode="clip") != np.repeat(want, sizes)).any():
+                ok = (allslots >= 0) & (allslots < cap)
+                ok[ok] = pool_of[allslots[ok]] == np.repeat(want, sizes)[ok]
                 k = int(np.flatnonzero(~ok)[0])
-                at = np.searchsorted(np.cumsum([r[1].size for r in runs]), k, side="right")
-                pool, _, kind, oid = runs[at]
+                at = int(np.searchsorted(np.cumsum(sizes), k, side="right"))
+                pool, kind, oid = (list(bounds)[at], "free", None) if at < len(bounds) else \
+                    (owned[at - len(bounds)][2], owned[at - len(bounds)][0], owned[at - len(bounds)][1])
                 lo, hi = bounds[pool]
                 who = kind if oid is None else f"{kind} {oid}"
                 raise AssertionError(f"{pool}: slot {int(allslots[k])} ({who}) is outside the pool [{lo}, {hi})")
             seen = np.bincount(allslots, minlength=cap)
-            if (seen > 1).any():
-                raise AssertionError(f"slot {int(np.flatnonzero(seen > 1)[0])} is owned twice or both owned and free")
-            lost = np.flatnonzero((seen == 0) & (pool_of >= 0))
-            if lost.size:
+            if not np.array_equal(seen, inside):
+                if (seen > 1).any():
+                    raise AssertionError(f"slot {int(np.flatnonzero(seen > 1)[0])} is owned twice or both owned "
+                                         "and free")
+                lost = np.flatnonzero((seen == 0) & (pool_of >= 0))
                 raise AssertionError(f"slot {int(lost[0])} is neither free nor owned (lost)")
             if bounds != self.bounds:
                 self._boundary_moves_over_free(bounds, free)
@@ -598,7 +746,11 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                         tuple(r.tokens.tolist())
                 return p
 
-            shape = {(path(r), r.pool, r.locked) for r in runs}
+            shape = set()
+            for r in runs:  # parents usually come first: one dict look-up per run
+                above = paths.get(r.parent)
+                p = paths[r.id] = above + tuple(r.tokens.tolist()) if above is not None else path(r)
+                shape.add((p, r.pool, r.locked))
             want = m.shape()
             if shape != want:
                 extra, missing = sorted(shape - want), sorted(want - shape)
@@ -611,27 +763,36 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     h[pool] = h.get(pool, 0) + np.asarray(slots).size
             for rid in self.reqs:
                 want, h = m.held(rid), held.get(rid, {})
-                _agree(f"slots request {rid} holds per pool", {p: h.get(p, 0) for p in want}, want)
+                got = {p: h.get(p, 0) for p in want}
+                if got != want:
+                    _agree(f"slots request {rid} holds per pool", got, want)
 
         def _layouts_hold_own_tokens(self, owned):
             page = self.alloc.page_size
             store = self.store
             held: dict[int, int] = {}
             in_node = np.zeros(self.alloc.capacity, bool)  # slots owned by cached runs
+            nodes = []
             for o in owned:
                 if o[0] == "node":
-                    in_node[np.asarray(o[3])] = True
+                    nodes.append(np.asarray(o[3]))
                 elif o[2] in store:
                     held[o[1]] = held.get(o[1], 0) + np.asarray(o[3]).size
+            if nodes:
+                in_node[np.concatenate(nodes)] = True
             lays = {}
             for rid, r in self.reqs.items():
-                lay = lays[rid] = self.alloc.layout(rid)
+                lay = self.alloc.layout(rid)
                 slots = lay.slots()
                 if not (lay.num_tokens == r["done"] == slots.size):
                     raise AssertionError(f"request {rid}: layout has {slots.size} slots for {r['done']} tokens")
                 written = [np.asarray(s.slots) for s in lay.segments if s.pool in store]
                 n_written = sum(w.size for w in written)
-                mine = n_written - int(in_node[np.concatenate(written)].sum()) if n_written else 0
+                if n_written:
+                    w = written[0] if len(written) == 1 else np.concatenate(written)
+                    mine = n_written - int(np.count_nonzero(in_node[w]))
+                else:
+                    mine = 0
                 h = held.get(rid, 0)
                 if h - mine >= page or h < mine:
                     raise AssertionError(f"request {rid}: holds {h} private slots for {mine} written tokens "

@@ -62,7 +62,7 @@ def progress_machine(machine, examples: int):
     class WithProgress(machine):
         def __init__(self):
             super().__init__()
-            if bar.n < bar.total:
+            if not bar.disable and bar.n < bar.total:
                 bar.update(1)
 
     WithProgress.__name__ = machine.__name__

@@ -47,6 +47,7 @@ class ReferenceModel:
         self.free = dict(self.cap)
         self.root = _Run(0, None, (), "root")
         self.root.lock = 1
+        self._cache = None  # (shape, evictable per pool) of the tree as it is; None after any change
         self.next_id, self.clock = 1, 0
         self.reqs: dict[int, dict] = {}
         self.counters = dict(lookups=0, hit_tokens=0, lookup_tokens=0, evictions=0, evicted_tokens=0,
@@ -57,26 +58,39 @@ class ReferenceModel:
     # ---- the prefix tree ------------------------------------------------------------------
     def runs(self) -> list[_Run]:
         """Every cached run (in no particular order: callers pick by key or sum)."""
-        def below(n: _Run):
-            for c in n.children.values():
-                yield c
-                yield from below(c)
-        return list(below(self.root))
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            if n.children:
+                stack.extend(n.children.values())
+        return out
 
     def shape(self) -> set[tuple[tuple[int, ...], str, bool]]:
         """(whole token path to the run's end, pool, locked) of every cached run."""
-        out, stack = set(), [(c, ()) for c in self.root.children.values()]
-        while stack:
-            n, above = stack.pop()
-            path = above + n.tokens
-            out.add((path, n.pool, n.lock > 0))
-            stack.extend((c, path) for c in n.children.values())
-        return out
+        return self._summary()[0]
+
+    def _summary(self):
+        """(:meth:`shape`, :meth:`evictable` per pool), computed once per state of the tree."""
+        if self._cache is None:
+            out, evictable = set(), dict.fromkeys(self.cap, 0)
+            stack = [(c, ()) for c in self.root.children.values()]
+            while stack:
+                n, above = stack.pop()
+                path = above + n.tokens
+                out.add((path, n.pool, n.lock > 0))
+                if n.lock == 0:
+                    evictable[n.pool] = evictable.get(n.pool, 0) + len(n.tokens)
+                if n.children:
+                    stack.extend((c, path) for c in n.children.values())
+            self._cache = (out, evictable)
+        return self._cache
 
     def _key(self, tokens):
         return tuple(tokens[: self.page])
 
     def _split(self, child: _Run, m: int) -> _Run:
+        self._cache = None
         parent = child.parent
         head = _Run(self.next_id, parent, child.tokens[:m], child.pool)
         self.next_id += 1
@@ -113,6 +127,7 @@ class ReferenceModel:
         tokens = tuple(int(t) for t in tokens)
         node, pos = self.match(tokens)
         if pos < len(tokens):
+            self._cache = None
             leaf = _Run(self.next_id, node, tokens[pos:], pool)
             self.next_id += 1
             self.clock += 1
@@ -129,20 +144,23 @@ class ReferenceModel:
         return out
 
     def _lock(self, node):
+        self._cache = None
         for x in self._path(node):
             x.lock += 1
 
     def _unlock(self, node):
+        self._cache = None
         self.clock += 1
         for x in self._path(node):
             x.lock -= 1
             x.stamp = self.clock
 
     def evictable(self, pool: str) -> int:
-        return sum(len(n.tokens) for n in self.runs() if n.lock == 0 and n.pool == pool)
+        return self._summary()[1].get(pool, 0)
 
     def _drop(self, node: _Run) -> int:
         """Remove an unlocked run with its subtree; returns tokens freed."""
+        self._cache = None
         freed = sum(self._drop(c) for c in list(node.children.values()))
         del node.parent.children[self._key(node.tokens)]
         self.free[node.pool] += len(node.tokens)
@@ -360,9 +378,9 @@ class ReferenceModel:
     # ---- what is compared -----------------------------------------------------------------
     def pool_counts(self) -> dict[str, tuple[int, int, int, int]]:
         """(capacity, free, used, cached) per pool."""
-        out = {}
+        out, evictable = {}, self._summary()[1]
         for name, cap in self.cap.items():
-            cached = self.evictable(name)
+            cached = evictable[name]
             out[name] = (cap, self.free[name], cap - self.free[name] - cached, cached)
         return out
 

@@ -10,7 +10,7 @@ def _failure(msg, steps):
 
 
 def test_every_failure_of_a_group_is_listed_and_written(tmp_path):
-    a = _failure("first", ["state = AllocatorMachine()", "state.evict(n=3)", "state.teardown()"])
+    a = _failure("first", ["state = AllocatorMachine()", "state.evict(x=3)", "state.teardown()"])
     b = _failure("second", ["state = AllocatorMachine()", "state.maintain(rebalance=True)", "state.teardown()"])
     group = ExceptionGroup("two bugs", [a, ExceptionGroup("nested", [b])])
     failures = leaf_failures(group)
@@ -21,12 +21,13 @@ def test_every_failure_of_a_group_is_listed_and_written(tmp_path):
     text = path.read_text()
     compile(text, str(path), "exec")
     assert "def test_failure_1():" in text and "def test_failure_2():" in text
-    assert "    state.evict(n=3)\n" in text and "    state.maintain(rebalance=True)\n" in text
+    assert "    state.evict(x=3)\n" in text and "    state.maintain(rebalance=True)\n" in text
 
 
 def test_replaying_a_written_sequence_runs_the_machine(tmp_path):
-    err = _failure("x", ["state = AllocatorMachine()", "state.admit(fill=0, length=3, now=1, outputs=1, reserve=0, "
-                         "reuse=0, source=-3)", "state.allocator_is_consistent()", "state.teardown()"])
+    err = _failure("x", ["state = AllocatorMachine()", "state.admit(x=0)", "state.admit_role(x=12345678901234567)",
+                         "state.evict(x=3)", "state.allocator_is_consistent()",
+                         "state.teardown()"])
     path = tmp_path / "repro.py"
     write_repro(path, [err], policy="token", examples=1, seed=0)
     scope = {}

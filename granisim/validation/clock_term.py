@@ -13,14 +13,14 @@ with ``a`` the sustained-load slowdowns measured against the same kernels cold (
 priced with PROFILE and walked in order, back to back (the stored plans do not record idle gaps, so this
 is an upper bound on the heat). The table gives the median signed per-step error in step-size bins over the
 units outside the held-out workloads, and the mean of the units' median absolute errors: a term worth adding
-lowers the latter. Nothing here needs a GPU.
+lowers the latter. Nothing here needs a GPU. Bad input (a missing folder or file) raises ValueError: one line and
+exit 2 from the CLI.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,11 +85,6 @@ def _score(frames: list[pd.DataFrame], col: str) -> dict:
             "mean_unit_median_abs": float(unit_median.mean()), "units": int(unit_median.size)}
 
 
-def _fail(msg: str):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation clock-term", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
@@ -101,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     for run in args.runs:
         if not run.is_dir():
-            _fail(f"{run}: no such run folder")
+            raise ValueError(f"{run}: no such run folder")
     if not args.sustained.is_file():
-        _fail(f"{args.sustained}: no such file (gpu_backend.bench.sustained_load writes it)")
+        raise ValueError(f"{args.sustained}: no such file (gpu_backend.bench.sustained_load writes it)")
     a_lin, a_attn = amplitudes(args.sustained)
     prof = get_profile(args.profile)
     frames = []
@@ -111,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         s = reprice(steps, plans, prof, get_model(model))
         frames.append(s.assign(unit=unit, held_out=held_out(unit.split("/", 1)[1])))
     if not frames:
-        _fail(f"no validation units under {', '.join(map(str, args.runs))}")
+        raise ValueError(f"no validation units under {', '.join(map(str, args.runs))}")
     rows = [{"term": "none", **_score(frames, "predicted_s")}]
     for tau in args.tau:
         for hot in args.hot_tokens:

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from granisim.validation.clock_term import heated, main
+from granisim.cli import main
+from granisim.validation.clock_term import heated
 
 
 def test_heat_builds_over_hot_steps_and_decays_over_cool_ones():
@@ -22,7 +23,5 @@ def test_heat_builds_over_hot_steps_and_decays_over_cool_ones():
 
 
 def test_missing_run_folder_is_one_line_and_exit_2(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([str(tmp_path / "nope")])
-    assert e.value.code == 2
+    assert main(["validation", "clock-term", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such run folder"

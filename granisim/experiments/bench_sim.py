@@ -9,6 +9,10 @@ Cases (Llama-3.1-8B on a100-80gb, cost-model executor):
 
 * ``azure_replay`` — scenarios/azure_replay.toml: the Azure conversation trace (19,366
   requests, ~1 h of arrivals) at its own timestamps.
+* ``azure_replay_half`` — its first 9,683 requests (~30 min): with ``azure_replay``, the memory
+  one more request costs (the difference of the two over the difference in requests), apart
+  from what a run needs whatever its length (the KV allocator, the radix index filling the
+  cache, the first string column's allocator pages).
 * ``azure_replay_x16`` — the trace 16 times back to back (16 h): memory per request.
 * ``multi_agent_saturated`` — scenarios/multi_agent_16k.toml (4 roles, 16K-token shared
   prompts) with 1,200 requests arriving at 12/s, twice what one GPU serves: a long queue.
@@ -55,6 +59,7 @@ class Case:
 
 CASES = {
     "azure_replay": Case("azure_replay.toml"),
+    "azure_replay_half": Case("azure_replay.toml", (("workload.num_requests", 9683),)),
     "azure_replay_x16": Case("azure_replay.toml", copies=16),
     "multi_agent_saturated": Case("multi_agent_16k.toml", (("workload.rate", 12.0), ("workload.num_requests", 1200))),
     **{f"fleet_{n}": Case("azure_replay.toml", (("workload.time_scale", float(n)),), copies=n, replicas=n)
@@ -110,7 +115,10 @@ def measure(name: str, policy: str, router: str = "round_robin") -> dict:
     result = simulate(setup, progress=False)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     steps = result.steps.frame()
-    n = len(requests_frame([r[1] if isinstance(r, tuple) else r for r in result.records]))
+    records = result.records  # RequestRecords (the single loop's columns) or a list of RequestRecord
+    if isinstance(records, list):
+        records = [r[1] if isinstance(r, tuple) else r for r in records]
+    n = len(requests_frame(records))
     peak = _peak_rss()
     return {"case": name, **({"router": router} if case.replicas else {}), "requests": n, "simulated_s": result.end_s, "plans": len(steps),
             "steps": int(steps.num_steps.sum()), "cpu_s": cpu, "wall_s": wall, "speed_x_real_time": result.end_s / cpu,

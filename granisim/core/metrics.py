@@ -90,6 +90,7 @@ def requests_frame(records: RequestRecords | list[RequestRecord]) -> pd.DataFram
     c = {k: np.take(v, order, out=out(v.dtype)) if v.dtype != object else v[order] for k, v in src.items()}
     del src  # nothing is left viewing the records' arrays
     arrival, first, finish, out_len = c["arrival_s"], c["first_token_s"], c["finish_s"], c["output_len"]
+
     def minus(a, b):
         return np.subtract(a, b, out=out(np.result_type(a, b)))
 

@@ -41,13 +41,11 @@ def _coeffs(profile: str) -> str:
     return ", ".join(out)
 
 
-def _md_table(rows: list[dict]) -> str:
-    lines = ["| claim | paper | ours | detail | terms that moved most (baseline → target, s over the run) | "
-             "reading (from the same rows) |", "| --- | --- | --- | --- | --- | --- |"]
-    for x in rows:
-        lines.append(f"| {x['claim']} | {x['paper']} | **{x['ours']:.2f}x** | {x['extra']} | {x['terms']} | "
-                     f"{x.get('reading', '')} |")
-    return "\n".join(lines)
+def _claims_table(rows: list[dict]) -> str:
+    return _md_table(["claim", "paper", "ours", "detail", "terms that moved most (baseline → target, s over the run)",
+                      "reading (from the same rows)"],
+                     ([x["claim"], str(x["paper"]), f"**{x['ours']:.2f}x**", x["extra"], x["terms"], x.get("reading", "")]
+                      for x in rows)).rstrip("\n")
 
 
 def _plot(rows: list[dict], path: Path, title: str) -> None:
@@ -222,7 +220,7 @@ def run_paper(out: Path, profiles: list[str], num_requests: int = 400, rate: flo
                      if measured == 0 else ""))
         report["profiles"][prof] = {"rows": rows, "measured_coefficients": measured, "points": len(spec.points)}
         md.append(f"## {prof}\n\nProfile `{prof}`: {status}. Key coefficients: {_coeffs(prof)}.\n\n"
-                  + _md_table(rows) + f"\n\n![{prof}]({prof}.png)\n")
+                  + _claims_table(rows) + f"\n\n![{prof}]({prof}.png)\n")
     report["beyond"] = {}
     root = Path(__file__).resolve().parents[2] / "sweeps"
     for prof in (profiles if beyond else []):

@@ -61,7 +61,7 @@ class StepLog:
         if self._pools is None:  # nothing recorded
             return pd.DataFrame({**{k: [] for k in STEP_COLS}, **{f"t_{k}": [] for k in BREAKDOWN_KEYS}})
         if self._frame is None or self._framed != len(self._log):
-            self._frame = None
+            self._frame = None  # let go of the old frame's arrays before arrays() may grow new ones
             self._framed = len(self._log)
             self._frame = pd.DataFrame(dict(zip(self._columns(), self._log.arrays())), copy=False)
         return self._frame.copy(deep=False)

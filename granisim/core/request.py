@@ -181,10 +181,6 @@ class RequestRecords:
         self._rows.append((r.rid, r.role, r.session, r.turn, r.prompt_len, r.output_len, r.cached_tokens,
                            r.preemptions, r.generated, r.arrival_s, r.admitted_s, r.first_token_s, r.finish_s, code))
 
-    def extend(self, records) -> None:
-        for r in records:
-            self.append(r)
-
     def add_completed(self, spec: RequestSpec, r: Request, finish_s: float) -> None:
         """``append(RequestRecord(..., "completed", "", r.admitted_s, r.first_token_s, finish_s, ...))``
         of a request that finished, without building the record."""

@@ -36,20 +36,8 @@ class Eviction:
         self.counters.evicted_tokens += len(node)
 
     def evict(self, pool: str, n: int) -> int:
-        """Evict up to ``n`` cached tokens of ``pool`` (LRU leaves); returns tokens freed. A cached run of
-        ``pool`` with a HOT slab below it is never a leaf of its pool: once the leaves run out, the least
-        recently used unlocked run of ``pool`` goes with its subtree."""
-        freed = self.radix.evict(n, pool, self.free_node)
-        while freed < n:
-            rest = [x for x in self.radix.nodes() if x.pool == pool and x.lock_ref == 0]
-            if not rest:
-                break
-            before = self.radix.evictable.get(pool, 0)
-            self.radix.evict_subtree(min(rest, key=lambda x: (x.last_access, x.id)), self.free_node)
-            freed += before - self.radix.evictable.get(pool, 0)
-            if freed < n:
-                freed += self.radix.evict(n - freed, pool, self.free_node)
-        return freed
+        """Evict up to ``n`` cached tokens of ``pool`` (LRU, :meth:`RadixIndex.evict`); returns tokens freed."""
+        return self.radix.evict(n, pool, self.free_node)
 
     def evict_lru_hot_leaf(self) -> bool:
         """Evict the least recently used unlocked HOT leaf with its cached descendants;

@@ -237,8 +237,23 @@ class RadixIndex:
     def evict(self, num_tokens: int, pool: str, free: Callable[[RadixNode], None]) -> int:
         """Evict unlocked leaves of ``pool`` in LRU order until ``num_tokens`` are freed.
 
-        ``free`` releases a node's storage. Returns the tokens freed (may fall short).
+        A cached run of ``pool`` whose children are all of another pool (a COLD run above a HOT slab) is
+        never a leaf of its pool: once the leaves run out, the least recently used unlocked run of ``pool``
+        goes with its subtree, and eviction goes on from the leaves that leaves. ``free`` releases a node's
+        storage. Returns the tokens of ``pool`` freed (may fall short).
         """
+        freed = self._evict_leaves(num_tokens, pool, free)
+        while freed < num_tokens:
+            rest = [x for x in self.nodes() if x.pool == pool and x.lock_ref == 0]
+            if not rest:
+                break
+            before = self.evictable.get(pool, 0)
+            self.evict_subtree(min(rest, key=lambda x: (x.last_access, x.id)), free)
+            freed += before - self.evictable.get(pool, 0)
+            freed += self._evict_leaves(num_tokens - freed, pool, free)
+        return freed
+
+    def _evict_leaves(self, num_tokens: int, pool: str, free: Callable[[RadixNode], None]) -> int:
         heap = self._lru.get(pool)
         freed = 0
         while heap and freed < num_tokens:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
@@ -149,12 +149,7 @@ def predict_attention(values: dict, df, model: ModelShape, table=None) -> np.nda
                 res[j] = t.prefix_time_array(fam, int(lk), col["M_eff"][j], *STORAGE[s])
             out[idx] = res
         elif fam == "extend":
-            inv = t.prefill_inv_eff(*STORAGE[s])
-            res = []
-            for c, q, nr in zip(Lk, col["q_len"], col["n_req"]):
-                reqs = [SimpleNamespace(num_new=int(q), context_len=int(c), shared_len=0, group=-1)] * int(nr)
-                res.append(t.prefill_time(reqs, inv, []))
-            out[idx] = res
+            out[idx] = t.prefill_time_uniform(col["q_len"], Lk, col["n_req"], t.prefill_inv_eff(*STORAGE[s]))
         elif fam == "merge":
             out[idx] = [t.merge_time2(int(T) * t.n_q) for T in col["T"]]
         elif fam == "kv_write":

@@ -248,33 +248,55 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
 
     # -- prefill ----------------------------------------------------------------------------------
     def prefill_time(self, reqs, inv_priv: float, ginv: list, correct: bool = True) -> float:
-        G, mt = self.G, self.pf_mt
         f = bts = pb = praw = 0.0
         tiles = nreq = T = ctx = 0
         for r in reqs:
             q, c = r.num_new, r.context_len
             if q <= 0:
                 continue
-            rows = q * G
+            s = r.shared_len if r.group >= 0 else 0
+            inv_s = ginv[r.group] if s else 0.0
+            nt, fi, bi, pbi, prawi = self._prefill_terms(q, c, max(c, 1), (c - s) * inv_priv + s * inv_s, math.ceil)
             nreq += 1
             T += q
             ctx += c
-            nt = math.ceil(rows / mt)
             tiles += nt
-            pad = nt * mt / rows
-            f += 4.0 * self.d * self.n_q * (q * c + q * (q + 1) / 2.0) * pad
-            s = r.shared_len if r.group >= 0 else 0
-            inv_s = ginv[r.group] if s else 0.0
-            bts += self.kvb * ((c - s) * inv_priv + s * inv_s + q) + 2.0 * q * self.n_q * self.d * self.b
-            # KV each of its programs streams: the prefix in whole 64-token tiles, half the chunk on average
-            pc = math.ceil(c / 64.0) * 64.0
-            pb += nt * (pc * ((c - s) * inv_priv + s * inv_s) / max(c, 1) + q / 2.0)
-            praw += nt * (pc + q / 2.0)
+            f += fi
+            bts += bi
+            pb += pbi
+            praw += prawi
         if self.form == 2:
-            N = tiles * self.n_kv
-            t = float(self.kernel_time2("prefill", N, f / N, praw * 2.0 * self.d * self.b / tiles,
-                                        inv_eff=pb / max(praw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b))
-            if correct and self.corr and nreq:
-                t *= float(self._corr("prefill", self._priv_class, np.log2(T), np.log2(ctx / nreq + 1.0)))
-            return self.layers * t
+            return float(self._prefill_kernel2(f, pb / max(praw, 1e-30), praw, tiles, T, ctx / nreq if nreq else 0,
+                                               correct and nreq))
         return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
+
+    def prefill_time_uniform(self, q, c, n_req, inv_priv: float, correct: bool = True):
+        """Seconds (all layers, attn.form 2) of prefills of ``n_req`` alike requests, each ``q`` new tokens over
+        ``c`` private context tokens (arrays broadcast): what ``prefill_time`` gives for such a batch."""
+        if self.form != 2:
+            raise ValueError(f"prefill_time_uniform: attn.form {self.form} (form 2 only)")
+        q, c, n = (np.asarray(x, float) for x in (q, c, n_req))
+        nt, f, _, pb, praw = self._prefill_terms(q, c, np.maximum(c, 1.0), c * inv_priv, np.ceil)
+        return self._prefill_kernel2(n * f, pb / praw, n * praw, n * nt, n * q, c, correct)
+
+    def _prefill_terms(self, q, c, c_or_1, kv_eff, ceil):
+        """One prefill request of ``q`` new tokens over ``c`` context tokens (``c_or_1``: max(c, 1); ``kv_eff``:
+        its context tokens weighted by their storage's inverse efficiency): (row tiles, FLOPs, bytes, KV its
+        programs stream weighted and raw). Python numbers or arrays (``ceil``: math.ceil or np.ceil)."""
+        rows = q * self.G
+        nt = ceil(rows / self.pf_mt)
+        pad = nt * self.pf_mt / rows
+        f = 4.0 * self.d * self.n_q * (q * c + q * (q + 1) / 2.0) * pad
+        bts = self.kvb * (kv_eff + q) + 2.0 * q * self.n_q * self.d * self.b
+        # KV each of its programs streams: the prefix in whole 64-token tiles, half the chunk on average
+        pc = ceil(c / 64.0) * 64.0
+        return nt, f, bts, nt * (pc * kv_eff / c_or_1 + q / 2.0), nt * (pc + q / 2.0)
+
+    def _prefill_kernel2(self, f, inv_eff, praw, tiles, T, ctx_mean, correct):
+        """Seconds (all layers) of the form-2 prefill kernel over ``tiles`` row tiles (arrays broadcast)."""
+        N = tiles * self.n_kv
+        t = self.kernel_time2("prefill", N, f / N, praw * 2.0 * self.d * self.b / tiles, inv_eff=inv_eff,
+                              first_bytes=64.0 * 2.0 * self.d * self.b)
+        if correct and self.corr:
+            t = t * self._corr("prefill", self._priv_class, np.log2(T), np.log2(ctx_mean + 1.0))
+        return self.layers * t

@@ -330,3 +330,26 @@ def test_skewed_decode_batch_never_cheaper_at_the_same_total_kv():
             costs.append(cost(plan([decode(i, c) for i, c in enumerate(lens)], policy="token"), H200)
                          .breakdown["attn_decode"])
         assert np.all(np.diff(costs) >= 0), (b, costs)
+
+
+@pytest.mark.parametrize("profile", [H200, get_profile("h200-engine")], ids=["h200", "h200-engine"])
+@pytest.mark.parametrize("priv", ["slots", "pages16"])
+def test_uniform_prefill_rows_equal_the_request_loop(profile, priv):
+    """prefill_time_uniform (the calibration fit's array path) gives what prefill_time gives for the same
+    batch of alike requests: odd chunk sizes (partial row tiles), no context, correction on and off."""
+    from types import SimpleNamespace
+
+    from granisim.costmodel.tables import CostTables
+
+    t = CostTables(profile, LLAMA)
+    assert t.form == 2 and t.corr  # both profiles carry a measured kernel table
+    t._priv_class = priv
+    q = np.array([1, 7, 16, 65, 513, 2047, 1, 33])
+    c = np.array([0, 0, 1, 63, 1025, 16384, 4097, 5])
+    n = np.array([1, 3, 4, 1, 2, 1, 7, 255])
+    inv = t.prefill_inv_eff(*(("paged", 16) if priv == "pages16" else ("token", 1)))
+    for correct in (True, False):
+        got = t.prefill_time_uniform(q, c, n, inv, correct=correct)
+        want = [t.prefill_time([SimpleNamespace(num_new=int(a), context_len=int(b), shared_len=0, group=-1)] * int(k),
+                               inv, [], correct=correct) for a, b, k in zip(q, c, n)]
+        np.testing.assert_allclose(got, want, rtol=1e-12)

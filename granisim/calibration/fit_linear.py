@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from granisim.costmodel import GEMM_FAMILIES, Dims, fit_roofline, op_work, roofline_time
+from granisim.costmodel import GEMM_FAMILIES, fit_roofline, op_work, roofline_time
 from granisim.config.models import ModelShape
 
 from .fitting import folds_of, rel_err, summary
@@ -71,7 +71,6 @@ def fit_linear(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: 
     fold = folds_of(lin, folds, seed + 1)
     fold[lin["censored"].to_numpy()] = -2  # never fitted on, never scored
     lin["heldout"] = fold >= 0
-    dims = Dims.of(model)
     P, BW = values["bf16_flops"], values["hbm_bandwidth"]
     lin["meas_s"] = lin["median_us"] * 1e-6
     lin["pred_s"] = np.nan
@@ -79,11 +78,11 @@ def fit_linear(raw: Raw, values: dict, model: ModelShape, seed: int = 0, folds: 
     errors = {}
     for fam, g in lin.groupby("family"):
         gf = fold[g.index]
-        fa, ba = op_work(fam, g["n"].to_numpy(float), dims)
+        fa, ba = op_work(fam, g["n"].to_numpy(float), model)
         cap = max_launch_s if not g["censored"].any() else CENSORED_LAUNCH_CAP
         for k in [*sorted(set(gf[gf >= 0])), None]:  # each fold held out in turn, then all rows
             tr = g[(gf != k) & (gf != -2)] if k is not None else g[gf != -2]
-            f, by = op_work(fam, tr["n"].to_numpy(float), dims)
+            f, by = op_work(fam, tr["n"].to_numpy(float), model)
             launch, ef, em = fit_roofline(f, by, tr["meas_s"].to_numpy(), P, BW, max_launch_s=cap)
             pred = roofline_time(fa, ba, P, BW, launch, ef if fam in GEMM_FAMILIES else 1.0, em)
             trs = tr.sort_values("n")

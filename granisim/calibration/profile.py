@@ -15,7 +15,6 @@ from .fit import DISCRETE, FAMILY_PARAMS, KERNEL_RULES, FitResult
 from .raw import Raw, unit_of
 
 GIB = 2**30
-DIMS_KEYS = ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "dtype_bytes")
 
 # Datasheets (dense bf16 tensor-core rate, HBM bandwidth, SMs, memory) of the GPUs we derive for.
 DATASHEETS = {
@@ -99,7 +98,7 @@ def profile_doc(raw: Raw, res: FitResult, *, name: str, command: str, table_pref
         return s
 
     mod = get_model(m.get("model", "llama-3.1-8b"))
-    dims = {k: int(getattr(mod, k)) for k in DIMS_KEYS}
+    dims = mod.table_shape()
     coefs = {}
     for k in list(COEFFICIENTS) + list(KERNEL_MODEL_COEFFICIENTS):
         v = res.values[k]

@@ -13,7 +13,6 @@ h100-sxm, h200, b200: no longer written here — h200 is measured and the other 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 from granisim import costmodel as cm
 from granisim.calibration.collectives import add_to_file as add_parallel
 from granisim.config.hardware import PROFILE_DIR, load_profile
-from granisim.config.models import get_model
+from granisim.config.models import get_model, measured_shape
 
 GIB = 2**30
 MAX_LAUNCH = 5e-6  # bound on fitted launch_s: keeps the fitted efficiencies transferable to other GPUs
@@ -59,7 +58,7 @@ def fit_linear(peak, bw):
 
     ns, ops = _read_table(TABLE, ROOT / "granisim" / "config" / "data" / TABLE)
     n = np.asarray(ns, float)
-    dims = cm.Dims(**VIDUR_DIMS)
+    dims = measured_shape(VIDUR_DIMS, "vidur")
     cols = {"qkv_proj": ["attn_pre_proj"], "o_proj": ["attn_post_proj"], "mlp_up": ["mlp_up_proj"],
             "mlp_down": ["mlp_down_proj"], "mlp_act": ["mlp_act"],
             "norm": ["input_layernorm", "post_attention_layernorm"], "rope": ["attn_rope"], "add": ["add"],

@@ -16,7 +16,7 @@ from types import MappingProxyType
 import numpy as np
 import pandas as pd
 
-from granisim.costmodel import CostTables, op_work, Dims
+from granisim.costmodel import CostTables, op_work
 from granisim.config.hardware import (COEFFICIENTS, KERNEL_TABLE_COLS, OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile,
                                KernelTable, ProfileError, Source)
 from granisim.config.models import ModelShape, get_model
@@ -100,9 +100,7 @@ def kernel_table_of(df: pd.DataFrame, model: ModelShape, source: Source = _FIT_S
         v = df[c] if c in df.columns else pd.Series([0.0] * len(df))
         cols[c] = tuple(v.fillna("").astype(str)) if c in ("family", "storage") else \
             tuple(pd.to_numeric(v, errors="coerce").fillna(0.0).astype(float))
-    dims = dict(hidden=model.hidden, n_q_heads=model.n_q_heads, n_kv_heads=model.n_kv_heads, head_dim=model.head_dim,
-                intermediate=model.intermediate, vocab=model.vocab, dtype_bytes=model.dtype_bytes)
-    return KernelTable(path, MappingProxyType(dims), source, MappingProxyType(cols))
+    return KernelTable(path, MappingProxyType(model.table_shape()), source, MappingProxyType(cols))
 
 
 @lru_cache(maxsize=64)
@@ -163,11 +161,10 @@ def predict_linear(values: dict, df: pd.DataFrame, model: ModelShape) -> np.ndar
     """Per-row seconds of linear.csv rows by the roofline families (no table)."""
     prof = profile_of(values)
     P, BW = prof.bf16_flops, prof.hbm_bandwidth
-    dims = Dims.of(model)
     out = np.empty(len(df))
     for fam, idx in df.groupby("family").indices.items():
         n = df["n"].to_numpy(float)[idx]
-        f, by = op_work(fam, n, dims)
+        f, by = op_work(fam, n, model)
         ef = prof[f"linear.{fam}.flop_eff"] if f"linear.{fam}.flop_eff" in COEFFICIENTS else 1.0
         out[idx] = prof[f"linear.{fam}.launch_s"] + np.maximum(f / (P * ef), by / (BW * prof[f"linear.{fam}.mem_eff"]))
     return out

@@ -47,6 +47,7 @@ from granisim.config.files import unreadable
 from granisim.config.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
                                    OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
                                    ProfileError, Source)
+from granisim.config.models import TABLE_SHAPE_KEYS, table_dtype_error
 from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, PublishedSource
 
 # granisim.config.hardware is the profiles' public module: the catalogue and data classes are importable from here too
@@ -59,7 +60,7 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 DATA_DIR = Path(__file__).with_name("data")
 
 # the file's shapes and types: granisim.config.profile_schema (pydantic); ranges, names and tables: checked below
-_TABLE_MODEL_KEYS = ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "dtype_bytes")
+
 _TABLE_OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
               "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 
@@ -223,11 +224,14 @@ def load_profile(path: str | Path) -> HardwareProfile:
 
 def _table_file(path: Path, field: str, t) -> Path:
     """Check a table's model shape and find its CSV (next to the profile, then in granisim/config/data)."""
-    for k in _TABLE_MODEL_KEYS:
+    for k in TABLE_SHAPE_KEYS:
         if k not in t.model:
             raise _fail(path, f"{field}.model.{k}", "(missing)", "required")
         if t.model[k] < 1:
             raise _fail(path, f"{field}.model.{k}", t.model[k], "must be >= 1")
+    why = table_dtype_error(t.model["dtype_bytes"])
+    if why:
+        raise _fail(path, f"{field}.model.dtype_bytes", t.model["dtype_bytes"], why)
     tpath = next((p for p in (path.parent / t.file, DATA_DIR / t.file) if p.is_file()), None)
     if tpath is None:
         raise _fail(path, f"{field}.file", t.file, f"not found next to the profile or in {DATA_DIR}")

@@ -21,9 +21,13 @@ heads when ``tp > n_kv_heads`` (vLLM does); such a ``tp`` is refused.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+_DTYPE_OF_BYTES = {1: "fp8", 2: "bf16", 4: "fp32"}  # a measured table records bytes; op work needs only those
+# the shape numbers a measured linear or kernel table records (its ``model`` field in a profile)
+TABLE_SHAPE_KEYS = ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "dtype_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,10 @@ class ModelShape:
         """K and V rows of one token across all layers."""
         return 2 * self.num_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
+    def table_shape(self) -> dict[str, int]:
+        """The numbers a table measured on this model records (:data:`TABLE_SHAPE_KEYS`)."""
+        return {k: int(getattr(self, k)) for k in TABLE_SHAPE_KEYS}
+
     @property
     def num_params(self) -> int:
         h, q, kv, d = self.hidden, self.n_q_heads, self.n_kv_heads, self.head_dim
@@ -115,6 +123,21 @@ class ModelShape:
                        intermediate=self.intermediate // tp, expert_intermediate=self.expert_intermediate // tp,
                        shared_expert_intermediate=self.shared_expert_intermediate // tp,
                        tp=self.tp * tp)
+
+
+def measured_shape(dims: Mapping[str, int], name: str = "measured") -> ModelShape:
+    """The one-layer shape a table was measured at, from its ``model`` field (:data:`TABLE_SHAPE_KEYS`)."""
+    d = {k: int(dims[k]) for k in TABLE_SHAPE_KEYS}
+    b = d.pop("dtype_bytes")
+    why = table_dtype_error(b)
+    if why:
+        raise ValueError(f"dtype_bytes = {b}: {why}")
+    return ModelShape(name, 1, dtype=_DTYPE_OF_BYTES[b], **d)
+
+
+def table_dtype_error(dtype_bytes) -> str | None:
+    """Why a table's ``dtype_bytes`` names no dtype (None if it does)."""
+    return None if dtype_bytes in _DTYPE_OF_BYTES else f"must be one of {sorted(_DTYPE_OF_BYTES)}"
 
 
 MODELS: dict[str, ModelShape] = {

@@ -65,12 +65,12 @@ from granisim.config.models import ModelShape
 from granisim.core.contract import BatchPlan, StepResult
 
 from .correction import Correction, storage_class
-from .operators import (BREAKDOWN_KEYS, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,
+from .operators import (BREAKDOWN_KEYS, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS,
                         fit_roofline, op_work, roofline_time)
 from .tables import CostTables
 
 __all__ = ["BREAKDOWN_KEYS", "ELEMENTWISE_FAMILIES", "ENGINE_KEYS", "GEMM_FAMILIES", "LAYER_OPS", "STEP_OPS", "Correction",
-           "CostTables", "Dims", "cheaper_path", "cost_tables", "fit_roofline", "group_path_cost", "m_sat_crossover",
+           "CostTables", "cheaper_path", "cost_tables", "fit_roofline", "group_path_cost", "m_sat_crossover",
            "m_sat_threshold", "op_work", "roofline_time", "step_cost", "storage_class"]
 
 _TABLES: dict[tuple, CostTables] = {}

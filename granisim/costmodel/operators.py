@@ -3,8 +3,6 @@ keys, and the least-squares roofline fit the calibration uses (pure functions)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from granisim.config.models import ModelShape
@@ -26,31 +24,14 @@ _MEMO_MAX = 200_000
 
 
 # ---- operator work ---------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Dims:
-    """The shape numbers the linear operators need."""
-
-    hidden: int
-    n_q_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    dtype_bytes: int
-
-    @classmethod
-    def of(cls, model: ModelShape) -> "Dims":
-        return cls(model.hidden, model.n_q_heads, model.n_kv_heads, model.head_dim,
-                   model.intermediate, model.vocab_per_gpu, model.dtype_bytes)  # = vocab for tp = 1
-
-
-def op_work(family: str, n, dims: Dims):
-    """(FLOPs, bytes) of one instance of an operator family over ``n`` tokens (rows).
+def op_work(family: str, n, model: ModelShape):
+    """(FLOPs, bytes) of one instance of an operator family over ``n`` tokens (rows) on one GPU's shard of
+    ``model`` (its vocabulary rows: ``vocab_per_gpu``).
 
     ``n`` may be a number or a numpy array. GEMMs count weights once plus activations in and out.
     """
-    h, q, kv, d, inter, vocab, b = (dims.hidden, dims.n_q_heads, dims.n_kv_heads, dims.head_dim,
-                                    dims.intermediate, dims.vocab, dims.dtype_bytes)
+    h, q, kv, d, inter, vocab, b = (model.hidden, model.n_q_heads, model.n_kv_heads, model.head_dim,
+                                    model.intermediate, model.vocab_per_gpu, model.dtype_bytes)
     gemm = {"qkv_proj": (h, (q + 2 * kv) * d), "o_proj": (q * d, h), "mlp_up": (h, 2 * inter),
             "mlp_down": (inter, h), "lm_head": (h, vocab)}
     if family in gemm:

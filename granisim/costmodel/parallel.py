@@ -43,7 +43,7 @@ import numpy as np
 from granisim.config.hardware import HardwareProfile
 from granisim.config.models import ModelShape
 
-from .operators import Dims, roofline_time
+from .operators import roofline_time
 
 
 # ---- pure functions ----------------------------------------------------------------------------
@@ -167,16 +167,10 @@ class ParallelPricing:
         return float(allreduce_seconds(self.profile, self.tp, rows * self.model.vocab * self.model.dtype_bytes / 2.0))
 
 
-def tp_shard_dims(dims: Dims, tp: int) -> Dims:
-    """The linear operators' shape numbers of one GPU's shard (as ModelShape.shard)."""
-    return Dims(dims.hidden, dims.n_q_heads // tp, dims.n_kv_heads // tp, dims.head_dim, dims.intermediate // tp,
-                -(-dims.vocab // tp), dims.dtype_bytes)
-
-
 def skips_dense_mlp(model: ModelShape, family: str) -> bool:
     """A MoE model without a dense (shared) MLP has no mlp_up / mlp_act / mlp_down operators."""
     return model.intermediate == 0 and family in ("mlp_up", "mlp_act", "mlp_down")
 
 
 __all__ = ["ParallelPricing", "allreduce_seconds", "allreduces_per_step", "expected_expert_rows",
-           "expert_pick_probs", "moe_layer_work", "skips_dense_mlp", "tp_shard_dims"]
+           "expert_pick_probs", "moe_layer_work", "skips_dense_mlp"]

@@ -8,13 +8,13 @@ import numpy as np
 
 from granisim.config.coefficients import LINEAR_KNOTS
 from granisim.config.hardware import HardwareProfile
-from granisim.config.models import ModelShape
+from granisim.config.models import ModelShape, measured_shape
 
 from .correction import page_eff, storage_class
 from .kernels import KernelForms
-from .operators import (_MEMO_MAX, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS, Dims,
+from .operators import (_MEMO_MAX, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS,
                         op_work, roofline_time)
-from .parallel import ParallelPricing, skips_dense_mlp, tp_shard_dims
+from .parallel import ParallelPricing, skips_dense_mlp
 from .step import StepPricing
 
 
@@ -37,7 +37,6 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         self.n_q, self.n_kv, self.d, self.G = model.n_q_heads, model.n_kv_heads, model.head_dim, model.group_size
         self.b = model.dtype_bytes
         self.kvb = 2 * self.n_kv * self.d * self.b  # K+V bytes per token per layer
-        self.dims = Dims.of(model)
         self.launch = p["overhead.kernel_launch_s"]
         self.step_overhead = p["overhead.step_s"]
         self.overhead_req = p["overhead.per_request_s"]
@@ -109,7 +108,7 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
     # -- linear operators ----------------------------------------------------------------------
     def _family_time(self, family: str, n):
         launch, ef, em = self.fam[family]
-        f, by = op_work(family, n, self.dims)
+        f, by = op_work(family, n, self.model)
         return roofline_time(f, by, self.P, self.BW, launch, ef, em)
 
     def _build_linear_grid(self):
@@ -118,18 +117,18 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         if table is None:
             return None
         n = np.asarray(table.num_tokens, float)
-        ref = Dims(**{k: int(v) for k, v in table.model.items()})
+        ref = measured_shape(table.model, "linear table")
         ops_ms = table.ops_ms
         if self.model.tp > 1 and self.model.tp in table.tp_ops:  # measured per-shard timings (Vidur's TP rows)
             ns, ops_ms = table.tp_ops[self.model.tp]
             n = np.asarray(ns, float)
-            ref = tp_shard_dims(ref, self.model.tp)
+            ref = ref.shard(self.model.tp)
         total = np.zeros_like(n)
         for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
             for family, col, count in ops:
                 if skips_dense_mlp(self.model, family):
                     continue
-                fm, bm = op_work(family, n, self.dims)
+                fm, bm = op_work(family, n, self.model)
                 fr, br = op_work(family, n, ref)
                 ratio = np.maximum(fm / self.P, bm / self.BW) / np.maximum(fr / self.P, br / self.BW)
                 total += np.asarray(ops_ms[col]) * 1e-3 * ratio * count * mult

@@ -12,7 +12,6 @@ scenario on its own clock, is the schedule's (validation_runs.py shows how sensi
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 

@@ -103,7 +103,7 @@ def test_one_decode_request_closed_form():
         kvw = L * (2 * KVB / (BW * A100["kv.write_eff"]) + A100["overhead.kernel_launch_s"])
         assert r.breakdown["kv_write"] == pytest.approx(kvw, rel=1e-12)
         assert r.breakdown["overhead"] == A100["overhead.step_s"]
-        head_f, head_b = op_work("lm_head", 1, cost_tables(A100, LLAMA).dims)
+        head_f, head_b = op_work("lm_head", 1, LLAMA)
         assert r.breakdown["lm_head"] == pytest.approx(float(roofline_time(
             head_f, head_b, P, BW, A100["linear.lm_head.launch_s"], A100["linear.lm_head.flop_eff"],
             A100["linear.lm_head.mem_eff"])), rel=1e-12)
@@ -254,13 +254,13 @@ def test_prefix_path_in_plan_matches_group_path_cost():
 # ---- fitting helper (used by calibration) ---------------------------------------------------------
 def test_fit_roofline_recovers_known_coefficients():
     n = np.unique(np.geomspace(1, 32768, 80).astype(int)).astype(float)
-    f, b = op_work("mlp_down", n, cost_tables(A100, LLAMA).dims)
+    f, b = op_work("mlp_down", n, LLAMA)
     truth = (4e-6, 0.7, 0.8)
     t = roofline_time(f, b, 312e12, 2.039e12, *truth)
     got = fit_roofline(f, b, t, 312e12, 2.039e12)
     assert got[0] == pytest.approx(truth[0], rel=0.05, abs=2e-7)
     assert got[1] == pytest.approx(truth[1], rel=0.01) and got[2] == pytest.approx(truth[2], rel=0.01)
-    f0, b0 = op_work("norm", n, cost_tables(A100, LLAMA).dims)
+    f0, b0 = op_work("norm", n, LLAMA)
     t0 = roofline_time(f0, b0, 312e12, 2.039e12, 2e-6, 1.0, 0.4)
     got = fit_roofline(f0, b0, t0, 312e12, 2.039e12)
     assert got[1] == 1.0 and got[2] == pytest.approx(0.4, rel=0.01) and got[0] == pytest.approx(2e-6, rel=0.05)

@@ -185,3 +185,23 @@ def test_unreadable_files(tmp_path):
     assert "invalid JSON" in msg
     with pytest.raises(ProfileError, match="no such profile file"):
         load_profile(tmp_path / "absent.json")
+
+
+def test_a_table_shape_with_an_unknown_dtype_width_names_the_field(tmp_path):
+    """A linear table measured at dtype_bytes = 3 names no dtype: one line with the field and the value."""
+    d = json.loads((PROFILE_DIR / "a100-80gb.json").read_text())
+    d["linear_table"]["model"]["dtype_bytes"] = 3
+    p = tmp_path / "odd.json"
+    p.write_text(json.dumps(d))  # its table file is found in granisim/config/data
+    with pytest.raises(ProfileError, match=r"linear_table\.model\.dtype_bytes: value 3: must be one of \[1, 2, 4\]"):
+        load_profile(p)
+
+
+def test_measured_shape_round_trips_a_model_and_shards_like_it():
+    from granisim.config.models import get_model, measured_shape
+
+    m = get_model("llama-3.1-70b")
+    s = measured_shape(m.table_shape())
+    assert s.table_shape() == m.table_shape() and s.num_layers == 1
+    assert s.shard(4).table_shape() == m.shard(4).table_shape()
+    assert s.shard(8).vocab_per_gpu == m.shard(8).vocab_per_gpu == -(-m.vocab // 8)

@@ -7,7 +7,7 @@
 #   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1, runH1 (granisim validation gpu-run validate)
 #   RAW/engine/speedup_2048                                            (granisim validation gpu-run speedup)
 # The engine fits of each run go to RAW/validation/fits/. Nothing here needs a GPU. The validation part runs
-# about 30 reports of 3-4 minutes each on a 2-core machine (each re-prices and re-simulates three workloads);
+# about 30 reports of 20-60 s each on one core (each re-prices and re-simulates three workloads);
 # the engine part a few minutes. The shipped profile (granisim/config/profiles/h200-engine.json) is not
 # refitted here: reports/validation/README.md gives that command.
 set -euo pipefail

@@ -60,7 +60,6 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 DATA_DIR = Path(__file__).with_name("data")
 
 # the file's shapes and types: granisim.config.profile_schema (pydantic); ranges, names and tables: checked below
-
 _TABLE_OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
               "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 

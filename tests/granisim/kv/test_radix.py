@@ -261,13 +261,11 @@ class RebuildingLRU(RadixIndex):
     the least recently used unlocked run of the pool goes with its subtree (tokens of the pool counted)."""
 
     def evict(self, num_tokens, pool, free):
-        import heapq
-
         freed = 0
         while freed < num_tokens:
-            heap = [(n.last_access, n.id, n) for n in self.evictable_leaves(pool)]
-            if heap:
-                _, _, leaf = min(heap)
+            leaves = [(n.last_access, n.id, n) for n in self.evictable_leaves(pool)]
+            if leaves:
+                _, _, leaf = min(leaves)
                 self.remove_leaf(leaf)
                 free(leaf)
                 freed += len(leaf)

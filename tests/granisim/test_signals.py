@@ -2,8 +2,8 @@
 one line says how to resume, the exit code is 128 + signal, and re-running the same command
 finishes the remaining points with results identical to an uninterrupted run.
 
-The waits below are generous upper bounds for a loaded machine (they wait for files and
-processes); nothing asserts how long anything took.
+The test waits on events, never on a clock: the sweep's progress bar on its stderr pipe, then each
+process's exit (a pidfd). The limits are hang guards; nothing asserts how long anything took.
 
 Shown to catch a broken stop: with SIGTERM left to its default action (``stopping.install``
 handling SIGINT only, as plain Python does), the SIGTERM case fails on the resource tracker,
@@ -12,10 +12,11 @@ forkserver and workers still alive a minute after the driver died.
 
 import contextlib
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -68,6 +69,33 @@ def _descendants(root: int) -> dict[int, str]:
     return found
 
 
+def _read_pipe(fd: int, done, quiet_s: float = 300.0) -> str:
+    """Text from the pipe until ``done(text)`` or its end of file. Each read waits for data at most ``quiet_s``
+    (a hang guard for a loaded machine: nothing here measures how long anything took)."""
+    buf = b""
+    while not done(buf.decode(errors="replace")):
+        ready, _, _ = select.select([fd], [], [], quiet_s)
+        assert ready, f"nothing on the pipe for {quiet_s} s: {buf[-2000:]!r}"
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace")
+
+
+def _wait_exit(pid: int, limit_s: float) -> None:
+    """Wait for process ``pid`` (not necessarily our child) to exit, through a pidfd; ``limit_s`` is a hang
+    guard, and a process still running after it is reported by the caller's check."""
+    try:
+        pfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([pfd], [], [], limit_s)
+    finally:
+        os.close(pfd)
+
+
 def _alive(procs: dict[int, str], marker: str) -> list[str]:
     """The recorded processes still running (same command line, not a zombie), and any process
     whose command line names the sweep's output folder."""
@@ -103,35 +131,27 @@ def test_signal_stops_workers_keeps_points_and_resumes(tmp_path, sig, code, unin
     path.write_text(SWEEP)
     out = tmp_path / "out"
     parts = out / "results"
-    log = tmp_path / "stderr.txt"  # a file, not a pipe: orphans holding a pipe would block reading it
-    with log.open("w") as f:
-        proc = subprocess.Popen(_command(path, out), stdout=subprocess.DEVNULL, stderr=f,
-                                start_new_session=True)  # its own group: a stray Ctrl-C cannot reach pytest
-    seen: dict[int, str] = {}
+    proc = subprocess.Popen(_command(path, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)  # its own group: a stray Ctrl-C cannot reach pytest
+    fd = proc.stderr.fileno()
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not list(parts.glob("part-*.parquet")) and proc.poll() is None:
-            seen.update(_descendants(proc.pid))
-            time.sleep(0.05)
-        seen.update(_descendants(proc.pid))
-        assert proc.poll() is None, f"the sweep ended before it could be stopped: {log.read_text()[-2000:]}"
-        assert list(parts.glob("part-*.parquet")), "no point finished within the wait"
+        # the progress bar counts a point once its part is written; the workers are alive then
+        err = _read_pipe(fd, lambda text: re.search(rf"\b[1-9]\d*/{N_POINTS}\b", text))
+        seen = _descendants(proc.pid)
+        assert proc.poll() is None, f"the sweep ended before it could be stopped: {err[-2000:]}"
+        assert list(parts.glob("part-*.parquet")), "the bar counted a point with no part written"
         assert any("forkserver" in c for c in seen.values()), f"no worker processes seen: {seen}"
         os.kill(proc.pid, sig)
         proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:
-        deadline = time.monotonic() + 60  # the resource tracker exits just after the driver; orphans stay on
-        while _alive(seen, str(out)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        for pid in seen:  # the resource tracker exits just after the driver; orphans would stay on
+            _wait_exit(pid, 60.0)
         assert not _alive(seen, str(out)), f"processes survived the stop: {_alive(seen, str(out))}"
+        err += _read_pipe(fd, lambda text: False)  # to its end of file: every writer is gone
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed stop left behind
-    err = log.read_text()
+        proc.wait()
+        proc.stderr.close()
     assert proc.returncode == code, err
     lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
     assert "Traceback" not in err, err

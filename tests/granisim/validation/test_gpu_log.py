@@ -53,10 +53,10 @@ def proc_lines(path):
 
 
 def test_the_sampler_starts_and_stops(tmp_path):
-    """A fake sampler (prints a sample line every 10 ms): lines reach the file while the log is open; on exit
-    the process is gone and nothing more is written."""
+    """A fake sampler (prints three sample lines, then waits for its stop signal): lines reach the file while
+    the log is open; on exit the process is gone and nothing more is written."""
     fake = [sys.executable, "-c",
-            "import time\nwhile True:\n print('" + LINES[0] + "', flush=True)\n time.sleep(0.01)"]
+            "import signal\nfor _ in range(3):\n print('" + LINES[0] + "', flush=True)\nsignal.pause()"]
     path = tmp_path / "gpu_log.csv"
     with GpuLog(path, command=fake) as log:
         proc = log.proc

@@ -239,7 +239,7 @@ class RadixIndex:
 
         A cached run of ``pool`` whose children are all of another pool (a COLD run above a HOT slab) is
         never a leaf of its pool: once the leaves run out, the least recently used unlocked run of ``pool``
-        goes with its subtree, and eviction goes on from the leaves that leaves. ``free`` releases a node's
+        goes with its subtree, and eviction continues with the leaves that remain. ``free`` releases a node's
         storage. Returns the tokens of ``pool`` freed (may fall short).
         """
         freed = self._evict_leaves(num_tokens, pool, free)

@@ -189,6 +189,16 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_calibrate_table(args) -> int:
+    from granisim.calibration.more_table import add_table
+
+    csv, errors = add_table(Path(args.raw_dir), Path(args.profile), args.table_dir and Path(args.table_dir))
+    e = errors["linear(table)"]["heldout"]
+    print(f"wrote {csv} and its entry in {args.profile}; the table interpolated at held-out sizes: relative error "
+          f"median {e['median']:.1%}, p90 {e['p90']:.1%} ({e['n']} rows)")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
@@ -220,6 +230,7 @@ VALIDATION_VERBS = {
     "engine-vs-sim": ("engine_vs_sim", "the simulator against the real engine's speedup grid"),
     "summary": ("summary", "one record per workload, policy, model, machine and metric (summary.json)"),
     "clock-term": ("clock_term", "per-step errors by step size with and without a power/clock heat term"),
+    "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
 }
 
 
@@ -349,6 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cross-validation folds for the held-out errors (1: one seeded 20%% hold-out)")
     cf.add_argument("--workers", type=POS_INT, help="local processes (default: CPU count, at most 5); same result")
     cf.set_defaults(fn=cmd_calibrate)
+    ct = cal_sub.add_parser("table", help="add a linear table measured at another model's shapes to a profile")
+    ct.add_argument("raw_dir", help="python -m calibration.measure --model MODEL --only linear --out RAW_DIR")
+    ct.add_argument("--profile", required=True, help="profile JSON to extend (more_linear_tables)")
+    ct.add_argument("--table-dir", help="where the CSV goes (default: beside the profile; or granisim/config/data)")
+    ct.set_defaults(fn=cmd_calibrate_table)
     return p
 
 

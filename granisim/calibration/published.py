@@ -56,7 +56,7 @@ def coef(value, unit, source):
 def fit_linear(peak, bw):
     from granisim.config.hardware import _read_table
 
-    ns, ops = _read_table(TABLE, ROOT / "granisim" / "config" / "data" / TABLE)
+    ns, ops = _read_table(TABLE, ROOT / "granisim" / "config" / "data" / TABLE, "linear_table.file")
     n = np.asarray(ns, float)
     dims = measured_shape(VIDUR_DIMS, "vidur")
     cols = {"qkv_proj": ["attn_pre_proj"], "o_proj": ["attn_post_proj"], "mlp_up": ["mlp_up_proj"],

@@ -237,6 +237,8 @@ class HardwareProfile:
     notes: str = ""
     path: Path | None = None
     kernel_table: KernelTable | None = None
+    # linear tables measured at other model shapes: a model is priced from the nearest (costmodel.tables)
+    more_linear_tables: tuple[LinearTable, ...] = ()
 
     def __getitem__(self, name: str) -> float:
         c = self.coefficients.get(name)
@@ -274,6 +276,9 @@ class HardwareProfile:
             lt = self.linear_table
             lines.append(f"  linear_table: {lt.path.name} ({len(lt.num_tokens)} token counts) — "
                          f"{lt.source.describe()}; {lt.scaling}")
+        for lt in self.more_linear_tables:
+            lines.append(f"  more_linear_tables: {lt.path.name} ({len(lt.num_tokens)} token counts) — "
+                         f"{lt.source.describe()}")
         if self.kernel_table is not None:
             kt = self.kernel_table
             lines.append(f"  kernel_table: {kt.path.name if kt.path else '(in memory)'} ({len(kt.rows['family'])} "

@@ -14,6 +14,8 @@ A profile is a JSON file (shipped ones live in ``granisim/config/profiles/``)::
         "scaling": "how times are carried to other model shapes",
         "source": {"kind": "published", "citation": "..."}
       },
+      "more_linear_tables": [...],           # optional: tables as above measured at other model shapes;
+                                             # a model is priced from the table nearest its shape
       "coefficients": {
         "hbm_bandwidth": {"value": 2.039e12, "unit": "B/s",
                           "source": {"kind": "published", "citation": "NVIDIA A100 datasheet"}},
@@ -103,36 +105,36 @@ def _check_value(file: Path | str, name: str, value: float, rule: str) -> None:
         raise _fail(file, field, value, "must be an integer >= 1")
 
 
-def _read_table(file: Path | str, path: Path) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+def _read_table(file: Path | str, path: Path, field: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
     """TP=1 medians, duplicates of num_tokens averaged, sorted by num_tokens."""
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError as e:
-        raise _fail(file, "linear_table.file", str(path), unreadable(e)) from None
+        raise _fail(file, field, str(path), unreadable(e)) from None
     acc: dict[int, list[list[float]]] = {}
     try:
         for i, row in enumerate(rows, 1):
             if int(row.get("num_tensor_parallel_workers", 1)) != 1:
                 continue
-            vals = [_cell(file, "linear_table.file", path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
-            n = _cell(file, "linear_table.file", path, i, row, "num_tokens", positive=True)
+            vals = [_cell(file, field, path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
+            n = _cell(file, field, path, i, row, "num_tokens", positive=True)
             if n != int(n):
-                raise _fail(file, "linear_table.file", str(path), f"row {i}, column num_tokens = {n!r}: "
+                raise _fail(file, field, str(path), f"row {i}, column num_tokens = {n!r}: "
                                                                    "must be an integer >= 1")
             acc.setdefault(int(n), []).append(vals)
     except (KeyError, ValueError) as e:
         if isinstance(e, ProfileError):
             raise
-        raise _fail(file, "linear_table.file", str(path), f"bad table column or value ({e})") from None
+        raise _fail(file, field, str(path), f"bad table column or value ({e})") from None
     if len(acc) < 2:
-        raise _fail(file, "linear_table.file", str(path), "needs at least two num_tokens rows")
+        raise _fail(file, field, str(path), "needs at least two num_tokens rows")
     ns = tuple(sorted(acc))
     ops = {op: tuple(sum(v[i] for v in acc[n]) / len(acc[n]) for n in ns) for i, op in enumerate(_TABLE_OPS)}
     return ns, ops
 
 
-def _read_tp_tables(file: Path | str, path: Path) -> Mapping[int, tuple]:
+def _read_tp_tables(file: Path | str, path: Path, field: str) -> Mapping[int, tuple]:
     """The table's TP > 1 rows (Vidur's per-shard timings), by tp: (num_tokens, ops_ms) as :func:`_read_table`."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -142,13 +144,13 @@ def _read_tp_tables(file: Path | str, path: Path) -> Mapping[int, tuple]:
             tp = int(row.get("num_tensor_parallel_workers", 1))
             if tp == 1:
                 continue
-            vals = [_cell(file, "linear_table.file", path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
-            n = _cell(file, "linear_table.file", path, i, row, "num_tokens", positive=True)
+            vals = [_cell(file, field, path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
+            n = _cell(file, field, path, i, row, "num_tokens", positive=True)
             acc.setdefault(tp, {}).setdefault(int(n), []).append(vals)
     except (KeyError, ValueError) as e:
         if isinstance(e, ProfileError):
             raise
-        raise _fail(file, "linear_table.file", str(path), f"bad table column or value ({e})") from None
+        raise _fail(file, field, str(path), f"bad table column or value ({e})") from None
     out = {}
     for tp, by_n in acc.items():
         ns = tuple(sorted(by_n))
@@ -204,13 +206,10 @@ def load_profile(path: str | Path) -> HardwareProfile:
             raise _fail(path, f"coefficients.{name}.unit", c.unit, f"must be {unit!r}")
         coefs[name] = Coefficient(float(c.value), unit, _source(c.source))
 
-    table = None
-    if m.linear_table is not None:
-        t = m.linear_table
-        tpath = _table_file(path, "linear_table", t)
-        ns, ops = _read_table(path, tpath)
-        table = LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
-                            MappingProxyType(ops), _read_tp_tables(path, tpath))
+    table = _linear_table(path, "linear_table", m.linear_table) if m.linear_table is not None else None
+    if m.more_linear_tables and table is None:
+        raise _fail(path, "more_linear_tables", len(m.more_linear_tables), "needs a linear_table beside it")
+    more = tuple(_linear_table(path, f"more_linear_tables.{i}", t) for i, t in enumerate(m.more_linear_tables))
     ktable = None
     if m.kernel_table is not None:
         t = m.kernel_table
@@ -218,7 +217,14 @@ def load_profile(path: str | Path) -> HardwareProfile:
             raise _fail(path, "kernel_table", t.file, "needs coefficients.attn.form = 2")
         tpath = _table_file(path, "kernel_table", t)
         ktable = KernelTable(tpath, MappingProxyType(dict(t.model)), _source(t.source), _read_kernel_table(path, tpath))
-    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable)
+    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable, more)
+
+
+def _linear_table(path: Path, field: str, t) -> LinearTable:
+    tpath = _table_file(path, field, t)
+    ns, ops = _read_table(path, tpath, f"{field}.file")
+    return LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
+                       MappingProxyType(ops), _read_tp_tables(path, tpath, f"{field}.file"))
 
 
 def _table_file(path: Path, field: str, t) -> Path:

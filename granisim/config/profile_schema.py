@@ -65,5 +65,6 @@ class ProfileModel(_Strict):
     gpu: str = Field(min_length=1)
     notes: str = ""
     linear_table: LinearTableModel | None = None
+    more_linear_tables: list[LinearTableModel] = []  # measured at other model shapes
     kernel_table: KernelTableModel | None = None
     coefficients: dict[str, CoefficientModel]

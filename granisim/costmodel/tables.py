@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
 
@@ -22,6 +23,42 @@ from .step import StepPricing
 # (engine.fit_layers). Not linear (its offsets by step size also carry the fitted model's GEMM shapes: scaled,
 # Qwen-2.5-14B's per-step error grew) nor lm_head (once a step).
 PER_LAYER_KEYS = ("attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
+
+
+def _gemm_weights(m: ModelShape) -> np.ndarray:
+    """Weight elements of one GPU's QKV, O, gate/up and down projections (the table's GEMMs)."""
+    return np.array([m.hidden * (m.n_q_heads + 2 * m.n_kv_heads) * m.head_dim, m.n_q_heads * m.head_dim * m.hidden,
+                     2 * m.hidden * m.intermediate, m.intermediate * m.hidden], float)
+
+
+def nearest_linear_table(profile: HardwareProfile, model: ModelShape) -> tuple[tuple, Mapping, ModelShape]:
+    """(num_tokens, ops_ms, per-GPU shape) of the measured linear timings nearest ``model``'s per-GPU shape.
+
+    The candidates are every table of the profile (``linear_table``, then ``more_linear_tables``) at tp = 1 and
+    at each tp of its per-shard rows. Rows of the model's own tp come first (measured per-shard timings, such
+    as Vidur's TP rows); among them, the nearest shape: the sum over the four GEMMs of |log(weights / weights
+    of the candidate)|. A table measured at the model's own shape is thus used as measured (ratio 1), the
+    others are carried by roofline ratios from the closest one. Ties go to the earlier candidate (pure)."""
+    want = np.maximum(_gemm_weights(model), 1.0)
+    best, best_key = None, (True, math.inf)
+    for table in (profile.linear_table, *profile.more_linear_tables):
+        shape = measured_shape(table.model, "linear table")
+        for tp, (ns, ops) in ((1, (table.num_tokens, table.ops_ms)), *sorted(table.tp_ops.items())):
+            if tp > 1 and shape.shard_error(tp):
+                continue
+            ref = shape.shard(tp)
+            key = (tp != model.tp, float(np.abs(np.log(want / np.maximum(_gemm_weights(ref), 1.0))).sum()))
+            if key[0] < best_key[0] or (key[0] == best_key[0] and key[1] < best_key[1] - 1e-12):
+                best, best_key = (ns, ops, ref), key
+    return best
+
+
+def carried_s(col_ms, family: str, n, ref: ModelShape, model: ModelShape, peak: float, bw: float) -> np.ndarray:
+    """Seconds of one operator of ``model`` at ``n`` tokens from a table column measured at shape ``ref``
+    (``col_ms``: ms at the same ``n``), carried by the ratio of the family's roofline times (pure)."""
+    fm, bm = op_work(family, n, model)
+    fr, br = op_work(family, n, ref)
+    return np.asarray(col_ms) * 1e-3 * np.maximum(fm / peak, bm / bw) / np.maximum(fr / peak, br / bw)
 
 
 class CostTables(KernelForms, StepPricing, ParallelPricing):
@@ -113,25 +150,16 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
 
     def _build_linear_grid(self):
         """(n grid, seconds per step for all layers) when the profile has a linear table."""
-        table = self.profile.linear_table
-        if table is None:
+        if self.profile.linear_table is None:
             return None
-        n = np.asarray(table.num_tokens, float)
-        ref = measured_shape(table.model, "linear table")
-        ops_ms = table.ops_ms
-        if self.model.tp > 1 and self.model.tp in table.tp_ops:  # measured per-shard timings (Vidur's TP rows)
-            ns, ops_ms = table.tp_ops[self.model.tp]
-            n = np.asarray(ns, float)
-            ref = ref.shard(self.model.tp)
+        ns, ops_ms, ref = nearest_linear_table(self.profile, self.model)
+        n = np.asarray(ns, float)
         total = np.zeros_like(n)
         for ops, mult in ((LAYER_OPS, self.layers), (STEP_OPS, 1)):
             for family, col, count in ops:
                 if skips_dense_mlp(self.model, family):
                     continue
-                fm, bm = op_work(family, n, self.model)
-                fr, br = op_work(family, n, ref)
-                ratio = np.maximum(fm / self.P, bm / self.BW) / np.maximum(fr / self.P, br / self.BW)
-                total += np.asarray(ops_ms[col]) * 1e-3 * ratio * count * mult
+                total += carried_s(ops_ms[col], family, n, ref, self.model, self.P, self.BW) * count * mult
         # GEMMs at tile-aligned sizes run faster than at slightly smaller ones (n = 48 beats 40):
         # a step of n tokens costs no more than the cheapest measured size >= n (pad up to it),
         # so more tokens are never cheaper.

@@ -121,7 +121,7 @@ def profile_fingerprint(name: str) -> str:
     except ValueError:
         return "unresolved"
     h = hashlib.sha256()
-    tables = [getattr(prof, "linear_table", None), getattr(prof, "kernel_table", None)]
+    tables = [prof.linear_table, prof.kernel_table, *prof.more_linear_tables]
     for path in [prof.path] + [getattr(t, "path", None) for t in tables if t is not None]:
         if path is not None and Path(path).is_file():
             h.update(Path(path).read_bytes())

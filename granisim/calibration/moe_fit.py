@@ -9,11 +9,12 @@ RAW_DIR is a ``python -m calibration.measure --only linear_tp,grouped_gemm`` out
   family on every other row, its relative error reported on the rows left out (held out), then refitted on
   all rows; ``--write`` puts them into the profile as ``measured`` (replacing the dense-roofline
   extrapolation granisim.calibration.collectives put there).
-* ``linear_tp.csv``: the profile's own linear families priced at the per-shard shapes of tp = 2, 4, 8 against
-  these timings — the held-out check that the tp = 1 fit carries to the shard shapes (nothing is refitted).
+* ``linear_tp.csv``: the profile's own linear families (``roofline``) and the cost model's table pricing
+  (``table``: the nearest measured table carried by roofline ratios) at the per-shard shapes of tp = 2, 4, 8
+  against these timings — the held-out check that tp = 1 measurements carry to the shard shapes (nothing is
+  refitted).
 
-The H200 numbers are not measured yet (the run needs a GPU session); the shipped profiles carry the
-extrapolated coefficients until then.
+The H200 runs are in ``calibration/raw/h200_more/`` (calibration/README.md gives the figures).
 """
 
 from __future__ import annotations
@@ -25,8 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from granisim.calibration.fit_linear import table_interp
 from granisim.config.hardware import load_profile
+from granisim.config.models import get_model
 from granisim.costmodel.operators import fit_roofline, roofline_time
+from granisim.costmodel.tables import carried_s, nearest_linear_table
+
+# the linear table's column of each GEMM family (granisim.costmodel.operators.LAYER_OPS)
+TABLE_COLUMN = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "mlp_up": "mlp_up_proj",
+                "mlp_down": "mlp_down_proj"}
 
 MAX_LAUNCH = 10e-6
 
@@ -62,18 +70,28 @@ def fit_grouped(raw_dir: Path, peak: float, bw: float) -> tuple[dict, dict]:
 
 
 def shard_errors(raw_dir: Path, profile) -> dict:
-    """Relative errors of the profile's linear families on the per-shard GEMM timings, by tp."""
+    """Relative errors on the per-shard GEMM timings, by tp, of the profile's linear families (``roofline``)
+    and of the cost model's own pricing when the profile has linear tables (``table``: the nearest measured
+    table, carried by roofline ratios and interpolated in n, as granisim.costmodel.tables prices a step)."""
     rows = _rows(Path(raw_dir) / "linear_tp.csv")
+    model = get_model(json.loads((Path(raw_dir) / "meta.json").read_text())["model"])
     out = {}
     for tp in sorted({int(x["tp"]) for x in rows}):
-        pred, t = [], []
+        shard = model.shard(tp)
+        table = nearest_linear_table(profile, shard) if profile.linear_table is not None else None
+        roof, carried, t = [], [], []
         for x in (x for x in rows if int(x["tp"]) == tp):
-            fam = x["family"]
-            pred.append(float(roofline_time(float(x["flops"]), float(x["bytes"]), profile.bf16_flops,
+            fam, n = x["family"], float(x["n"])
+            roof.append(float(roofline_time(float(x["flops"]), float(x["bytes"]), profile.bf16_flops,
                                             profile.hbm_bandwidth, profile[f"linear.{fam}.launch_s"],
                                             profile[f"linear.{fam}.flop_eff"], profile[f"linear.{fam}.mem_eff"])))
+            if table is not None:
+                ns, ops, ref = table
+                col = carried_s(ops[TABLE_COLUMN[fam]], fam, np.asarray(ns, float), ref, shard,
+                                profile.bf16_flops, profile.hbm_bandwidth)
+                carried.append(float(table_interp(n, np.asarray(ns, float), col)))
             t.append(float(x["median_us"]) * 1e-6)
-        out[tp] = _err(pred, t)
+        out[tp] = {"roofline": _err(roof, t), **({"table": _err(carried, t)} if carried else {})}
     return out
 
 
@@ -114,9 +132,10 @@ def main(argv=None) -> int:
             write(Path(a.profile), raw, values)
             print(f"wrote {a.profile}")
     if (raw / "linear_tp.csv").exists():
-        for tp, e in shard_errors(raw, prof).items():
-            print(f"per-shard GEMMs tp={tp}: {prof.name}'s linear families, relative error median {e['median']:.1%}, "
-                  f"p90 {e['p90']:.1%} ({e['n']} rows)")
+        for tp, by in shard_errors(raw, prof).items():
+            for how, e in by.items():
+                print(f"per-shard GEMMs tp={tp}, {prof.name} {how}: relative error median {e['median']:.1%}, "
+                      f"p90 {e['p90']:.1%} ({e['n']} rows)")
     return 0
 
 

@@ -4,6 +4,8 @@
 
 1. fits RAW_DIR (granisim.calibration) into granisim/config/profiles/h200.json, its two measured tables
    into granisim/config/data/, and writes the report figures and fit summary into reports/calibration/;
+   then adds the measurements of calibration/raw/h200_more/: Qwen-2.5-14B's own linear table
+   (granisim.calibration.more_table) and the MoE grouped GEMMs (granisim.calibration.moe_fit);
 2. derives granisim/config/profiles/h100-sxm.json and b200.json from it by datasheet ratios.
 
 a100-80gb is untouched (``python -m granisim.calibration.published`` makes it from published sources).
@@ -20,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from granisim.calibration.collectives import add_to_file as add_parallel
+from granisim.calibration.moe_fit import fit_grouped, write as write_grouped
+from granisim.calibration.more_table import add_table
 from granisim.calibration.profile import derive
 from granisim.calibration.run import calibrate, format_errors, write_figures
 from granisim.costmodel import m_sat_threshold
@@ -30,6 +34,17 @@ COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out 
            "granisim calibrate fit RAW --out h200.json (python -m granisim.calibration.shipped)")
 
 
+MORE = ROOT / "calibration" / "raw" / "h200_more"
+
+
+def add_more(profile: Path) -> None:
+    """The H200 measurements beside the main run: a linear table at Qwen-2.5-14B's shapes, the grouped GEMMs."""
+    add_table(MORE / "qwen-2.5-14b_linear_2", profile, DATA_DIR)
+    prof = load_profile(profile)
+    raw = MORE / "qwen3-30b-a3b_grouped_gemm"
+    write_grouped(profile, raw, fit_grouped(raw, prof.bf16_flops, prof.hbm_bandwidth)[0])
+
+
 def main(raw_dir: str = "calibration/raw/h200") -> None:
     shipped = PROFILE_DIR / "h200.json"
     with tempfile.TemporaryDirectory() as tmp:  # the profile's tables are written beside it and into DATA_DIR
@@ -38,8 +53,8 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
         print(format_errors(cal.result))
         write_figures(cal, ROOT / "reports" / "calibration", "h200")
         shutil.copyfile(out, shipped)
-    add_parallel(shipped)  # the tp all-reduce curve and MoE grouped-GEMM coefficients (extrapolated until measured)
-    load_profile(shipped)
+    add_parallel(shipped)  # the tp all-reduce curve (extrapolated) and MoE grouped-GEMM coefficients
+    add_more(shipped)  # ... the latter replaced by their measurement
     model = get_model("llama-3.1-8b")
     for target in ("h100-sxm", "b200"):
         doc = derive(cal.doc, target, source_name="h200 (calibration/profiles/h200.json)")  # the name it was derived under

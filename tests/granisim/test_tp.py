@@ -14,7 +14,7 @@ from granisim.config.hardware import get_profile
 from granisim.config.models import get_model, kv_budget_tokens
 from granisim.config.scenario import parse_scenario
 from granisim.core.contract import BatchPlan, PlannedRequest
-from granisim.costmodel import CostTables, roofline_time, step_cost
+from granisim.costmodel import CostTables, op_work, roofline_time, step_cost
 from granisim.costmodel.parallel import (allreduce_seconds, allreduces_per_step, expected_expert_rows,
                                          expert_pick_probs, moe_layer_work)
 from granisim.experiments.run import prepare
@@ -242,3 +242,32 @@ def test_m_sat_moves_up_with_tp(tp):
     assert m_sat_threshold(prof, m.shard(tp), 16384) > m_sat_threshold(prof, m, 16384)
     sc = parse_scenario({"model": {"name": "llama-3.1-70b"}, "hardware": {"profile": "h200", "tp": tp}})
     assert prepare(sc).m_sat == int(prof[f"m_sat.tp{tp}"]) > prof.m_sat
+
+
+def test_shard_check_prices_the_shards_as_the_cost_model_does(tmp_path):
+    """moe_fit.shard_errors' ``table`` errors are the cost model's own pricing of each per-shard GEMM: timings
+    made from it score 0, the roofline families do not. Planted: pricing the unsharded model fails."""
+    import csv
+    import json
+
+    from granisim.calibration.moe_fit import TABLE_COLUMN, shard_errors
+    from granisim.costmodel.tables import carried_s, nearest_linear_table
+
+    prof, m = get_profile("h200"), get_model("llama-3.1-70b")
+    (tmp_path / "meta.json").write_text(json.dumps({"model": m.name}))
+    with open(tmp_path / "linear_tp.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["tp", "family", "n", "flops", "bytes", "median_us"])
+        w.writeheader()
+        for tp in (2, 8):
+            ns, ops, ref = nearest_linear_table(prof, m.shard(tp))
+            for fam, col in TABLE_COLUMN.items():
+                t = carried_s(ops[col], fam, np.asarray(ns, float), ref, m.shard(tp), prof.bf16_flops,
+                              prof.hbm_bandwidth)
+                fl, by = op_work(fam, np.asarray(ns, float), m.shard(tp))
+                for n, ti, fi, bi in zip(ns, t, fl, by):
+                    w.writerow(dict(tp=tp, family=fam, n=n, flops=fi, bytes=bi, median_us=ti * 1e6))
+    errs = shard_errors(tmp_path, prof)
+    assert set(errs) == {2, 8}
+    for e in errs.values():
+        assert e["table"]["median"] < 1e-9 and e["table"]["p90"] < 1e-9 and e["table"]["n"] == 4 * 27
+        assert e["roofline"]["median"] > 0.01

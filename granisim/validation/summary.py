@@ -25,7 +25,7 @@ import math
 import sys
 from pathlib import Path
 
-from granisim.validation.gpu_runs import HELD_OUT, split_unit, unit_name
+from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name
 from granisim.validation.validate import TARGETS
 
 RUN_LEAF = "h200_run"
@@ -121,6 +121,45 @@ def mape(recs: list[dict]) -> list[dict]:
             for (p, m, v, k), e in sorted(groups.items())]
 
 
+TABLE_METRICS = ("step_median", "throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
+
+
+def signed_table(recs: list[dict]) -> str:
+    """Markdown: one row per machine, model, workload and policy; signed errors ((predicted - measured) /
+    measured; the per-step median is of |error|), target misses in bold; then the counts met (pure)."""
+    rows: dict[tuple, dict] = {}
+    for r in recs:
+        if r["metric"] in TABLE_METRICS:
+            key = (r["machine"], r["model"], r["policy"], r["workload"], r["held_out"])
+            rows.setdefault(key, {})[r["metric"]] = r
+    order = {w: i for i, w in enumerate(VALIDATION)}
+    lines = ["| machine | model | workload | policy | per-step median | throughput | TPOT p50 | TPOT p99 | TTFT p50 | "
+             "TTFT p99 |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    units_met = checks = checks_met = 0
+    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 99), k[3])):
+        machine, model, policy, workload, held = key
+        cells, ok = [], True
+        for m in TABLE_METRICS:
+            r = rows[key].get(m)
+            if r is None or r["error"] is None:
+                cells.append("-")
+                continue
+            v = r["error"] if m == "step_median" else r["predicted"] / r["measured"] - 1.0
+            text = f"{v:.1%}" if m == "step_median" else f"{v:+.1%}"
+            if r["met"] is not None:
+                checks += 1
+                checks_met += r["met"]
+                ok &= r["met"]
+                text = text if r["met"] else f"**{text}**"
+            cells.append(text)
+        units_met += ok
+        lines.append(f"| {machine} | {model} | {workload}{' (held out)' if held else ''} | {policy} | "
+                     + " | ".join(cells) + " |")
+    lines.append(f"\n{units_met} of {len(rows)} workload-policy-model runs meet every target; {checks_met} of {checks} "
+                 "target checks are met.")
+    return "\n".join(lines) + "\n"
+
+
 def _fail(msg: str):
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
@@ -132,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reports", type=Path, nargs="+", metavar="H200_JSON",
                     help="instead: `granisim validation report --check-profile` outputs (their check_profile variant)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--table", type=Path, help="also write the signed errors as a markdown table here")
     args = ap.parse_args(argv)
     if (args.raw is None) == (args.reports is None):
         _fail("give either a folder of validation runs or --reports, not both or neither")
@@ -147,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
             _fail(f"{args.raw}: no validation_*.json with end-to-end results under it")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"targets": TARGETS, "records": recs, "mape": mape(recs)}, indent=1) + "\n")
+    if args.table:
+        args.table.write_text(signed_table(recs))
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}
     print(f"{args.out}: {len(recs)} records, {len(units)} runs of a workload")
 

@@ -59,3 +59,16 @@ def test_reports_give_the_checked_profiles_predictions(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         S.main([str(tmp_path), "--reports", str(tmp_path / "h200.json"), "--out", str(tmp_path / "s.json")])
     assert e.value.code == 2 and "not both" in capsys.readouterr().err
+
+
+def test_the_table_gives_signed_errors_and_bolds_the_misses():
+    base = {"workload": "azure_replay", "policy": "token", "model": "llama-3.1-8b", "machine": "runX",
+            "held_out": False}
+    recs = [S._record(base, "step_median", None, None, 0.02),
+            S._record(base, "tpot_p50_s", 0.010, 0.0093, 0.07),  # 7% optimistic: a miss of the 5% target
+            S._record(base, "ttft_p99_s", 0.5, 0.52, 0.04),
+            S._record({**base, "policy": "granikv"}, "throughput_rps", 2.0, 2.01, 0.005)]
+    text = S.signed_table(recs)
+    token = next(line for line in text.splitlines() if "| token |" in line)
+    assert "| 2.0% |" in token and "**-7.0%**" in token and "+4.0%" in token
+    assert "1 of 2 workload-policy-model runs meet every target; 3 of 4 target checks are met." in text

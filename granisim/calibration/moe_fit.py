@@ -12,7 +12,8 @@ RAW_DIR is a ``python -m calibration.measure --only linear_tp,grouped_gemm`` out
 * ``linear_tp.csv``: the profile's own linear families (``roofline``) and the cost model's table pricing
   (``table``: the nearest measured table carried by roofline ratios) at the per-shard shapes of tp = 2, 4, 8
   against these timings — the held-out check that tp = 1 measurements carry to the shard shapes (nothing is
-  refitted).
+  refitted), and the rows' own error at sizes left out (``rows held out``: what a per-shard table of them, as
+  ``granisim calibrate table`` makes, gives between its measured sizes).
 
 The H200 runs are in ``calibration/raw/h200_more/`` (calibration/README.md gives the figures).
 """
@@ -91,8 +92,25 @@ def shard_errors(raw_dir: Path, profile) -> dict:
                                 profile.bf16_flops, profile.hbm_bandwidth)
                 carried.append(float(table_interp(n, np.asarray(ns, float), col)))
             t.append(float(x["median_us"]) * 1e-6)
-        out[tp] = {"roofline": _err(roof, t), **({"table": _err(carried, t)} if carried else {})}
+        out[tp] = {"roofline": _err(roof, t), **({"table": _err(carried, t)} if carried else {}),
+                   "rows held out": _err(*_left_out(x for x in rows if int(x["tp"]) == tp))}
     return out
+
+
+def _left_out(rows) -> tuple[list, list]:
+    """(interpolated, measured) of each family's interior sizes, each left out in turn and interpolated from
+    its neighbours as the cost model reads a table: a per-shard table's error at sizes it did not measure."""
+    by: dict[str, list] = {}
+    for x in rows:
+        by.setdefault(x["family"], []).append((float(x["n"]), float(x["median_us"])))
+    pred, t = [], []
+    for pts in by.values():
+        pts.sort()
+        for i in range(1, len(pts) - 1):
+            (n0, t0), (n, ti), (n1, t1) = pts[i - 1], pts[i], pts[i + 1]
+            pred.append(t0 + (t1 - t0) * (n - n0) / (n1 - n0))
+            t.append(ti)
+    return pred, t
 
 
 def write(profile_path: Path, raw_dir: Path, values: dict) -> None:

@@ -2,24 +2,33 @@
 
     granisim calibrate table RAW_DIR --profile PROFILE.json [--table-dir DIR]
 
-RAW_DIR is a ``python -m calibration.measure --model MODEL --only linear`` output (``linear.csv``,
+RAW_DIR is a ``python -m calibration.measure --model MODEL --only linear`` (or ``--only linear_tp``) output (``linear.csv``,
 ``meta.json``). Its rows become a Vidur-format table as the full fit makes them (granisim.calibration.fit_linear:
 host-bound rows carry the roofline's time), written as ``<gpu>_<model>_linear_ops.csv`` (``--gpu`` of the measurement) in DIR (default:
 beside the profile), and the profile gets (or has replaced) the entry for that model's shape, marked measured.
 A model of that shape is then priced from this table as measured; other models from the nearest table
 (granisim.costmodel.tables.nearest_linear_table). Prints the table's held-out interpolation error.
+
+A ``--only linear_tp`` run (``linear_tp.csv``: the GEMMs at the per-GPU shard shapes of tp = 2, 4, 8) becomes
+a table of per-tp rows instead (``num_tensor_parallel_workers`` = tp, no tp = 1 rows): its four GEMM columns
+as measured, its element-wise columns (not timed by that section) carried to the shard shape from the
+profile's nearest table by roofline ratios, as the cost model would price them anyway.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from granisim.config.hardware import load_profile
 from granisim.config.models import get_model
+from granisim.costmodel.operators import LAYER_OPS, STEP_OPS
+from granisim.costmodel.tables import carried_s, nearest_linear_table
 
-from .fit_linear import fit_linear, vidur_table
+from .fit_linear import fit_linear, table_interp, vidur_table
+from .moe_fit import shard_errors
 from .raw import Raw
 
 
@@ -41,20 +50,55 @@ def linear_table(raw_dir: Path, profile_path: Path) -> tuple[pd.DataFrame, dict,
     return vidur_table(rows[rows["family"] != "lm_head"]), errors, meta
 
 
+def shard_table(raw_dir: Path, profile_path: Path) -> tuple[pd.DataFrame, dict, dict]:
+    """(Vidur-format table of per-tp rows, held-out errors by tp, the run's meta) of a linear_tp run."""
+    raw_dir = Path(raw_dir)
+    meta = json.loads((raw_dir / "meta.json").read_text())
+    rows = pd.read_csv(raw_dir / "linear_tp.csv")
+    rows = rows[pd.to_numeric(rows["median_us"], errors="coerce") > 0]
+    if rows.empty:
+        raise ValueError(f"{raw_dir / 'linear_tp.csv'}: no timed rows")
+    prof = load_profile(profile_path)
+    model = get_model(meta.get("model", "?"))
+    out = []
+    for tp, g in rows.groupby("tp"):
+        shard = model.shard(int(tp))
+        piv = g.pivot_table(index="n", columns="op", values="median_us", aggfunc="median").dropna() * 1e-3
+        ns = piv.index.to_numpy(float)
+        ref_ns, ops, ref = nearest_linear_table(prof, shard)
+        t = pd.DataFrame({"num_tokens": piv.index.astype(int), "num_tensor_parallel_workers": int(tp)})
+        for fam, col, _ in LAYER_OPS + STEP_OPS:
+            if col in piv.columns:
+                t[f"time_stats.{col}.median"] = piv[col].to_numpy()
+            elif f"time_stats.{col}.median" not in t:
+                carried = carried_s(ops[col], fam, np.asarray(ref_ns, float), ref, shard, prof.bf16_flops,
+                                    prof.hbm_bandwidth)
+                t[f"time_stats.{col}.median"] = table_interp(ns, np.asarray(ref_ns, float), carried) * 1e3
+        out.append(t)
+    return pd.concat(out, ignore_index=True), shard_errors(raw_dir, prof), meta
+
+
 def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) -> tuple[Path, dict]:
     """Write the table and its entry into the profile; (the CSV written, the held-out errors)."""
-    profile_path = Path(profile_path)
-    table, errors, meta = linear_table(raw_dir, profile_path)
+    profile_path, raw_dir = Path(profile_path), Path(raw_dir)
+    if not (raw_dir / "meta.json").is_file():
+        raise ValueError(f"{raw_dir / 'meta.json'}: no such file (python -m calibration.measure writes it)")
+    shards = (raw_dir / "linear_tp.csv").is_file() and not (raw_dir / "linear.csv").is_file()
+    table, errors, meta = (shard_table if shards else linear_table)(raw_dir, profile_path)
     doc = json.loads(profile_path.read_text())
     model = get_model(meta["model"])
-    csv = Path(table_dir or profile_path.parent) / f"{meta.get('gpu_flag') or doc['name']}_{model.name}_linear_ops.csv"
+    kind = "shard_linear_ops" if shards else "linear_ops"
+    csv = Path(table_dir or profile_path.parent) / f"{meta.get('gpu_flag') or doc['name']}_{model.name}_{kind}.csv"
     table.to_csv(csv, index=False, float_format="%.6g")
     versions = f"torch {meta.get('torch')}, triton {meta.get('triton')}, CUDA {meta.get('cuda')}, python {meta.get('python')}"
+    what = (f"GEMMs at {model.name}'s per-GPU shard shapes of tp {', '.join(str(t) for t in sorted(errors))}, "
+            "element-wise columns carried from the nearest table by roofline ratios" if shards else
+            f"torch ops at {model.name} shapes over 1..16K tokens")
     entry = {"file": csv.name, "model": model.table_shape(),
              "scaling": "used as measured for this shape; the nearest table carries other shapes by roofline ratios",
              "source": {"kind": "measured", "date": meta.get("date", "?"), "command": meta.get("command", "?"),
                         "gpu": meta.get("gpu", "?"), "commit": str(meta.get("commit", "?")), "versions": versions,
-                        "note": f"torch ops at {model.name} shapes over 1..16K tokens, CUDA-graph medians"}}
+                        "note": f"{what}, CUDA-graph medians"}}
     more = [t for t in doc.get("more_linear_tables", []) if t["model"] != entry["model"]]
     doc["more_linear_tables"] = more + [entry]
     profile_path.write_text(json.dumps(doc, indent=2) + "\n")

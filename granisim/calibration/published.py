@@ -1,13 +1,13 @@
 """Regenerate the shipped hardware profiles (granisim/config/profiles/*.json).
 
-    .venv/bin/python scripts/make_profiles.py
+    python -m granisim.calibration.published
 
 a100-80gb: datasheet rates; linear operators from Vidur's A100 table (plus roofline
 coefficients fitted to it); attention coefficients from FlashAttention sources, DESIGN.md §9
 and the team's kernels; ``attn.dense.flop_eff`` fitted so the cost model's dense/cascade
 crossover at L_p = 16K lands on the published M_sat = 1024 (arXiv 2608.15584).
 h100-sxm, h200, b200: no longer written here — h200 is measured and the other two derive from it
-(scripts/make_calibrated_profiles.py, issue 5).
+(python -m granisim.calibration.shipped).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 
 1. fits RAW_DIR (granisim.calibration) into granisim/config/profiles/h200.json, its two measured tables
    into granisim/config/data/, and writes the report figures and fit summary into reports/calibration/;
-   then adds the measurements of calibration/raw/h200_more/: Qwen-2.5-14B's own linear table
-   (granisim.calibration.more_table) and the MoE grouped GEMMs (granisim.calibration.moe_fit);
+   then adds the measurements of calibration/raw/h200_more/: Qwen-2.5-14B's own linear table and the shard
+   GEMMs of Llama-3.1-70B and Qwen-2.5-72B (granisim.calibration.more_table), and the MoE grouped GEMMs
+   (granisim.calibration.moe_fit);
 2. derives granisim/config/profiles/h100-sxm.json and b200.json from it by datasheet ratios.
 
 a100-80gb is untouched (``python -m granisim.calibration.published`` makes it from published sources).
@@ -38,8 +39,9 @@ MORE = ROOT / "calibration" / "raw" / "h200_more"
 
 
 def add_more(profile: Path) -> None:
-    """The H200 measurements beside the main run: a linear table at Qwen-2.5-14B's shapes, the grouped GEMMs."""
-    add_table(MORE / "qwen-2.5-14b_linear_2", profile, DATA_DIR)
+    """The H200 measurements beside the main run: linear tables at other models' shapes, the grouped GEMMs."""
+    for raw in ("qwen-2.5-14b_linear_2", "llama-3.1-70b_linear_tp", "qwen-2.5-72b_linear_tp"):
+        add_table(MORE / raw, profile, DATA_DIR)
     prof = load_profile(profile)
     raw = MORE / "qwen3-30b-a3b_grouped_gemm"
     write_grouped(profile, raw, fit_grouped(raw, prof.bf16_flops, prof.hbm_bandwidth)[0])

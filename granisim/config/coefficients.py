@@ -277,8 +277,9 @@ class HardwareProfile:
             lines.append(f"  linear_table: {lt.path.name} ({len(lt.num_tokens)} token counts) — "
                          f"{lt.source.describe()}; {lt.scaling}")
         for lt in self.more_linear_tables:
-            lines.append(f"  more_linear_tables: {lt.path.name} ({len(lt.num_tokens)} token counts) — "
-                         f"{lt.source.describe()}")
+            rows = [f"{len(lt.num_tokens)} token counts"] if lt.num_tokens else []
+            rows += [f"tp {', '.join(map(str, sorted(lt.tp_ops)))} shard rows"] if lt.tp_ops else []
+            lines.append(f"  more_linear_tables: {lt.path.name} ({'; '.join(rows)}) — {lt.source.describe()}")
         if self.kernel_table is not None:
             kt = self.kernel_table
             lines.append(f"  kernel_table: {kt.path.name if kt.path else '(in memory)'} ({len(kt.rows['family'])} "

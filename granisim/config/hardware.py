@@ -105,8 +105,9 @@ def _check_value(file: Path | str, name: str, value: float, rule: str) -> None:
         raise _fail(file, field, value, "must be an integer >= 1")
 
 
-def _read_table(file: Path | str, path: Path, field: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
-    """TP=1 medians, duplicates of num_tokens averaged, sorted by num_tokens."""
+def _read_table(file: Path | str, path: Path, field: str,
+                allow_none: bool = False) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+    """TP=1 medians, duplicates of num_tokens averaged, sorted by num_tokens (none at all: only with allow_none)."""
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
@@ -127,7 +128,7 @@ def _read_table(file: Path | str, path: Path, field: str) -> tuple[tuple[int, ..
         if isinstance(e, ProfileError):
             raise
         raise _fail(file, field, str(path), f"bad table column or value ({e})") from None
-    if len(acc) < 2:
+    if len(acc) < 2 and not (allow_none and not acc):
         raise _fail(file, field, str(path), "needs at least two num_tokens rows")
     ns = tuple(sorted(acc))
     ops = {op: tuple(sum(v[i] for v in acc[n]) / len(acc[n]) for n in ns) for i, op in enumerate(_TABLE_OPS)}
@@ -209,7 +210,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
     table = _linear_table(path, "linear_table", m.linear_table) if m.linear_table is not None else None
     if m.more_linear_tables and table is None:
         raise _fail(path, "more_linear_tables", len(m.more_linear_tables), "needs a linear_table beside it")
-    more = tuple(_linear_table(path, f"more_linear_tables.{i}", t) for i, t in enumerate(m.more_linear_tables))
+    more = tuple(_linear_table(path, f"more_linear_tables.{i}", t, shards_only=True)
+                 for i, t in enumerate(m.more_linear_tables))
     ktable = None
     if m.kernel_table is not None:
         t = m.kernel_table
@@ -220,11 +222,15 @@ def load_profile(path: str | Path) -> HardwareProfile:
     return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable, more)
 
 
-def _linear_table(path: Path, field: str, t) -> LinearTable:
+def _linear_table(path: Path, field: str, t, shards_only: bool = False) -> LinearTable:
+    """A linear table; with ``shards_only`` (more_linear_tables) it may hold tp > 1 rows alone."""
     tpath = _table_file(path, field, t)
-    ns, ops = _read_table(path, tpath, f"{field}.file")
+    ns, ops = _read_table(path, tpath, f"{field}.file", allow_none=shards_only)
+    tp_ops = _read_tp_tables(path, tpath, f"{field}.file")
+    if not ns and not tp_ops:
+        raise _fail(path, f"{field}.file", str(tpath), "needs at least two num_tokens rows")
     return LinearTable(tpath, MappingProxyType(dict(t.model)), t.scaling, _source(t.source), ns,
-                       MappingProxyType(ops), _read_tp_tables(path, tpath, f"{field}.file"))
+                       MappingProxyType(ops), tp_ops)
 
 
 def _table_file(path: Path, field: str, t) -> Path:

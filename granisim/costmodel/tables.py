@@ -25,31 +25,31 @@ from .step import StepPricing
 PER_LAYER_KEYS = ("attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
 
 
-def _gemm_weights(m: ModelShape) -> np.ndarray:
-    """Weight elements of one GPU's QKV, O, gate/up and down projections (the table's GEMMs)."""
-    return np.array([m.hidden * (m.n_q_heads + 2 * m.n_kv_heads) * m.head_dim, m.n_q_heads * m.head_dim * m.hidden,
-                     2 * m.hidden * m.intermediate, m.intermediate * m.hidden], float)
+def _gemm_dims(m: ModelShape) -> np.ndarray:
+    """(K, N) of one GPU's QKV, O, gate/up and down projections (the table's GEMMs), flattened."""
+    h, q, kv, d, inter = m.hidden, m.n_q_heads, m.n_kv_heads, m.head_dim, m.intermediate
+    return np.array([h, (q + 2 * kv) * d, q * d, h, h, 2 * inter, inter, h], float)
 
 
 def nearest_linear_table(profile: HardwareProfile, model: ModelShape) -> tuple[tuple, Mapping, ModelShape]:
     """(num_tokens, ops_ms, per-GPU shape) of the measured linear timings nearest ``model``'s per-GPU shape.
 
     The candidates are every table of the profile (``linear_table``, then ``more_linear_tables``) at tp = 1 and
-    at each tp of its per-shard rows. Rows of the model's own tp come first (measured per-shard timings, such
-    as Vidur's TP rows); among them, the nearest shape: the sum over the four GEMMs of |log(weights / weights
-    of the candidate)|. A table measured at the model's own shape is thus used as measured (ratio 1), the
+    at each tp of its per-shard rows (measured at the table's shape sharded by that tp, such as Vidur's TP rows).
+    The nearest is the one whose per-GPU GEMMs are closest in shape: the sum over the four GEMMs' K and N of
+    |log(model's / candidate's)| (a GEMM's efficiency depends on its dimensions, not only on their product). A table measured at the model's own per-GPU shape is thus used as measured (ratio 1), the
     others are carried by roofline ratios from the closest one. Ties go to the earlier candidate (pure)."""
-    want = np.maximum(_gemm_weights(model), 1.0)
-    best, best_key = None, (True, math.inf)
+    want = np.maximum(_gemm_dims(model), 1.0)
+    best, best_d = None, math.inf
     for table in (profile.linear_table, *profile.more_linear_tables):
         shape = measured_shape(table.model, "linear table")
         for tp, (ns, ops) in ((1, (table.num_tokens, table.ops_ms)), *sorted(table.tp_ops.items())):
-            if tp > 1 and shape.shard_error(tp):
+            if len(ns) < 2 or (tp > 1 and shape.shard_error(tp)):  # a table of shard rows alone has no tp = 1
                 continue
             ref = shape.shard(tp)
-            key = (tp != model.tp, float(np.abs(np.log(want / np.maximum(_gemm_weights(ref), 1.0))).sum()))
-            if key[0] < best_key[0] or (key[0] == best_key[0] and key[1] < best_key[1] - 1e-12):
-                best, best_key = (ns, ops, ref), key
+            d = float(np.abs(np.log(want / np.maximum(_gemm_dims(ref), 1.0))).sum())
+            if d < best_d - 1e-12:
+                best, best_d = (ns, ops, ref), d
     return best
 
 

@@ -105,10 +105,12 @@ def _ratio(a: pd.Series, b: pd.Series) -> float:
 
 
 def prediction_rows(r: Results) -> list[dict]:
-    """Rows for models the paper does not have (labelled predictions: the all-reduce curve and the grouped GEMM
-    are extrapolated until measured; docs/tp.md)."""
+    """Rows for models the paper does not have (labelled predictions: the all-reduce curve is extrapolated until
+    measured, the grouped GEMM as the profile's source says; docs/tp.md)."""
     if r.base.hardware.profile not in PREDICTION_PROFILES:
         return []
+    grouped = get_profile(r.base.hardware.profile).coefficients["linear.moe_up.flop_eff"].source.kind
+    grouped = "grouped expert GEMMs " + ("measured" if grouped == "measured" else "from the dense roofline")
     rows = []
     for over, label in PREDICTIONS:
         g, t = r.get({**over, "policy.name": "granikv"}), r.get({**over, "policy.name": "token"})
@@ -120,7 +122,7 @@ def prediction_rows(r: Results) -> list[dict]:
                          terms=_terms(g, t),
                          reading=(f"a prediction: per-GPU shard priced from the profile, all-reduces "
                                   f"{'extrapolated from the NVLink datasheet' if 'hardware.tp' in over else 'none'}, "
-                                  f"{'grouped expert GEMMs from the dense roofline' if 'qwen3' in over['model.name'] else 'dense MLP'}"
+                                  f"{grouped if 'qwen3' in over['model.name'] else 'dense MLP'}"
                                   f"; token spends {_share(t, 'attn_decode'):.0%} of its time in attn_decode, granikv "
                                   f"{_share(g, 'attn_prefix'):.0%} in attn_prefix")))
     return rows

@@ -51,12 +51,15 @@ def test_a_model_with_a_table_at_its_shape_is_priced_from_it_and_the_others_are_
 
 
 def test_a_shape_between_tables_is_carried_from_the_nearest():
-    """Qwen-2.5-32B differs from Qwen-2.5-14B only in its MLP width: it is nearer than Llama-3.1-8B."""
+    """Qwen-2.5-32B differs from Qwen-2.5-14B only in its MLP width: it is nearer than Llama-3.1-8B or a shard."""
     prof = load_profile(PROFILE_DIR / "h200.json")
     _, _, ref = nearest_linear_table(prof, get_model("qwen-2.5-32b"))
     assert ref.table_shape() == QWEN.table_shape()
-    _, _, ref = nearest_linear_table(prof, get_model("llama-3.1-70b").shard(8))
+    _, _, ref = nearest_linear_table(prof, get_model("llama-3.1-8b"))
     assert ref.table_shape() == measured_shape(prof.linear_table.model).table_shape()
+    shard = get_model("llama-3.1-70b").shard(8)  # its own measured shard rows
+    _, _, ref = nearest_linear_table(prof, shard)
+    assert ref.table_shape() == shard.table_shape()
 
 
 def test_more_tables_need_a_primary_table(tmp_path):
@@ -64,7 +67,7 @@ def test_more_tables_need_a_primary_table(tmp_path):
     d.pop("linear_table")
     p = tmp_path / "x.json"
     p.write_text(json.dumps(d))
-    with pytest.raises(ProfileError, match="field more_linear_tables: value 1: needs a linear_table"):
+    with pytest.raises(ProfileError, match=r"field more_linear_tables: value \d+: needs a linear_table"):
         load_profile(p)
 
 
@@ -117,3 +120,43 @@ def test_calibrate_table_refuses_a_folder_without_timings(tmp_path):
     r = _cli("calibrate", "table", str(tmp_path), "--profile", str(PROFILE_DIR / "h200.json"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "meta.json" in r.stderr and "no such file" in r.stderr
+
+
+
+def test_calibrate_table_from_shard_gemms_prices_each_tp_from_its_own_rows(tmp_path):
+    """A linear_tp run (the GEMMs at Llama-3.1-70B's shard shapes, measured on an H200) becomes a table of tp rows
+    alone: a tp = 4 shard is priced from the tp = 4 GEMMs as measured; tp = 1 and other models are not."""
+    import csv as csvlib
+    from pathlib import Path
+
+    raw = Path(__file__).resolve().parents[2] / "calibration" / "raw" / "h200_more" / "llama-3.1-70b_linear_tp"
+    d = json.loads((PROFILE_DIR / "h200.json").read_text())
+    d["more_linear_tables"] = [t for t in d["more_linear_tables"] if "shard" not in t["file"]]
+    target = tmp_path / "mine.json"
+    target.write_text(json.dumps(d))
+    r = _cli("calibrate", "table", str(raw), "--profile", str(target), "--table-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "(tp 4): relative error median" in r.stdout
+    mine = load_profile(target)
+    shard_tab = next(t for t in mine.more_linear_tables if "shard" in t.path.name)
+    assert not shard_tab.num_tokens and sorted(shard_tab.tp_ops) == [2, 4, 8]
+    m = get_model("llama-3.1-70b")
+    ns, ops, ref = nearest_linear_table(mine, m.shard(4))
+    assert ref.table_shape() == m.shard(4).table_shape()
+    with open(raw / "linear_tp.csv", newline="") as f:
+        rows = [x for x in csvlib.DictReader(f) if x["tp"] == "4" and x["op"] == "mlp_up_proj"]
+    for x in rows:
+        assert ops["mlp_up_proj"][ns.index(int(x["n"]))] == pytest.approx(float(x["median_us"]) * 1e-3, rel=1e-5)
+    _, _, ref = nearest_linear_table(mine, m)  # tp = 1: no shard row applies
+    assert ref.table_shape() != m.shard(4).table_shape()
+
+
+def test_a_more_table_without_rows_is_refused(tmp_path):
+    header = (DATA_DIR / QWEN_TABLE).read_text().splitlines()[0]
+    (tmp_path / "empty.csv").write_text(header + "\n")
+    d = json.loads((PROFILE_DIR / "h200.json").read_text())
+    d["more_linear_tables"][0]["file"] = "empty.csv"
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"field more_linear_tables\.0\.file: .*needs at least two num_tokens rows"):
+        load_profile(p)

@@ -4,7 +4,8 @@
 #   reports/regenerate.sh RAW [validation|engine ...]
 #
 # RAW is laid out as reports/README.md ("Raw runs") describes:
-#   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1, runH1 (granisim validation gpu-run validate)
+#   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1, runH1, runI1 (granisim validation gpu-run
+#   validate; runI1/idle_pairs: the idle-effect runs)
 #   RAW/engine/speedup_2048                                            (granisim validation gpu-run speedup)
 # The engine fits of each run go to RAW/validation/fits/. Nothing here needs a GPU. The validation part runs
 # about 30 reports of 20-60 s each on one core (each re-prices and re-simulates three workloads);
@@ -51,8 +52,15 @@ validation() {
     $G validation report "$RAW/validation/runH1/h200_run" --policy ${pm%%:*} --model ${pm##*:} \
       --out "$V/runs/runH1/${pm%%:*}-${pm##*:}" --check-profile "$SHIPPED" >/dev/null
   done
-  $G validation summary --reports "$V"/runs/run{G1,H1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
-    --out "$V/summary.json" >/dev/null
+  for m in llama-3.1-8b qwen-2.5-14b; do     # machine I: paged16 on the rest
+    $G validation report "$RAW/validation/runI1/h200_run" --policy paged16 --model $m \
+      --out "$V/runs/runI1/paged16-$m" --check-profile "$SHIPPED" >/dev/null
+  done
+  $G validation summary --reports "$V"/runs/run{G1,H1,I1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
+    --out "$V/summary.json" --table "$V/summary.md" >/dev/null
+  P=validation/runI1/idle_pairs  # relative to RAW: the paths the JSON records
+  (here=$PWD && cd "$RAW" && $G validation idle-effect --idle $P/idle-{b,c,d} --no-idle $P/noidle-{a,b,c,d} \
+    --out "$here/$V/idle_effect.json") > "$V/idle_effect.md"
   mkdir -p "$V/targets"
   for m in A B C D; do $G validation targets ${m}1 ${m}2 --root "$V/runs" > "$V/targets/machine_$m.md"; done
   $G validation targets D1 D2 E1 --root "$V/runs" --profile-check shipped > "$V/targets/shipped_profile.md"
@@ -60,7 +68,7 @@ validation() {
   $G validation runs "$RAW/validation" --runs runA1 runA2 runB1 runB2 runC1 runC2 \
     --sensitivity 0.98 0.99 1.01 1.02 --out "$V/runs" >/dev/null
   $G validation replay "$RAW"/validation/run{A1,A2,B1,B2,C1,C2} > "$V/replay.md"
-  echo "wrote $V/runs/*, $V/targets/*.md, $V/loro/, $V/runs.md, $V/replay.md, $V/summary.json"
+  echo "wrote $V/runs/*, $V/targets/*.md, $V/loro/, $V/runs.md, $V/replay.md, $V/summary.json, $V/idle_effect.md"
 }
 
 engine() {

@@ -2,15 +2,16 @@
 
     granisim calibrate table RAW_DIR --profile PROFILE.json [--table-dir DIR]
 
-RAW_DIR is a ``python -m calibration.measure --model MODEL --only linear`` (or ``--only linear_tp``) output (``linear.csv``,
-``meta.json``). Its rows become a Vidur-format table as the full fit makes them (granisim.calibration.fit_linear:
-host-bound rows carry the roofline's time), written as ``<gpu>_<model>_linear_ops.csv`` (``--gpu`` of the measurement) in DIR (default:
-beside the profile), and the profile gets (or has replaced) the entry for that model's shape, marked measured.
-A model of that shape is then priced from this table as measured; other models from the nearest table
-(granisim.costmodel.tables.nearest_linear_table). Prints the table's held-out interpolation error.
+RAW_DIR is a ``python -m calibration.measure --model MODEL --only linear`` output (``linear.csv``, ``meta.json``).
+Its rows become a Vidur-format table as the full fit makes them (granisim.calibration.fit_linear: host-bound rows
+carry the roofline's time), written as ``<gpu>_<model>_linear_ops.csv`` (``--gpu`` of the measurement) in DIR
+(default: beside the profile), and the profile gets (or has replaced) that file's entry, marked measured. The
+profile is rewritten only once the new one loads. A model of that shape is then priced from this table as
+measured; other models from the nearest table (granisim.costmodel.tables.nearest_linear_table). Prints the
+table's held-out interpolation error.
 
 A ``--only linear_tp`` run (``linear_tp.csv``: the GEMMs at the per-GPU shard shapes of tp = 2, 4, 8) becomes
-a table of per-tp rows instead (``num_tensor_parallel_workers`` = tp, no tp = 1 rows): its four GEMM columns
+``<gpu>_<model>_shard_linear_ops.csv``, a table of per-tp rows (``num_tensor_parallel_workers`` = tp, no tp = 1 rows): its four GEMM columns
 as measured, its element-wise columns (not timed by that section) carried to the shard shape from the
 profile's nearest table by roofline ratios, as the cost model would price them anyway.
 """
@@ -99,8 +100,13 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
              "source": {"kind": "measured", "date": meta.get("date", "?"), "command": meta.get("command", "?"),
                         "gpu": meta.get("gpu", "?"), "commit": str(meta.get("commit", "?")), "versions": versions,
                         "note": f"{what}, CUDA-graph medians"}}
-    more = [t for t in doc.get("more_linear_tables", []) if t["model"] != entry["model"]]
-    doc["more_linear_tables"] = more + [entry]
-    profile_path.write_text(json.dumps(doc, indent=2) + "\n")
-    load_profile(profile_path)
+    doc["more_linear_tables"] = [t for t in doc.get("more_linear_tables", []) if t["file"] != csv.name] + [entry]
+    tmp = profile_path.with_name(f".{profile_path.name}.new")  # checked before it replaces the profile
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    try:
+        load_profile(tmp)
+    except ValueError:
+        tmp.unlink()
+        raise
+    tmp.replace(profile_path)
     return csv, errors

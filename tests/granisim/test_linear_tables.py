@@ -160,3 +160,19 @@ def test_a_more_table_without_rows_is_refused(tmp_path):
     p.write_text(json.dumps(d))
     with pytest.raises(ProfileError, match=r"field more_linear_tables\.0\.file: .*needs at least two num_tokens rows"):
         load_profile(p)
+
+
+def test_a_profile_the_table_cannot_join_is_left_as_it_was(tmp_path):
+    """No linear_table beside the new entry: refused in one line (exit 2), the profile file unchanged."""
+    prof = load_profile(PROFILE_DIR / "h200.json")
+    raw = synthetic_raw({k: c.value for k, c in prof.coefficients.items()}, tmp_path / "raw", model="qwen-2.5-14b")
+    d = json.loads((PROFILE_DIR / "h200.json").read_text())
+    d.pop("linear_table")
+    d.pop("more_linear_tables")
+    target = tmp_path / "mine.json"
+    target.write_text(json.dumps(d))
+    before = target.read_bytes()
+    r = _cli("calibrate", "table", str(raw), "--profile", str(target))
+    assert r.returncode == 2 and "needs a linear_table" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["raw", "mine.json", "h200_qwen-2.5-14b_linear_ops.csv"])

@@ -192,13 +192,11 @@ def cmd_profile(args) -> int:
 def cmd_calibrate_table(args) -> int:
     from granisim.calibration.more_table import add_table
 
-    csv, errors = add_table(Path(args.raw_dir), Path(args.profile), args.table_dir and Path(args.table_dir))
-    held = ({"": errors["linear(table)"]["heldout"]} if "linear(table)" in errors else
-            {f" (tp {tp})": by["rows held out"] for tp, by in errors.items()})
-    print(f"wrote {csv} and its entry in {args.profile}")
-    for what, e in held.items():
-        print(f"the table interpolated at held-out sizes{what}: relative error median {e['median']:.1%}, "
-              f"p90 {e['p90']:.1%} ({e['n']} rows)")
+    csv, report = add_table(Path(args.raw_dir), Path(args.profile), args.table_dir and Path(args.table_dir))
+    print(f"wrote {csv} and its entry in {args.profile}; relative errors against the measured rows:")
+    for what, e in report.items():
+        if e is not None:
+            print(f"  {what}: median {e['median']:.1%}, p90 {e['p90']:.1%} ({e['n']} rows)")
     return 0
 
 

@@ -70,30 +70,37 @@ def fit_grouped(raw_dir: Path, peak: float, bw: float) -> tuple[dict, dict]:
     return values, errors
 
 
+def carried_errors(rows, shape, profile) -> dict | None:
+    """Relative errors of the cost model's table pricing (the nearest measured table, carried by roofline ratios
+    and interpolated in n, as granisim.costmodel.tables prices a step) on GEMM timings at one per-GPU shape;
+    None without a linear table."""
+    if profile.linear_table is None:
+        return None
+    ns, ops, ref = nearest_linear_table(profile, shape)
+    ns = np.asarray(ns, float)
+    pred, t = [], []
+    for x in (x for x in rows if x["family"] in TABLE_COLUMN):
+        col = carried_s(ops[TABLE_COLUMN[x["family"]]], x["family"], ns, ref, shape, profile.bf16_flops,
+                        profile.hbm_bandwidth)
+        pred.append(float(table_interp(float(x["n"]), ns, col)))
+        t.append(float(x["median_us"]) * 1e-6)
+    return _err(pred, t)
+
+
 def shard_errors(raw_dir: Path, profile) -> dict:
-    """Relative errors on the per-shard GEMM timings, by tp, of the profile's linear families (``roofline``)
-    and of the cost model's own pricing when the profile has linear tables (``table``: the nearest measured
-    table, carried by roofline ratios and interpolated in n, as granisim.costmodel.tables prices a step)."""
+    """Relative errors on the per-shard GEMM timings, by tp: of the profile's linear families (``roofline``), of
+    its table pricing (``table``, :func:`carried_errors`) and of the rows themselves at sizes left out."""
     rows = _rows(Path(raw_dir) / "linear_tp.csv")
     model = get_model(json.loads((Path(raw_dir) / "meta.json").read_text())["model"])
     out = {}
     for tp in sorted({int(x["tp"]) for x in rows}):
-        shard = model.shard(tp)
-        table = nearest_linear_table(profile, shard) if profile.linear_table is not None else None
-        roof, carried, t = [], [], []
-        for x in (x for x in rows if int(x["tp"]) == tp):
-            fam, n = x["family"], float(x["n"])
-            roof.append(float(roofline_time(float(x["flops"]), float(x["bytes"]), profile.bf16_flops,
-                                            profile.hbm_bandwidth, profile[f"linear.{fam}.launch_s"],
-                                            profile[f"linear.{fam}.flop_eff"], profile[f"linear.{fam}.mem_eff"])))
-            if table is not None:
-                ns, ops, ref = table
-                col = carried_s(ops[TABLE_COLUMN[fam]], fam, np.asarray(ns, float), ref, shard,
-                                profile.bf16_flops, profile.hbm_bandwidth)
-                carried.append(float(table_interp(n, np.asarray(ns, float), col)))
-            t.append(float(x["median_us"]) * 1e-6)
-        out[tp] = {"roofline": _err(roof, t), **({"table": _err(carried, t)} if carried else {}),
-                   "rows held out": _err(*_left_out(x for x in rows if int(x["tp"]) == tp))}
+        mine = [x for x in rows if int(x["tp"]) == tp]
+        roof = [float(roofline_time(float(x["flops"]), float(x["bytes"]), profile.bf16_flops, profile.hbm_bandwidth,
+                                    profile[f"linear.{x['family']}.launch_s"], profile[f"linear.{x['family']}.flop_eff"],
+                                    profile[f"linear.{x['family']}.mem_eff"])) for x in mine]
+        table = carried_errors(mine, model.shard(tp), profile)
+        out[tp] = {"roofline": _err(roof, [float(x["median_us"]) * 1e-6 for x in mine]),
+                   **({"table": table} if table else {}), "rows held out": _err(*_left_out(mine))}
     return out
 
 

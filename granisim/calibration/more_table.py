@@ -8,7 +8,7 @@ carry the roofline's time), written as ``<gpu>_<model>_linear_ops.csv`` (``--gpu
 (default: beside the profile), and the profile gets (or has replaced) that file's entry, marked measured. The
 profile is rewritten only once the new one loads. A model of that shape is then priced from this table as
 measured; other models from the nearest table (granisim.costmodel.tables.nearest_linear_table). Prints the
-table's held-out interpolation error.
+table's error at sizes left out and that of the profile's pricing of the same GEMMs without it.
 
 A ``--only linear_tp`` run (``linear_tp.csv``: the GEMMs at the per-GPU shard shapes of tp = 2, 4, 8) becomes
 ``<gpu>_<model>_shard_linear_ops.csv``, a table of per-tp rows (``num_tensor_parallel_workers`` = tp, no tp = 1 rows): its four GEMM columns
@@ -18,6 +18,7 @@ profile's nearest table by roofline ratios, as the cost model would price them a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from granisim.costmodel.operators import LAYER_OPS, STEP_OPS
 from granisim.costmodel.tables import carried_s, nearest_linear_table
 
 from .fit_linear import fit_linear, table_interp, vidur_table
-from .moe_fit import shard_errors
+from .moe_fit import carried_errors, shard_errors
 from .raw import Raw
 
 
@@ -80,7 +81,7 @@ def shard_table(raw_dir: Path, profile_path: Path) -> tuple[pd.DataFrame, dict, 
 
 
 def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) -> tuple[Path, dict]:
-    """Write the table and its entry into the profile; (the CSV written, the held-out errors)."""
+    """Write the table and its entry into the profile; (the CSV written, label -> relative errors)."""
     profile_path, raw_dir = Path(profile_path), Path(raw_dir)
     if not (raw_dir / "meta.json").is_file():
         raise ValueError(f"{raw_dir / 'meta.json'}: no such file (python -m calibration.measure writes it)")
@@ -100,6 +101,7 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
              "source": {"kind": "measured", "date": meta.get("date", "?"), "command": meta.get("command", "?"),
                         "gpu": meta.get("gpu", "?"), "commit": str(meta.get("commit", "?")), "versions": versions,
                         "note": f"{what}, CUDA-graph medians"}}
+    report = _report(raw_dir, profile_path, csv.name, errors, model, shards)
     doc["more_linear_tables"] = [t for t in doc.get("more_linear_tables", []) if t["file"] != csv.name] + [entry]
     tmp = profile_path.with_name(f".{profile_path.name}.new")  # checked before it replaces the profile
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -109,4 +111,22 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
         tmp.unlink()
         raise
     tmp.replace(profile_path)
-    return csv, errors
+    return csv, report
+
+
+def _report(raw_dir: Path, profile_path: Path, name: str, errors: dict, model, shards: bool) -> dict[str, dict]:
+    """Label -> relative errors (median, p90, n): the new table at sizes left out, and the profile's pricing of
+    the same GEMMs from its other tables (what this table replaces)."""
+    prof = load_profile(profile_path)
+    others = replace(prof, more_linear_tables=tuple(t for t in prof.more_linear_tables if t.path.name != name))
+    if not shards:
+        rows = pd.read_csv(Path(raw_dir) / "linear.csv").to_dict("records")
+        return {"held out, interpolated": errors["linear(table)"]["heldout"],
+                "GEMMs priced from the other tables": carried_errors(rows, model, others)}
+    rows = pd.read_csv(Path(raw_dir) / "linear_tp.csv").to_dict("records")
+    out = {}
+    for tp, by in errors.items():
+        out[f"tp {tp}, held out, interpolated"] = by["rows held out"]
+        out[f"tp {tp}, GEMMs priced from the other tables"] = carried_errors(
+            [x for x in rows if int(x["tp"]) == tp], model.shard(tp), others)
+    return out

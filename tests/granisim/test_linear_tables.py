@@ -104,7 +104,7 @@ def test_calibrate_table_adds_a_measured_table_that_prices_its_model(tmp_path):
     for _ in range(2):  # a second run replaces the entry
         r = _cli("calibrate", "table", str(raw), "--profile", str(target))
         assert r.returncode == 0, r.stderr
-    assert "held-out sizes" in r.stdout
+    assert "held out, interpolated: median" in r.stdout and "GEMMs priced from the other tables: median" in r.stdout
     mine = load_profile(target)
     assert len(mine.more_linear_tables) == 1 and mine.more_linear_tables[0].source.kind == "measured"
     ns, ops, ref = nearest_linear_table(mine, QWEN)
@@ -136,7 +136,7 @@ def test_calibrate_table_from_shard_gemms_prices_each_tp_from_its_own_rows(tmp_p
     target.write_text(json.dumps(d))
     r = _cli("calibrate", "table", str(raw), "--profile", str(target), "--table-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "(tp 4): relative error median" in r.stdout
+    assert "tp 4, held out, interpolated: median" in r.stdout and "tp 8, GEMMs priced from the other tables" in r.stdout
     mine = load_profile(target)
     shard_tab = next(t for t in mine.more_linear_tables if "shard" in t.path.name)
     assert not shard_tab.num_tokens and sorted(shard_tab.tp_ops) == [2, 4, 8]

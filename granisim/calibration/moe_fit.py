@@ -96,8 +96,8 @@ def shard_errors(raw_dir: Path, profile) -> dict:
     for tp in sorted({int(x["tp"]) for x in rows}):
         mine = [x for x in rows if int(x["tp"]) == tp]
         roof = [float(roofline_time(float(x["flops"]), float(x["bytes"]), profile.bf16_flops, profile.hbm_bandwidth,
-                                    profile[f"linear.{x['family']}.launch_s"], profile[f"linear.{x['family']}.flop_eff"],
-                                    profile[f"linear.{x['family']}.mem_eff"])) for x in mine]
+                                    *(profile[f"linear.{x['family']}.{k}"] for k in ("launch_s", "flop_eff", "mem_eff"))))
+                for x in mine]
         table = carried_errors(mine, model.shard(tp), profile)
         out[tp] = {"roofline": _err(roof, [float(x["median_us"]) * 1e-6 for x in mine]),
                    **({"table": table} if table else {}), "rows held out": _err(*_left_out(mine))}

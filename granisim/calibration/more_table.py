@@ -11,8 +11,8 @@ measured; other models from the nearest table (granisim.costmodel.tables.nearest
 table's error at sizes left out and that of the profile's pricing of the same GEMMs without it.
 
 A ``--only linear_tp`` run (``linear_tp.csv``: the GEMMs at the per-GPU shard shapes of tp = 2, 4, 8) becomes
-``<gpu>_<model>_shard_linear_ops.csv``, a table of per-tp rows (``num_tensor_parallel_workers`` = tp, no tp = 1 rows): its four GEMM columns
-as measured, its element-wise columns (not timed by that section) carried to the shard shape from the
+``<gpu>_<model>_shard_linear_ops.csv``, a table of per-tp rows (``num_tensor_parallel_workers`` = tp, no tp = 1
+rows): its four GEMM columns as measured, its element-wise columns (not timed by that section) carried to the shard shape from the
 profile's nearest table by roofline ratios, as the cost model would price them anyway.
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
     kind = "shard_linear_ops" if shards else "linear_ops"
     csv = Path(table_dir or profile_path.parent) / f"{meta.get('gpu_flag') or doc['name']}_{model.name}_{kind}.csv"
     table.to_csv(csv, index=False, float_format="%.6g")
-    versions = f"torch {meta.get('torch')}, triton {meta.get('triton')}, CUDA {meta.get('cuda')}, python {meta.get('python')}"
+    versions = ", ".join(f"{k} {meta.get(k.lower())}" for k in ("torch", "triton", "CUDA", "python"))
     what = (f"GEMMs at {model.name}'s per-GPU shard shapes of tp {', '.join(str(t) for t in sorted(errors))}, "
             "element-wise columns carried from the nearest table by roofline ratios" if shards else
             f"torch ops at {model.name} shapes over 1..16K tokens")

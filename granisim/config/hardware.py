@@ -121,8 +121,7 @@ def _read_table(file: Path | str, path: Path, field: str,
             vals = [_cell(file, field, path, i, row, f"time_stats.{op}.median") for op in _TABLE_OPS]
             n = _cell(file, field, path, i, row, "num_tokens", positive=True)
             if n != int(n):
-                raise _fail(file, field, str(path), f"row {i}, column num_tokens = {n!r}: "
-                                                                   "must be an integer >= 1")
+                raise _fail(file, field, str(path), f"row {i}, column num_tokens = {n!r}: must be an integer >= 1")
             acc.setdefault(int(n), []).append(vals)
     except (KeyError, ValueError) as e:
         if isinstance(e, ProfileError):

@@ -37,8 +37,9 @@ def nearest_linear_table(profile: HardwareProfile, model: ModelShape) -> tuple[t
     The candidates are every table of the profile (``linear_table``, then ``more_linear_tables``) at tp = 1 and
     at each tp of its per-shard rows (measured at the table's shape sharded by that tp, such as Vidur's TP rows).
     The nearest is the one whose per-GPU GEMMs are closest in shape: the sum over the four GEMMs' K and N of
-    |log(model's / candidate's)| (a GEMM's efficiency depends on its dimensions, not only on their product). A table measured at the model's own per-GPU shape is thus used as measured (ratio 1), the
-    others are carried by roofline ratios from the closest one. Ties go to the earlier candidate (pure)."""
+    |log(model's / candidate's)| (a GEMM's efficiency depends on its dimensions, not only on their product).
+    A table measured at the model's own per-GPU shape is thus used as measured (ratio 1), the others are
+    carried by roofline ratios from the closest one. Ties go to the earlier candidate (pure)."""
     want = np.maximum(_gemm_dims(model), 1.0)
     best, best_d = None, math.inf
     for table in (profile.linear_table, *profile.more_linear_tables):

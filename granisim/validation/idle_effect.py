@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
             if r["idle"] != mode:
                 raise ValueError(f"{r['run']}: its unit ran with idle = {r['idle']}, listed under the other mode")
     if len({r["unit"].removesuffix("_noidle") for r in idle + no_idle}) != 1:
-        raise ValueError("the runs are not all of the same unit: " + ", ".join(sorted({r["unit"] for r in idle + no_idle})))
+        units = sorted({r["unit"] for r in idle + no_idle})
+        raise ValueError("the runs are not all of the same unit: " + ", ".join(units))
     rows = compare(idle, no_idle)
     print(table(rows, len(idle), len(no_idle)))
     if args.out:

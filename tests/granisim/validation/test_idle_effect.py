@@ -22,7 +22,8 @@ def _run(root, name, idle, tpot_p50, steps):
 
 
 def test_each_mode_is_summarised_by_its_median_and_range_and_their_ratio(tmp_path):
-    idle = [run_figures(_run(tmp_path, f"i{k}", True, t, [0.006, 0.008, 0.09])) for k, t in enumerate((0.008, 0.010, 0.009))]
+    idle = [run_figures(_run(tmp_path, f"i{k}", True, t, [0.006, 0.008, 0.09]))
+            for k, t in enumerate((0.008, 0.010, 0.009))]
     no = [run_figures(_run(tmp_path, f"n{k}", False, t, [0.006, 0.006, 0.1])) for k, t in enumerate((0.0099, 0.0099))]
     assert idle[0]["small_step_p50_s"] == pytest.approx(0.007) and idle[0]["large_step_p50_s"] == 0.09
     rows = {r["figure"]: r for r in compare(idle, no)}

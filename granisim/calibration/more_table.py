@@ -13,7 +13,7 @@ table's error at sizes left out and that of the profile's pricing of the same GE
 A ``--only linear_tp`` run (``linear_tp.csv``: the GEMMs at the per-GPU shard shapes of tp = 2, 4, 8) becomes
 ``<gpu>_<model>_shard_linear_ops.csv``, a table of per-tp rows (``num_tensor_parallel_workers`` = tp, no tp = 1
 rows): its four GEMM columns as measured, its element-wise columns (not timed by that section) carried to the shard shape from the
-profile's nearest table by roofline ratios, as the cost model would price them anyway.
+profile's primary ``linear_table`` by roofline ratios, as the cost model would price them anyway.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from granisim.config.hardware import load_profile
-from granisim.config.models import get_model
+from granisim.config.models import get_model, measured_shape
 from granisim.costmodel.operators import LAYER_OPS, STEP_OPS
-from granisim.costmodel.tables import carried_s, nearest_linear_table
+from granisim.costmodel.tables import carried_s
 
 from .fit_linear import fit_linear, table_interp, vidur_table
 from .moe_fit import carried_errors, shard_errors
@@ -67,7 +67,9 @@ def shard_table(raw_dir: Path, profile_path: Path) -> tuple[pd.DataFrame, dict, 
         shard = model.shard(int(tp))
         piv = g.pivot_table(index="n", columns="op", values="median_us", aggfunc="median").dropna() * 1e-3
         ns = piv.index.to_numpy(float)
-        ref_ns, ops, ref = nearest_linear_table(prof, shard)
+        # the element-wise columns from the primary table, whatever else the profile holds (reproducible)
+        primary = prof.linear_table
+        ref_ns, ops, ref = primary.num_tokens, primary.ops_ms, measured_shape(primary.model, "linear table")
         t = pd.DataFrame({"num_tokens": piv.index.astype(int), "num_tensor_parallel_workers": int(tp)})
         for fam, col, _ in LAYER_OPS + STEP_OPS:
             if col in piv.columns:
@@ -94,7 +96,7 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
     table.to_csv(csv, index=False, float_format="%.6g")
     versions = ", ".join(f"{k} {meta.get(k.lower())}" for k in ("torch", "triton", "CUDA", "python"))
     what = (f"GEMMs at {model.name}'s per-GPU shard shapes of tp {', '.join(str(t) for t in sorted(errors))}, "
-            "element-wise columns carried from the nearest table by roofline ratios" if shards else
+            "element-wise columns carried from the linear_table by roofline ratios" if shards else
             f"torch ops at {model.name} shapes over 1..16K tokens")
     entry = {"file": csv.name, "model": model.table_shape(),
              "scaling": "used as measured for this shape; the nearest table carries other shapes by roofline ratios",

@@ -79,6 +79,9 @@ def carried_errors(rows, shape, profile) -> dict | None:
     ns, ops, ref = nearest_linear_table(profile, shape)
     ns = np.asarray(ns, float)
     pred, t = [], []
+    rows = list(rows)
+    if not any(x["family"] in TABLE_COLUMN for x in rows):
+        return None
     for x in (x for x in rows if x["family"] in TABLE_COLUMN):
         col = carried_s(ops[TABLE_COLUMN[x["family"]]], x["family"], ns, ref, shape, profile.bf16_flops,
                         profile.hbm_bandwidth)

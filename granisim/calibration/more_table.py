@@ -116,6 +116,9 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
     return csv, report
 
 
+SIZE_BINS = ((1, 48), (64, 256), (320, 1536), (2048, 16384))  # the measured grid's sizes, by regime
+
+
 def _report(raw_dir: Path, profile_path: Path, name: str, errors: dict, model, shards: bool) -> dict[str, dict]:
     """Label -> relative errors (median, p90, n): the new table at sizes left out, and the profile's pricing of
     the same GEMMs from its other tables (what this table replaces)."""
@@ -123,8 +126,11 @@ def _report(raw_dir: Path, profile_path: Path, name: str, errors: dict, model, s
     others = replace(prof, more_linear_tables=tuple(t for t in prof.more_linear_tables if t.path.name != name))
     if not shards:
         rows = pd.read_csv(Path(raw_dir) / "linear.csv").to_dict("records")
-        return {"held out, interpolated": errors["linear(table)"]["heldout"],
-                "GEMMs priced from the other tables": carried_errors(rows, model, others)}
+        out = {"held out, interpolated": errors["linear(table)"]["heldout"],
+               "GEMMs priced from the other tables": carried_errors(rows, model, others)}
+        for lo, hi in SIZE_BINS:
+            out[f"  of which {lo}-{hi} tokens"] = carried_errors([x for x in rows if lo <= x["n"] <= hi], model, others)
+        return out
     rows = pd.read_csv(Path(raw_dir) / "linear_tp.csv").to_dict("records")
     out = {}
     for tp, by in errors.items():

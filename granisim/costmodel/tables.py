@@ -59,7 +59,8 @@ def carried_s(col_ms, family: str, n, ref: ModelShape, model: ModelShape, peak: 
     (``col_ms``: ms at the same ``n``), carried by the ratio of the family's roofline times (pure)."""
     fm, bm = op_work(family, n, model)
     fr, br = op_work(family, n, ref)
-    return np.asarray(col_ms) * 1e-3 * np.maximum(fm / peak, bm / bw) / np.maximum(fr / peak, br / bw)
+    ratio = np.maximum(fm / peak, bm / bw) / np.maximum(fr / peak, br / bw)
+    return np.asarray(col_ms) * 1e-3 * ratio
 
 
 class CostTables(KernelForms, StepPricing, ParallelPricing):

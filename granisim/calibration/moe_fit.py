@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from granisim.calibration.fit_linear import table_interp
+from granisim.calibration.raw import measured_source
 from granisim.config.hardware import load_profile
 from granisim.config.models import get_model
 from granisim.costmodel.operators import fit_roofline, roofline_time
@@ -127,9 +128,7 @@ def write(profile_path: Path, raw_dir: Path, values: dict) -> None:
     """Put the fitted grouped-GEMM coefficients into a profile file as measured."""
     meta = json.loads((Path(raw_dir) / "meta.json").read_text())
     doc = json.loads(Path(profile_path).read_text())
-    src = {"kind": "measured", "date": meta.get("date", "?"), "command": meta.get("command", "?"),
-           "gpu": meta.get("gpu", "?"), "commit": str(meta.get("commit", "?")),
-           "versions": f"torch {meta.get('torch')}, triton {meta.get('triton')}"}
+    src = measured_source(meta)
     for k, v in values.items():
         unit = "s" if k.endswith("launch_s") else ""
         doc["coefficients"][k] = {"value": float(v), "unit": unit, "source": src}

@@ -31,55 +31,44 @@ from granisim.costmodel.tables import carried_s
 
 from .fit_linear import fit_linear, table_interp, vidur_table
 from .moe_fit import carried_errors, shard_errors
-from .raw import Raw
+from .raw import Raw, measured_source
 
 
-def linear_table(raw_dir: Path, profile_path: Path) -> tuple[pd.DataFrame, dict, dict]:
-    """(Vidur-format table, held-out errors, the run's meta) of a linear-only calibration run."""
-    raw_dir = Path(raw_dir)
-    for f in ("meta.json", "linear.csv"):
-        if not (raw_dir / f).is_file():
-            raise ValueError(f"{raw_dir / f}: no such file (python -m calibration.measure --only linear writes it)")
-    meta = json.loads((raw_dir / "meta.json").read_text())
+def linear_table(raw_dir: Path, prof, model) -> tuple[pd.DataFrame, dict]:
+    """(Vidur-format table, held-out errors) of a linear-only calibration run."""
+    if not (raw_dir / "linear.csv").is_file():
+        raise ValueError(f"{raw_dir / 'linear.csv'}: no such file (python -m calibration.measure --only linear writes it)")
     lin = pd.read_csv(raw_dir / "linear.csv")
     lin = lin[pd.to_numeric(lin["median_us"], errors="coerce") > 0].reset_index(drop=True)
     if lin.empty:
         raise ValueError(f"{raw_dir / 'linear.csv'}: no timed rows")
-    prof = load_profile(profile_path)
-    raw = Raw(meta, lin, pd.DataFrame(), pd.DataFrame(), raw_dir)
-    model = get_model(meta.get("model", "?"))
+    raw = Raw({}, lin, pd.DataFrame(), pd.DataFrame(), raw_dir)
     _, rows, errors = fit_linear(raw, {"bf16_flops": prof.bf16_flops, "hbm_bandwidth": prof.hbm_bandwidth}, model)
-    return vidur_table(rows[rows["family"] != "lm_head"]), errors, meta
+    return vidur_table(rows[rows["family"] != "lm_head"]), errors
 
 
-def shard_table(raw_dir: Path, profile_path: Path) -> tuple[pd.DataFrame, dict, dict]:
-    """(Vidur-format table of per-tp rows, held-out errors by tp, the run's meta) of a linear_tp run."""
-    raw_dir = Path(raw_dir)
-    meta = json.loads((raw_dir / "meta.json").read_text())
+def shard_table(raw_dir: Path, prof, model) -> tuple[pd.DataFrame, dict]:
+    """(Vidur-format table of per-tp rows, held-out errors by tp) of a linear_tp run."""
     rows = pd.read_csv(raw_dir / "linear_tp.csv")
     rows = rows[pd.to_numeric(rows["median_us"], errors="coerce") > 0]
     if rows.empty:
         raise ValueError(f"{raw_dir / 'linear_tp.csv'}: no timed rows")
-    prof = load_profile(profile_path)
-    model = get_model(meta.get("model", "?"))
+    # the element-wise columns from the primary table, whatever else the profile holds (reproducible)
+    primary = prof.linear_table
+    ref_ns, ref = np.asarray(primary.num_tokens, float), measured_shape(primary.model, "linear table")
     out = []
     for tp, g in rows.groupby("tp"):
         shard = model.shard(int(tp))
         piv = g.pivot_table(index="n", columns="op", values="median_us", aggfunc="median").dropna() * 1e-3
-        ns = piv.index.to_numpy(float)
-        # the element-wise columns from the primary table, whatever else the profile holds (reproducible)
-        primary = prof.linear_table
-        ref_ns, ops, ref = primary.num_tokens, primary.ops_ms, measured_shape(primary.model, "linear table")
         t = pd.DataFrame({"num_tokens": piv.index.astype(int), "num_tensor_parallel_workers": int(tp)})
         for fam, col, _ in LAYER_OPS + STEP_OPS:
             if col in piv.columns:
                 t[f"time_stats.{col}.median"] = piv[col].to_numpy()
             elif f"time_stats.{col}.median" not in t:
-                carried = carried_s(ops[col], fam, np.asarray(ref_ns, float), ref, shard, prof.bf16_flops,
-                                    prof.hbm_bandwidth)
-                t[f"time_stats.{col}.median"] = table_interp(ns, np.asarray(ref_ns, float), carried) * 1e3
+                carried = carried_s(primary.ops_ms[col], fam, ref_ns, ref, shard, prof.bf16_flops, prof.hbm_bandwidth)
+                t[f"time_stats.{col}.median"] = table_interp(piv.index.to_numpy(float), ref_ns, carried) * 1e3
         out.append(t)
-    return pd.concat(out, ignore_index=True), shard_errors(raw_dir, prof), meta
+    return pd.concat(out, ignore_index=True), shard_errors(raw_dir, prof)
 
 
 def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) -> tuple[Path, dict]:
@@ -87,23 +76,21 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
     profile_path, raw_dir = Path(profile_path), Path(raw_dir)
     if not (raw_dir / "meta.json").is_file():
         raise ValueError(f"{raw_dir / 'meta.json'}: no such file (python -m calibration.measure writes it)")
+    meta = json.loads((raw_dir / "meta.json").read_text())
+    model, prof = get_model(meta.get("model", "?")), load_profile(profile_path)
     shards = (raw_dir / "linear_tp.csv").is_file() and not (raw_dir / "linear.csv").is_file()
-    table, errors, meta = (shard_table if shards else linear_table)(raw_dir, profile_path)
+    table, errors = (shard_table if shards else linear_table)(raw_dir, prof, model)
     doc = json.loads(profile_path.read_text())
-    model = get_model(meta["model"])
     kind = "shard_linear_ops" if shards else "linear_ops"
     csv = Path(table_dir or profile_path.parent) / f"{meta.get('gpu_flag') or doc['name']}_{model.name}_{kind}.csv"
     table.to_csv(csv, index=False, float_format="%.6g")
-    versions = ", ".join(f"{k} {meta.get(k.lower())}" for k in ("torch", "triton", "CUDA", "python"))
     what = (f"GEMMs at {model.name}'s per-GPU shard shapes of tp {', '.join(str(t) for t in sorted(errors))}, "
             "element-wise columns carried from the linear_table by roofline ratios" if shards else
             f"torch ops at {model.name} shapes over 1..16K tokens")
     entry = {"file": csv.name, "model": model.table_shape(),
              "scaling": "used as measured for this shape; the nearest table carries other shapes by roofline ratios",
-             "source": {"kind": "measured", "date": meta.get("date", "?"), "command": meta.get("command", "?"),
-                        "gpu": meta.get("gpu", "?"), "commit": str(meta.get("commit", "?")), "versions": versions,
-                        "note": f"{what}, CUDA-graph medians"}}
-    report = _report(raw_dir, profile_path, csv.name, errors, model, shards)
+             "source": measured_source(meta, note=f"{what}, CUDA-graph medians")}
+    report = _report(raw_dir, prof, csv.name, errors, model, shards)
     doc["more_linear_tables"] = [t for t in doc.get("more_linear_tables", []) if t["file"] != csv.name] + [entry]
     tmp = profile_path.with_name(f".{profile_path.name}.new")  # checked before it replaces the profile
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -119,19 +106,18 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
 SIZE_BINS = ((1, 48), (64, 256), (320, 1536), (2048, 16384))  # the measured grid's sizes, by regime
 
 
-def _report(raw_dir: Path, profile_path: Path, name: str, errors: dict, model, shards: bool) -> dict[str, dict]:
+def _report(raw_dir: Path, prof, name: str, errors: dict, model, shards: bool) -> dict[str, dict]:
     """Label -> relative errors (median, p90, n): the new table at sizes left out, and the profile's pricing of
     the same GEMMs from its other tables (what this table replaces)."""
-    prof = load_profile(profile_path)
     others = replace(prof, more_linear_tables=tuple(t for t in prof.more_linear_tables if t.path.name != name))
     if not shards:
-        rows = pd.read_csv(Path(raw_dir) / "linear.csv").to_dict("records")
+        rows = pd.read_csv(raw_dir / "linear.csv").to_dict("records")
         out = {"held out, interpolated": errors["linear(table)"]["heldout"],
                "GEMMs priced from the other tables": carried_errors(rows, model, others)}
         for lo, hi in SIZE_BINS:
             out[f"  of which {lo}-{hi} tokens"] = carried_errors([x for x in rows if lo <= x["n"] <= hi], model, others)
         return out
-    rows = pd.read_csv(Path(raw_dir) / "linear_tp.csv").to_dict("records")
+    rows = pd.read_csv(raw_dir / "linear_tp.csv").to_dict("records")
     out = {}
     for tp, by in errors.items():
         out[f"tp {tp}, held out, interpolated"] = by["rows held out"]

@@ -12,7 +12,7 @@ from granisim.config.hardware import SCHEMA
 from granisim.config.models import get_model
 
 from .fit import DISCRETE, FAMILY_PARAMS, KERNEL_RULES, FitResult
-from .raw import Raw, unit_of
+from .raw import Raw, measured_source, unit_of
 
 GIB = 2**30
 
@@ -88,14 +88,10 @@ def profile_doc(raw: Raw, res: FitResult, *, name: str, command: str, table_pref
     """The profile JSON (dict) of a fit; tables are referenced as ``{table_prefix}_linear_ops.csv`` and
     ``{table_prefix}_kernels.csv`` (written by :func:`write_profile`)."""
     m = raw.meta
-    versions = f"torch {m.get('torch')}, triton {m.get('triton')}, CUDA {m.get('cuda')}, python {m.get('python')}"
+    versions = measured_source(m)["versions"]
 
     def src(note=None):
-        s = {"kind": "measured", "date": m.get("date", "?"), "command": command, "gpu": m.get("gpu", "?"),
-             "commit": str(m.get("commit", "?")), "versions": versions}
-        if note:
-            s["note"] = note
-        return s
+        return measured_source(m, command, note)
 
     mod = get_model(m.get("model", "llama-3.1-8b"))
     dims = mod.table_shape()

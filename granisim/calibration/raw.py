@@ -35,6 +35,14 @@ class Raw:
     path: Path | None = None
 
 
+def measured_source(meta: dict, command: str | None = None, note: str | None = None) -> dict:
+    """A profile entry's ``measured`` source from a calibration run's meta.json (``command``: default the run's)."""
+    versions = ", ".join(f"{k} {meta.get(k.lower())}" for k in ("torch", "triton", "CUDA", "python"))
+    s = {"kind": "measured", "date": meta.get("date", "?"), "command": command or meta.get("command", "?"),
+         "gpu": meta.get("gpu", "?"), "commit": str(meta.get("commit", "?")), "versions": versions}
+    return {**s, "note": note} if note else s
+
+
 def load_raw(path: str | Path) -> Raw:
     """Read a raw directory; a missing or unreadable file raises ProfileError (one line)."""
     path = Path(path)

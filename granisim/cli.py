@@ -200,6 +200,21 @@ def cmd_calibrate_table(args) -> int:
     return 0
 
 
+def cmd_calibrate_check(args) -> int:
+    from granisim.calibration.check import error_table, format_table, overall, priced_rows
+
+    rows = priced_rows(Path(args.raw_dir), args.profile, args.family)
+    print(f"{args.raw_dir} priced by {args.profile}: error = (predicted - measured) / measured")
+    print(format_table(error_table(rows)))
+    o = overall(rows)
+    print(f"all {o['rows']} rows: median |error| {o['median_abs']:.1%}, p90 {o['p90_abs']:.1%}, "
+          f"median signed {o['median_signed']:+.1%}")
+    if args.out:
+        rows.to_csv(args.out, index=False)
+        print(f"wrote every row with its prediction to {args.out}")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
@@ -231,6 +246,7 @@ VALIDATION_VERBS = {
     "engine-vs-sim": ("engine_vs_sim", "the simulator against the real engine's speedup grid"),
     "summary": ("summary", "one record per workload, policy, model, machine and metric (summary.json)"),
     "clock-term": ("clock_term", "per-step errors by step size with and without a power/clock heat term"),
+    "step-parts": ("step_parts", "predicted / measured time by step class and part: which steps a profile misprices"),
     "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
 }
 
@@ -366,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--profile", required=True, help="profile JSON to extend (more_linear_tables)")
     ct.add_argument("--table-dir", help="where the CSV goes (default: beside the profile; or granisim/config/data)")
     ct.set_defaults(fn=cmd_calibrate_table)
+    cc = cal_sub.add_parser("check", help="price RAW_DIR's attention rows with a profile: errors by family, storage, G")
+    cc.add_argument("raw_dir", help="python -m calibration.measure --out RAW_DIR (attention.csv, extend_shapes.csv)")
+    cc.add_argument("--profile", default="h200", help="profile name or JSON file (default h200)")
+    cc.add_argument("--family", help="only this family (decode, cascade, dense, extend, merge, kv_write, kv_copy)")
+    cc.add_argument("--out", help="also write every row with its prediction (CSV)")
+    cc.set_defaults(fn=cmd_calibrate_check)
     return p
 
 

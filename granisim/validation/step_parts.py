@@ -1,0 +1,95 @@
+"""Which steps and which parts a profile misprices: predicted / measured time summed by step class.
+
+    granisim validation step-parts RAW/validation/runJ1 [RUN ...] [--profile h200-engine] [--unit NAME ...]
+        [--out step_parts.json]
+
+Every unit of the runs (all policies and models found) is re-priced step by step with PROFILE; its steps
+are classed as decode (no prefill work) or prefill by the step's new tokens (<= 512, <= 2048, more: the
+engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
+the prefill attention launch spans them all). Per unit and class: the steps, the measured seconds, and
+predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
+the whole; below 1: the profile is optimistic). Nothing here needs a GPU. A missing folder or a run
+without units raises ValueError: one line and exit 2 from the CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from granisim.config.hardware import get_profile
+from granisim.config.models import get_model
+from granisim.costmodel.operators import BREAKDOWN_KEYS
+from granisim.validation.clock_term import _units
+from granisim.validation.validate import reprice
+
+TOKEN_BINS = ((512, "<= 512"), (2048, "<= 2048"), (np.inf, "> 2048"))
+
+
+def step_class(tokens: int, prefill_requests: int) -> tuple[tuple[int, int], str]:
+    """(sort key, label): 'decode', or 'prefill <bin> tokens, <n> req' (n capped at '4+') (pure)."""
+    if prefill_requests == 0:
+        return (0, 0), "decode"
+    i, label = next((i, label) for i, (hi, label) in enumerate(TOKEN_BINS) if tokens <= hi)
+    n = min(prefill_requests, 4)
+    return (i + 1, n), f"prefill {label} tokens, {n if n < 4 else '4+'} req"
+
+
+def class_table(steps: pd.DataFrame, plans: list) -> pd.DataFrame:
+    """Per step class of one unit's re-priced ``steps`` (and their ``plans``): steps, measured seconds,
+    and predicted / measured of the total and of each part (NaN where the class measured none of it)."""
+    n_pf = [sum(1 for r in p.requests if r.is_prefill) for p in plans]
+    cls = pd.Series([step_class(int(t), n) for t, n in zip(steps["tokens"], n_pf)], index=steps.index)
+    parts = [k for k in BREAKDOWN_KEYS if f"measured_{k}" in steps and f"predicted_{k}" in steps]
+    rows = []
+    for (_, c), g in steps.groupby(cls, sort=True):
+        r = {"class": c, "steps": int(len(g)), "measured_s": float(g["measured_s"].sum()),
+             "total": float(g["predicted_s"].sum() / g["measured_s"].sum())}
+        for k in parts:
+            m = float(g[f"measured_{k}"].sum())
+            r[k] = float(g[f"predicted_{k}"].sum() / m) if m > 0 else float("nan")
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def format_table(unit: str, table: pd.DataFrame) -> str:
+    parts = [c for c in table.columns if c not in ("class", "steps", "measured_s", "total")]
+    out = [f"{unit}", "", "| steps | n | measured s | total | " + " | ".join(parts) + " |",
+           "|---|---:|---:|---:|" + "---:|" * len(parts)]
+    for r in table.itertuples(index=False):
+        d = r._asdict()
+        cells = " | ".join("-" if d[p] != d[p] else f"{d[p]:.3f}" for p in parts)
+        out.append(f"| {r[0]} | {r.steps} | {r.measured_s:.2f} | {r.total:.3f} | {cells} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="granisim validation step-parts", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
+    ap.add_argument("--profile", default="h200-engine")
+    ap.add_argument("--unit", nargs="+", help="only these units (e.g. arxiv_replay_500_granikv_qwen-2.5-14b)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    for run in args.runs:
+        if not run.is_dir():
+            raise ValueError(f"{run}: no such run folder")
+    prof = get_profile(args.profile)
+    doc = {"profile": args.profile, "units": {}}
+    for unit, steps, plans, model in (u for run in args.runs for u in _units(run)):
+        if args.unit and unit.split("/", 1)[1] not in args.unit:
+            continue
+        table = class_table(reprice(steps, plans, prof, get_model(model)), plans)
+        doc["units"][unit] = table.to_dict(orient="records")
+        print(format_table(unit, table) + "\n")
+    if not doc["units"]:
+        raise ValueError(f"no validation units under {', '.join(map(str, args.runs))}"
+                         + (f" named {', '.join(args.unit)}" if args.unit else ""))
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

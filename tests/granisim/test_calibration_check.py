@@ -1,0 +1,73 @@
+"""`granisim calibrate check`: a profile's attention pricing against microbenchmark rows."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from granisim.calibration.check import error_table, priced_rows
+
+RAW = Path(__file__).resolve().parents[2] / "calibration" / "raw" / "h200"
+QWEN = RAW.parent / "h200_more" / "qwen-2.5-14b_extend"
+
+
+def _cli(*args):
+    code = "import sys; from granisim.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+
+
+def test_the_profile_reproduces_the_rows_its_kernel_table_holds():
+    # pages16 extend rows have one point per (chunk tokens, context): the measured correction is their own ratio
+    rows = priced_rows(RAW, "h200", "extend")
+    t = error_table(rows).set_index("measured_storage")
+    assert t.loc["pages16", "rows"] == 24
+    assert t.loc["pages16", "median_abs"] < 0.01
+
+
+def test_each_row_is_priced_at_its_own_group_size(tmp_path):
+    # a compute-bound launch with 5 query heads per KV head instead of 4: a quarter more work, a longer price
+    rows = pd.read_csv(QWEN / "attention.csv")
+    one = rows.query("family == 'extend' and storage == 'slots' and L == 4096 and q_len == 2048 and n_req == 4")
+    assert len(one) == 1
+    both = pd.concat([one, one.assign(G=4, n_q=32)])
+    both.to_csv(tmp_path / "attention.csv", index=False)
+    shutil.copy(QWEN / "meta.json", tmp_path / "meta.json")
+    p = priced_rows(tmp_path, "h200")["predicted_us"].to_numpy()
+    assert p[0] > 1.05 * p[1]
+
+
+def test_shapes_the_fit_has_no_class_for_are_priced_as_slot_lists():
+    rows = priced_rows(RAW, "h200", "extend")
+    shapes = rows[rows["file"] == "extend_shapes.csv"]
+    assert set(shapes["measured_storage"]) == {"slots", "slotrun", "shared_slotrun", "shared_slots"}
+    assert set(shapes["storage"]) == {"slots"}
+
+
+def test_cli_prints_the_table_and_writes_every_row(tmp_path):
+    out = tmp_path / "rows.csv"
+    r = _cli("calibrate", "check", str(QWEN), "--family", "extend", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "| extend | slots | 5 |" in r.stdout
+    assert len(pd.read_csv(out)) == sum(len(pd.read_csv(QWEN / f).query("family == 'extend'"))
+                                        for f in ("attention.csv", "extend_shapes.csv"))
+
+
+@pytest.mark.parametrize("setup, args, needle", [
+    (None, ["--family", "extend"], "no attention.csv or extend_shapes.csv"),
+    ("meta", ["--family", "prefill"], "--family: value 'prefill'"),
+    ("nometa", [], "meta.json: field model"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, args, needle):
+    if setup is not None:
+        shutil.copy(QWEN / "attention.csv", tmp_path / "attention.csv")
+    if setup == "meta":
+        (tmp_path / "meta.json").write_text(json.dumps({"model": "qwen-2.5-14b"}))
+    r = _cli("calibrate", "check", str(tmp_path), *args)
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

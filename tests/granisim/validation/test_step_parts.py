@@ -1,0 +1,48 @@
+"""`granisim validation step-parts`: predicted / measured by step class and part."""
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from granisim.cli import main
+from granisim.validation.step_parts import class_table, step_class
+
+
+def _plan(n_prefill: int, n_decode: int):
+    reqs = [SimpleNamespace(is_prefill=True)] * n_prefill + [SimpleNamespace(is_prefill=False)] * n_decode
+    return SimpleNamespace(requests=reqs)
+
+
+def test_steps_are_classed_by_size_and_prefilling_requests():
+    assert step_class(40, 0)[1] == "decode"
+    assert step_class(512, 1)[1] == "prefill <= 512 tokens, 1 req"
+    assert step_class(513, 2)[1] == "prefill <= 2048 tokens, 2 req"
+    assert step_class(8192, 7)[1] == "prefill > 2048 tokens, 4+ req"
+    keys = [step_class(t, n)[0] for t, n in ((8192, 7), (40, 0), (3000, 1), (600, 3))]
+    assert sorted(keys) == [(0, 0), (2, 3), (3, 1), (3, 4)]
+
+
+def test_a_class_ratio_is_of_sums_not_a_mean_of_ratios():
+    """Two prefill steps of one class, measured 1 s and 3 s, each priced 2 s: on the whole priced right (1.0),
+    where the mean of the per-step ratios would say 1.33. A part the class never ran is NaN, not 0 or inf."""
+    steps = pd.DataFrame({"tokens": [4096, 4096, 16], "measured_s": [1.0, 3.0, 0.01], "predicted_s": [2.0, 2.0, 0.02],
+                          "measured_linear": [1.0, 3.0, 0.01], "predicted_linear": [2.0, 2.0, 0.02],
+                          "measured_attn_prefill": [0.0, 0.0, 0.0], "predicted_attn_prefill": [0.1, 0.0, 0.0]})
+    t = class_table(steps, [_plan(2, 3), _plan(2, 0), _plan(0, 16)])
+    assert list(t["class"]) == ["decode", "prefill > 2048 tokens, 2 req"]
+    row = t.set_index("class").loc["prefill > 2048 tokens, 2 req"]
+    assert row["steps"] == 2 and row["measured_s"] == 4.0
+    assert row["total"] == pytest.approx(1.0) and row["linear"] == pytest.approx(1.0)
+    assert np.isnan(row["attn_prefill"])
+    assert t.set_index("class").loc["decode", "total"] == pytest.approx(2.0)
+
+
+def test_missing_run_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["validation", "step-parts", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such run folder"
+
+
+def test_a_folder_without_units_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["validation", "step-parts", str(tmp_path)]) == 2
+    assert "no validation units under" in capsys.readouterr().err

@@ -56,7 +56,12 @@ validation() {
     $G validation report "$RAW/validation/runI1/h200_run" --policy paged16 --model $m \
       --out "$V/runs/runI1/paged16-$m" --check-profile "$SHIPPED" >/dev/null
   done
-  $G validation summary --reports "$V"/runs/run{G1,H1,I1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
+  for pm in J1:granikv K1:granikv K1:token; do  # machines J and K: Qwen-2.5-14B again
+    $G validation report "$RAW/validation/run${pm%%:*}/h200_run" --policy ${pm##*:} --model qwen-2.5-14b \
+      --out "$V/runs/run${pm%%:*}/${pm##*:}-qwen-2.5-14b" --check-profile "$SHIPPED" >/dev/null
+  done
+  $G validation step-parts "$RAW/validation/runJ1" "$RAW/validation/runK1" --out "$V/step_parts.json" >/dev/null
+  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
     --out "$V/summary.json" --table "$V/summary.md" >/dev/null
   P=validation/runI1/idle_pairs  # relative to RAW: the paths the JSON records
   (here=$PWD && cd "$RAW" && $G validation idle-effect --idle $P/idle-{b,c,d} --no-idle $P/noidle-{a,b,c,d} \

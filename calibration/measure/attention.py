@@ -176,18 +176,36 @@ def s_extend_shapes(run):
     _extend_points(run, pts, "extend_shapes", "extend_shapes.csv")
 
 
-def _extend_points(run, pts, section: str, csv_name: str) -> None:
-    """Time extend_attention at each (storage, cached tokens, chunk tokens, requests) point; a row each."""
+def s_extend_ragged(run):
+    """Prefill launches of several requests of unequal chunk lengths (as the engine's eager steps are shaped), beside
+    one request and equal splits of the same total, in both orders (the longest request first or last: the grid
+    runs requests in order) over no cached prefix and over 4K cached tokens each (extend_ragged.csv, column
+    q_lens; not fitted)."""
+    if run.args.smoke:
+        pts = [("slots", 0, q) for q in ((40,), (20, 20), (30, 10), (10, 30))]
+    else:
+        shares = [(1.0,), (0.5, 0.5), (0.25,) * 4, (0.7, 0.3), (0.3, 0.7), (0.5, 0.3, 0.2), (0.2, 0.3, 0.5),
+                  (0.4, 0.3, 0.2, 0.1), (0.1, 0.2, 0.3, 0.4)]
+        pts = [("slots", c, tuple(int(round(T * f / 64)) * 64 for f in sh))
+               for c in (0, 4096) for T in (4096, 8192) for sh in shares]
+    _extend_points(run, pts, "extend_ragged", "extend_ragged.csv", ragged=True)
+
+
+def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False) -> None:
+    """Time extend_attention at each point, a row each: (storage, cached tokens, chunk tokens, requests), or with
+    ``ragged`` (storage, cached tokens, each request's chunk tokens) and a ``q_lens`` column."""
     pool, m = run.pool, run.model
     n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
     n_q = n_kv * G
-    for st, c, ql, nr in pts:
+    for pt in pts:
         if run.out_of_time(section):
             return
-        T = nr * ql
+        st, c = pt[0], pt[1]
+        qls = list(pt[2]) if ragged else [pt[2]] * pt[3]
+        nr, ql, T = len(qls), max(qls), sum(qls)
         q = rnd(T, n_q, d, dtype=run.dtype)
         kn, vn = rnd(T, n_kv, d, dtype=run.dtype), rnd(T, n_kv, d, dtype=run.dtype)
-        qo = i32([i * ql for i in range(nr + 1)])
+        qo = i32([sum(qls[:i]) for i in range(nr + 1)])
         out, lse = torch.empty_like(q), torch.empty(T, n_q, device=DEV)
         kvbytes = (1 if st.startswith("shared") else nr) * c * n_kv * d * 2 * pool.k.element_size()  # distinct KV
         k = copies_for(kvbytes + 3 * q.numel() * q.element_size())
@@ -198,10 +216,12 @@ def _extend_points(run, pts, section: str, csv_name: str) -> None:
                                                       v_cache=pool.v, prefix=kv, out=out, lse=lse, check=False,
                                                       max_qo_len=ql))
         t = time_calls(fns, min_reps=3)
-        fl = 4 * d * n_q * nr * (ql * c + ql * (ql + 1) / 2)
+        fl = 4 * d * n_q * sum(x * c + x * (x + 1) / 2 for x in qls)
         r = dict(family="extend", kernel="extend", storage=st, page_size=PAGE.get(st, 1), G=G, n_q=n_q, n_kv=n_kv, d=d,
-                 B=nr, L=c, M_eff=ql * G, n_req=nr, q_len=ql, T=T, block_m=64, block_n=64, num_warps=4, n_splits=1,
-                 chunk=c, programs=triton.cdiv(ql * G, 64) * n_kv * nr, launches=1,
-                 bytes=kvbytes + T * n_kv * d * 2 * 2 + 2 * q.numel() * 2, flops=fl, **t)
-        run.row(csv_name, ATTN_FIELDS, r)
+                 B=nr, L=c, M_eff=ql * G, n_req=nr, q_len=ql if not ragged else round(T / nr), T=T, block_m=64,
+                 block_n=64, num_warps=4, n_splits=1, chunk=c, programs=triton.cdiv(ql * G, 64) * n_kv * nr,
+                 launches=1, bytes=kvbytes + T * n_kv * d * 2 * 2 + 2 * q.numel() * 2, flops=fl, **t)
+        if ragged:
+            r["q_lens"] = ";".join(map(str, qls))
+        run.row(csv_name, ATTN_FIELDS + (["q_lens"] if ragged else []), r)
         _print_attn(r)

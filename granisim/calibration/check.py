@@ -3,7 +3,8 @@
     granisim calibrate check RAW_DIR --profile PROFILE [--family extend]
 
 RAW_DIR is a ``python -m calibration.measure`` output: its ``attention.csv`` and, when present,
-``extend_shapes.csv``. Every row (decode, cascade, dense, extend, merge, KV write, KV copy) is priced by
+``extend_shapes.csv`` and ``extend_ragged.csv`` (prefill launches of unequal chunks, priced request by request
+as the simulator prices a step's prefills). Every row (decode, cascade, dense, extend, merge, KV write, KV copy) is priced by
 the cost model with the profile's coefficients and measured kernel table, at the row's own group size
 ``G`` (query heads per KV head), and compared with its measured median. The error is signed,
 (predicted - measured) / measured: negative means the profile prices the kernel faster than it ran.
@@ -22,7 +23,7 @@ from granisim.config.models import get_model
 
 from .raw import STORAGE, predict_attention
 
-FILES = ("attention.csv", "extend_shapes.csv")
+FILES = ("attention.csv", "extend_shapes.csv", "extend_ragged.csv")
 FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write", "kv_copy")
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -118,6 +118,13 @@ def layer_model(model: ModelShape, G: int) -> ModelShape:
 
 
 # ---- the cost model's prediction of each raw row (seconds, one layer) ---------------------------
+def _lengths(text) -> tuple[int, ...]:
+    """'2048;1024' -> (2048, 1024); empty (NaN, '') -> ()."""
+    if not isinstance(text, str) or not text:
+        return ()
+    return tuple(int(x) for x in text.split(";"))
+
+
 def prepare_rows(df: pd.DataFrame) -> list:
     """The attention rows grouped for :func:`predict_attention` (numpy arrays; group once, predict often)."""
     st = df["storage"].fillna("").astype(str)
@@ -125,6 +132,8 @@ def prepare_rows(df: pd.DataFrame) -> list:
     for (fam, G, s), idx in df.assign(_st=st).groupby(["family", "G", "_st"], sort=False).indices.items():
         sub = df.iloc[idx]
         col = {c: sub[c].to_numpy(float) for c in ("B", "L", "M_eff", "q_len", "n_req", "T") if c in sub.columns}
+        if "q_lens" in sub.columns:  # ragged prefill rows (extend_ragged.csv): each request's chunk tokens
+            col["q_lens"] = [_lengths(v) for v in sub["q_lens"]]
         groups.append((fam, int(G), s, idx, col))
     return [len(df), groups]
 
@@ -156,6 +165,10 @@ def predict_attention(values: dict, df, model: ModelShape, table=None) -> np.nda
             out[idx] = res
         elif fam == "extend":
             out[idx] = t.prefill_time_uniform(col["q_len"], Lk, col["n_req"], t.prefill_inv_eff(*STORAGE[s]))
+            for j, qls in enumerate(col.get("q_lens", ())):
+                if qls:  # a launch of unequal chunks, priced as the simulator prices a step's prefills
+                    reqs = [SimpleNamespace(num_new=q, context_len=int(Lk[j]), shared_len=0, group=-1) for q in qls]
+                    out[idx[j]] = t.prefill_time(reqs, t.prefill_inv_eff(*STORAGE[s]), [])
         elif fam == "merge":
             out[idx] = [t.merge_time2(int(T) * t.n_q) for T in col["T"]]
         elif fam == "kv_write":

@@ -257,6 +257,21 @@ def test_measure_extend_shapes_smoke(tmp_path):
     assert not (tmp_path / "attention.csv").exists()
 
 
+def test_measure_extend_ragged_smoke(tmp_path):
+    """The ragged-prefill probe is opt-in, writes its own file and records each launch's chunk lengths, which
+    add up to its tokens (a default run does not time it)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure import main as measure
+
+    assert measure(["--smoke", "--only", "extend_ragged", "--out", str(tmp_path)]) == 0
+    rows = pd.read_csv(tmp_path / "extend_ragged.csv", dtype={"q_lens": str})
+    lens = [tuple(map(int, q.split(";"))) for q in rows["q_lens"]]
+    assert lens == [(40,), (20, 20), (30, 10), (10, 30)]
+    assert list(rows["T"]) == [sum(q) for q in lens] and list(rows["n_req"]) == [len(q) for q in lens]
+    assert (rows["median_us"] > 0).all() and not (tmp_path / "attention.csv").exists()
+
+
 def test_pool_layouts_of_the_shape_probe():
     """'slotrun': each sequence a contiguous run; 'shared_*': every sequence lists the same slots."""
     torch = pytest.importorskip("torch")

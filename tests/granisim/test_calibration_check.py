@@ -41,6 +41,21 @@ def test_each_row_is_priced_at_its_own_group_size(tmp_path):
     assert p[0] > 1.05 * p[1]
 
 
+def test_a_ragged_launch_is_priced_request_by_request(tmp_path):
+    """A ragged row of equal chunks prices as the uniform row it equals; unequal chunks of the same total are
+    priced from their own lengths (causal work grows with the square of a chunk: 6K + 2K costs more than 4K + 4K).
+    Planted bug caught: pricing a ragged row by its mean chunk (the q_len column) gives the two the same price."""
+    rows = pd.read_csv(QWEN / "attention.csv")
+    uni = rows.query("family == 'extend' and storage == 'slots' and L == 1024 and q_len == 2048 and n_req == 4")
+    ragged = pd.concat([uni.assign(q_lens="2048;2048;2048;2048"), uni.assign(q_lens="4096;2048;1024;1024"),
+                        uni.assign(q_lens="")])
+    ragged.to_csv(tmp_path / "extend_ragged.csv", index=False)
+    shutil.copy(QWEN / "meta.json", tmp_path / "meta.json")
+    p = priced_rows(tmp_path, "h200")["predicted_us"].to_numpy()
+    assert p[0] == pytest.approx(p[2], rel=1e-9)
+    assert p[1] > 1.1 * p[0]
+
+
 def test_shapes_the_fit_has_no_class_for_are_priced_as_slot_lists():
     rows = priced_rows(RAW, "h200", "extend")
     shapes = rows[rows["file"] == "extend_shapes.csv"]

@@ -3,7 +3,9 @@ one line says how to resume, the exit code is 128 + signal, and re-running the s
 finishes the remaining points with results identical to an uninterrupted run.
 
 The test waits on events, never on a clock: the sweep's progress bar on its stderr pipe, then each
-process's exit (a pidfd). The limits are hang guards; nothing asserts how long anything took.
+process's exit (a pidfd). The limits are hang guards; nothing asserts how long anything took. Each point
+simulates 2,000 requests (about half a second of CPU) so that the points left when the first is counted outlast
+the stop by far: with 60-request points (0.05 s each) the sweep could end before the signal reached it.
 
 Shown to catch a broken stop: with SIGTERM left to its default action (``stopping.install``
 handling SIGINT only, as plain Python does), the SIGTERM case fails on the resource tracker,
@@ -31,7 +33,7 @@ seed = 3
 [base.workload]
 roles = 2
 prefix_len = 512
-num_requests = 60
+num_requests = 2000
 rate = 20.0
 max_output_len = 32
 [grid]

@@ -85,7 +85,8 @@ def run_fuzz(args) -> int:
     machine, bar = progress_machine(fuzz.allocator_machine(fuzz.default_factory(policy), model), args.examples)
     hypothesis.seed(args.seed)(machine)
     try:
-        run_state_machine_as_test(machine, settings=fuzz.fuzz_settings(args.examples, args.max_steps))
+        with fuzz.rare_full_collections():
+            run_state_machine_as_test(machine, settings=fuzz.fuzz_settings(args.examples, args.max_steps))
     except Exception as err:
         bar.close()
         failures = leaf_failures(err)

@@ -20,6 +20,11 @@ from __future__ import annotations
 HOT_HEADROOM = 0.02  # kept in step with granisim.kv.hot_slabs (the spec, not an import)
 
 
+def _ints(tokens) -> tuple[int, ...]:
+    """``tokens`` (a numpy array, or a sequence of ints) as a tuple of Python ints."""
+    return tuple(tokens.tolist()) if hasattr(tokens, "tolist") else tuple(map(int, tokens))
+
+
 class _Run:
     __slots__ = ("id", "parent", "tokens", "pool", "lock", "stamp", "children")
 
@@ -101,8 +106,7 @@ class ReferenceModel:
         return head
 
     def match(self, tokens, max_len: int | None = None) -> tuple[_Run, int]:
-        tokens = tuple(int(t) for t in tokens)[: max(0, max_len)] if max_len is not None else \
-            tuple(int(t) for t in tokens)
+        tokens = _ints(tokens[: max(0, max_len)] if max_len is not None else tokens)
         self.clock += 1
         node, pos = self.root, 0
         while pos + self.page <= len(tokens):
@@ -124,7 +128,7 @@ class ReferenceModel:
         return node, pos
 
     def _insert(self, tokens, pool: str) -> tuple[_Run, int]:
-        tokens = tuple(int(t) for t in tokens)
+        tokens = _ints(tokens)
         node, pos = self.match(tokens)
         if pos < len(tokens):
             self._cache = None
@@ -219,7 +223,7 @@ class ReferenceModel:
 
     def _note(self, tokens, shared: int) -> None:
         if self.adaptive and shared:
-            self.asked[tuple(int(t) for t in tokens[:shared])] = (shared, self.admissions)
+            self.asked[_ints(tokens[:shared])] = (shared, self.admissions)
 
     def demand(self) -> int:
         horizon = self.admissions - self.window

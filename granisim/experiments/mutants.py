@@ -65,7 +65,7 @@ assert granisim.__file__.startswith(root), f"imported {granisim.__file__}, not t
 import hypothesis
 from hypothesis import Phase
 from hypothesis.stateful import run_state_machine_as_test
-from granisim.experiments.fuzz import allocator_machine, default_factory, default_model, fuzz_settings
+from granisim.experiments.fuzz import allocator_machine, default_factory, default_model, fuzz_settings, rare_full_collections
 base = allocator_machine(default_factory(policy), default_model(policy))
 count = [0]
 class Counting(base):
@@ -77,7 +77,8 @@ settings = hypothesis.settings(fuzz_settings(examples, report_multiple=False), p
 t0 = time.process_time()
 out = dict(caught=False, examples=examples, error="")
 try:
-    run_state_machine_as_test(Counting, settings=settings)
+    with rare_full_collections():
+        run_state_machine_as_test(Counting, settings=settings)
 except BaseException as err:
     msg = str(err).splitlines()[0] if str(err) else ""
     out = dict(caught=True, examples=count[0], error=f"{type(err).__name__}: {msg}"[:160])

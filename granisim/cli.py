@@ -383,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--table-dir", help="where the CSV goes (default: beside the profile; or granisim/config/data)")
     ct.set_defaults(fn=cmd_calibrate_table)
     cc = cal_sub.add_parser("check", help="price RAW_DIR's attention rows with a profile: errors by family, storage, G")
-    cc.add_argument("raw_dir", help="python -m calibration.measure --out RAW_DIR (attention.csv, extend_shapes.csv)")
+    cc.add_argument("raw_dir", help="python -m calibration.measure --out RAW_DIR (attention.csv, extend_shapes.csv, "
+                    "extend_ragged.csv)")
     cc.add_argument("--profile", default="h200", help="profile name or JSON file (default h200)")
     cc.add_argument("--family", help="only this family (decode, cascade, dense, extend, merge, kv_write, kv_copy)")
     cc.add_argument("--out", help="also write every row with its prediction (CSV)")

@@ -655,8 +655,8 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
 
         def _pool_map(self, bounds):
             """(pool index of every slot, -1 outside every pool; index of each pool name; 1 inside a
-            pool; pool index padded with -2 on both sides; the pool names; their indices), cached
-            while the bounds stay the same."""
+            pool; pool index padded with -2 on both sides; the pool names), cached while the bounds
+            stay the same."""
             if getattr(self, "_map_bounds", None) != bounds:
                 cap = self.alloc.capacity
                 inside = np.zeros(cap, np.int64)
@@ -672,15 +672,15 @@ def allocator_machine(factory: Callable[[], AllocatorProtocol],
                     raise AssertionError(f"slot {int(np.flatnonzero(inside > 1)[0])} lies in two pools")
                 self._map_bounds = dict(bounds)
                 self._map = (pool_of, {n: i for i, n in enumerate(names)}, (pool_of >= 0).astype(np.int64),
-                             np.concatenate([[-2], pool_of, [-2]]), names, list(range(len(names))))
+                             np.concatenate([[-2], pool_of, [-2]]), names)
             return self._map
 
         def _slots_tile_every_pool(self, bounds, free, owned, slots):
             cap = self.alloc.capacity
-            pool_of, index, inside, padded, names, want_free = self._pool_map(bounds)
+            pool_of, index, inside, padded, names = self._pool_map(bounds)
             arrays = [np.asarray(free[name]) for name in names]
             arrays += slots
-            want = want_free + [index[o[2]] for o in owned]
+            want = [*range(len(names)), *(index[o[2]] for o in owned)]
             sizes = [a.size for a in arrays]
             allslots = np.concatenate(arrays).astype(np.int64, copy=False)
             listed = np.repeat(want, sizes)

@@ -59,7 +59,7 @@ def amplitudes(sustained: Path) -> tuple[float, float]:
     return float(big["load_vs_cold"]), float(attn["load_vs_cold"])
 
 
-def _units(run: Path):
+def run_units(run: Path):
     """(unit name, steps, plans, model) of every unit in a run folder."""
     h200 = run / "h200_run" if (run / "h200_run").is_dir() else run
     found = {}
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     a_lin, a_attn = amplitudes(args.sustained)
     prof = get_profile(args.profile)
     frames = []
-    for unit, steps, plans, model in (u for run in args.runs for u in _units(run)):
+    for unit, steps, plans, model in (u for run in args.runs for u in run_units(run)):
         s = reprice(steps, plans, prof, get_model(model))
         frames.append(s.assign(unit=unit, held_out=held_out(unit.split("/", 1)[1])))
     if not frames:

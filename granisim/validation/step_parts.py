@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import pandas as pd
 from granisim.config.hardware import get_profile
 from granisim.config.models import get_model
 from granisim.costmodel.operators import BREAKDOWN_KEYS
-from granisim.validation.clock_term import _units
+from granisim.validation.clock_term import run_units
 from granisim.validation.validate import reprice
 
 TOKEN_BINS = ((512, "<= 512"), (2048, "<= 2048"), (np.inf, "> 2048"))
@@ -59,10 +60,9 @@ def format_table(unit: str, table: pd.DataFrame) -> str:
     parts = [c for c in table.columns if c not in ("class", "steps", "measured_s", "total")]
     out = [f"{unit}", "", "| steps | n | measured s | total | " + " | ".join(parts) + " |",
            "|---|---:|---:|---:|" + "---:|" * len(parts)]
-    for r in table.itertuples(index=False):
-        d = r._asdict()
-        cells = " | ".join("-" if d[p] != d[p] else f"{d[p]:.3f}" for p in parts)
-        out.append(f"| {r[0]} | {r.steps} | {r.measured_s:.2f} | {r.total:.3f} | {cells} |")
+    for r in table.to_dict(orient="records"):
+        cells = " | ".join("-" if math.isnan(r[p]) else f"{r[p]:.3f}" for p in parts)
+        out.append(f"| {r['class']} | {r['steps']} | {r['measured_s']:.2f} | {r['total']:.3f} | {cells} |")
     return "\n".join(out)
 
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"{run}: no such run folder")
     prof = get_profile(args.profile)
     doc = {"profile": args.profile, "units": {}}
-    for unit, steps, plans, model in (u for run in args.runs for u in _units(run)):
+    for unit, steps, plans, model in (u for run in args.runs for u in run_units(run)):
         if args.unit and unit.split("/", 1)[1] not in args.unit:
             continue
         table = class_table(reprice(steps, plans, prof, get_model(model)), plans)

@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
                                                              **_e2e(setup, measured, mreq)}}
         for label, on in (("engine_calibrated_held_out", [o for o in fitted if o != n]),
                           ("engine_calibrated_in_sample", fitted)):
+            if not on:  # the run's only fitted workload: nothing else of it to hold this one out of
+                report["workloads"][n][label] = None
+                continue
             vals = fit([base[o] for o in on], limit, layers)
             prof = with_engine(setup.profile, vals, source)
             cal = reprice(steps[n], plans[n], prof, setup.model)
@@ -177,12 +180,14 @@ def main(argv: list[str] | None = None) -> None:
                 "profile": args.check_profile, "step_errors": step_errors(reprice(steps[n], plans[n], prof, setup.model)),
                 **_e2e(replace(setup, profile=prof), measured, mreq)}
         print(n, {k: json.dumps(report["workloads"][n][k]["step_errors"]["total"]) for k in
-                  ("microbenchmark_profile", "engine_calibrated_held_out", "engine_calibrated_in_sample")})
+                  ("microbenchmark_profile", "engine_calibrated_held_out", "engine_calibrated_in_sample")
+                  if report["workloads"][n][k] is not None})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "h200.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "h200_tables.md").write_text(_tables(report, variants))
-    pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)
-    _plot(pd.concat(frames), args.out / "h200.png")
+    if frames:
+        pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)
+        _plot(pd.concat(frames), args.out / "h200.png")
     if args.profile_out:  # the base profile + the fit on all workloads, as a profile of its own
         base_file = Path(args.profile) if args.profile.endswith(".json") else PROFILE_DIR / f"{args.profile}.json"
         doc = json.loads(base_file.read_text())
@@ -239,14 +244,19 @@ def _tables(report: dict, variants=None) -> str:
     variants = variants or VARIANTS
     for n, w in report["workloads"].items():
         for v, label in variants:
+            label = label + (" (workload held out of every fit)" if w.get("held_out") else "")
+            if w[v] is None:
+                out.append(f"| {n} | {label} | none: no other workload of the run to fit on |" + " - |" * len(e2e))
+                continue
             s = w[v]["step_errors"]
             keys += [k for k in s if k not in keys and k != "total"]
-            label = label + (" (workload held out of every fit)" if w.get("held_out") else "")
             out.append(f"| {n} | {label} | {s['total']['median']:.1%} / {s['total']['p90']:.1%} | "
                        + " | ".join(f"{w[v]['end_to_end'][k]['error']:.1%}" for k in e2e) + " |")
     out += ["", "| workload | model | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
     for n, w in report["workloads"].items():
         for v, label in variants[1:]:
+            if w[v] is None:
+                continue
             s = w[v]["step_errors"]
             out.append(f"| {n} | {label} | " + " | ".join(f"{s[k]['median']:.1%}" if k in s else "-" for k in keys) + " |")
     idle = {n: w.get("idle") for n, w in report["workloads"].items()}

@@ -30,6 +30,8 @@ def errors(report: dict, variant: str, metric: str) -> list[float]:
     out = []
     for w in (w for w in WORKLOADS if w in report["workloads"]):  # a run may predate some workloads
         v = report["workloads"][w][variant]
+        if v is None:  # no fit held this workload out (the run's only fitted one)
+            continue
         e = v["step_errors"]["total"]["median"] if metric == "step_median" else v["end_to_end"][metric]["error"]
         out.append(abs(e) * 100)
     return out

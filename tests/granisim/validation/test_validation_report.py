@@ -54,18 +54,17 @@ def test_the_graph_limit_is_the_runs_own(tmp_path):
         V.graph_limit(tmp_path / "d", ["control_short"], steps)
 
 
-def test_the_held_out_workload_joins_no_fit(tmp_path, monkeypatch):
-    """Every fit the report makes (each workload's leave-one-out, in sample, and the pooled --profile-out fit)
-    is on units outside HELD_OUT; the held-out unit is still judged, flagged and listed under held_out. The
-    engine, the simulator and the fit are stubbed: only which units reach the fit is checked. Planted bug: the
-    leave-one-out set taken from ``names`` instead of ``fitted`` fails."""
+def _stubbed_report(tmp_path, monkeypatch, workloads=None):
+    """`granisim validation report` on token units of ``workloads`` (default: every validation workload) plus the
+    held-out one, with the engine, the simulator and the fit stubbed -> (the unit sets each fit got, h200.json,
+    h200_tables.md)."""
     import json
     from types import SimpleNamespace
 
     from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, unit_name
 
-    units = [unit_name(w, "token", "llama-3.1-8b") for w in VALIDATION]
-    held = unit_name(HELD_OUT[0], "token", "llama-3.1-8b")
+    names = list(VALIDATION) if workloads is None else [*workloads, HELD_OUT[0]]
+    units = [unit_name(w, "token", "llama-3.1-8b") for w in names]
     frames = {u: pd.DataFrame({"unit": [u], "measured_s": [1.0], "predicted_s": [1.0]}) for u in units}
     run = tmp_path / "run"
     run.mkdir()
@@ -88,8 +87,32 @@ def test_the_held_out_workload_joins_no_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(V, "_plot", lambda *a: None)
     monkeypatch.setattr(V, "replace", lambda obj, **kw: obj)
     V.main([str(run), "--out", str(tmp_path / "out"), "--policy", "token"])
+    out = tmp_path / "out"
+    return fitted_on, json.loads((out / "h200.json").read_text()), (out / "h200_tables.md").read_text()
+
+
+def test_the_held_out_workload_joins_no_fit(tmp_path, monkeypatch):
+    """Every fit the report makes (each workload's leave-one-out, in sample, and the pooled --profile-out fit)
+    is on units outside HELD_OUT; the held-out unit is still judged, flagged and listed under held_out. The
+    engine, the simulator and the fit are stubbed: only which units reach the fit is checked. Planted bug: the
+    leave-one-out set taken from ``names`` instead of ``fitted`` fails."""
+    from granisim.validation.gpu_runs import HELD_OUT, unit_name
+
+    fitted_on, rep, _ = _stubbed_report(tmp_path, monkeypatch)
+    units = list(rep["workloads"])
+    held = unit_name(HELD_OUT[0], "token", "llama-3.1-8b")
     assert len(fitted_on) == 1 + 2 * len(units)
     assert all(held not in s and s for s in fitted_on)
-    rep = json.loads((tmp_path / "out" / "h200.json").read_text())
     assert rep["held_out"] == [held] and rep["workloads"][held]["held_out"] is True
     assert set(rep["workloads"][held]["engine_calibrated_held_out"]["fitted_on"]) == set(units) - {held}
+
+def test_a_run_with_one_fitted_workload_reports_without_a_held_out_fit(tmp_path, monkeypatch):
+    """A run of one fitted workload and the held-out one (a call cut short by its budget): the fitted workload
+    cannot be held out of a fit of the others, so that variant is left empty (None, "none" in the table) instead
+    of a fit on no steps, and everything else is reported. Planted bug: fitting on the empty set fails here."""
+    fitted_on, rep, tables = _stubbed_report(tmp_path, monkeypatch, ["arxiv_replay_150"])
+    assert fitted_on and all(fitted_on)
+    only = [u for u in rep["workloads"] if not rep["workloads"][u]["held_out"]]
+    assert len(only) == 1 and rep["workloads"][only[0]]["engine_calibrated_held_out"] is None
+    assert rep["workloads"][only[0]]["engine_calibrated_in_sample"]["fitted_on"] == only
+    assert "no other workload of the run to fit on" in tables

@@ -1,0 +1,69 @@
+"""granisim validation fleet-summary: fleet-wide and per-replica records of fleet validation runs."""
+import json
+
+import pandas as pd
+import pytest
+
+from granisim.validation import fleet_summary as F
+
+
+def _section(err: float | None) -> dict:
+    if err is None:  # a replica that served nothing
+        return {"step_errors": {"total": {"n": 0}}, "end_to_end": {}, "percentile_errors": {}}
+    e2e = {k: {"measured": 1.0, "predicted": 1.0 + err, "error": abs(err)}
+           for k in ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")}
+    return {"step_errors": {"total": {"n": 10, "median": abs(err), "p90": abs(err)}}, "end_to_end": e2e,
+            "percentile_errors": {}}
+
+
+def _run(folder, fleet_err, replica_errs, measured, predicted):
+    """A fleet validation run folder: errors fleet-wide and per replica; (rid, replica) of each side."""
+    folder.mkdir(parents=True)
+    rep = {"scenario": folder.name, "router": "cache_aware", "policy": "granikv", "model": "llama-3.1-8b",
+           "profile": "h200-engine", "num_replicas": len(replica_errs), **_section(fleet_err),
+           "replicas": [{"replica": i, **_section(e)} for i, e in enumerate(replica_errs)]}
+    (folder / "validation.json").write_text(json.dumps(rep))
+    for side, pairs in (("measured", measured), ("predicted", predicted)):
+        pd.DataFrame(pairs, columns=["rid", "replica"]).to_parquet(folder / f"{side}_requests.parquet")
+    return folder
+
+
+def test_records_per_scope_and_the_routing_agreement(tmp_path):
+    """Records fleet-wide and for each replica that served (one that served nothing has none), the machine from
+    the parent folder, and the share of requests on the same replica matched by request id, not by row (the
+    predicted rows come in another order). Planted bug: comparing the two replica columns row by row gives 0.5."""
+    a = _run(tmp_path / "machineX" / "a", 0.01, [0.02, 0.08, None],
+             measured=[(0, 0), (1, 1), (2, 0), (3, 1)], predicted=[(3, 1), (2, 1), (1, 1), (0, 0)])
+    recs = F.records([a])
+    assert {r["machine"] for r in recs} == {"machineX"}
+    assert {(r["scope"], r["replica"]) for r in recs} == {("fleet", None), ("replica", 0), ("replica", 1)}
+    assert all(r["same_replica"] == 0.75 for r in recs)
+    tput = {r["replica"]: r["met"] for r in recs if r["metric"] == "throughput_rps"}
+    assert tput == {None: True, 0: True, 1: False}  # the 5% target
+
+
+def test_the_table_counts_runs_and_replicas_that_meet_every_target(tmp_path):
+    ok = _run(tmp_path / "m" / "ok", 0.01, [0.01, 0.01], [(0, 0), (1, 1)], [(0, 0), (1, 1)])
+    bad = _run(tmp_path / "m" / "bad", 0.06, [0.01, 0.2], [(0, 0), (1, 1)], [(0, 1), (1, 1)])
+    text = F.table(F.records([ok, bad]))
+    rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| m |")}
+    assert rows["ok"].endswith("| 100% | 2 of 2 |") and "**" not in rows["ok"]
+    assert rows["bad"].endswith("| 50% | 1 of 2 |") and "**+6.0%**" in rows["bad"]
+    assert "1 of 2 runs meet every target; 6 of 10 target checks are met" in text
+
+
+def test_bad_input_names_the_file(tmp_path, capsys):
+    d = tmp_path / "m" / "single"
+    d.mkdir(parents=True)
+    (d / "validation.json").write_text(json.dumps({"end_to_end": {}, "step_errors": {}}))
+    with pytest.raises(SystemExit) as e:
+        F.main([str(d), "--out", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and f"{d / 'validation.json'}: replicas: not a fleet validation" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        F.main([str(tmp_path / "none"), "--out", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and "not a readable validation JSON" in capsys.readouterr().err
+    ok = _run(tmp_path / "m" / "noreq", 0.01, [0.01], [(0, 0)], [(0, 0)])
+    (ok / "predicted_requests.parquet").unlink()
+    with pytest.raises(SystemExit) as e:
+        F.main([str(ok), "--out", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and "predicted_requests.parquet: no requests with their replica" in capsys.readouterr().err

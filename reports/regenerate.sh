@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Regenerate the tables of reports/validation and reports/engine from raw runs kept outside git.
+# Regenerate the tables of reports/validation, reports/engine and reports/fleet from raw runs kept outside git.
 #
-#   reports/regenerate.sh RAW [validation|engine ...]
+#   reports/regenerate.sh RAW [validation|engine|fleet ...]
 #
 # RAW is laid out as reports/README.md ("Raw runs") describes:
 #   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1, runH1, runI1 (granisim validation gpu-run
 #   validate; runI1/idle_pairs: the idle-effect runs)
 #   RAW/engine/speedup_2048                                            (granisim validation gpu-run speedup)
+#   RAW/fleet_validation/machineL/16384_hot_aware ...                  (reports/fleet/run_fleet_validation.sh)
 # The engine fits of each run go to RAW/validation/fits/. Nothing here needs a GPU. The validation part runs
 # about 30 reports of 20-60 s each on one core (each re-prices and re-simulates three workloads);
 # the engine part a few minutes. The shipped profile (granisim/config/profiles/h200-engine.json) is not
 # refitted here: reports/validation/README.md gives that command.
 set -euo pipefail
 
-usage() { echo "usage: $0 RAW [validation|engine ...]" >&2; exit 2; }
+usage() { echo "usage: $0 RAW [validation|engine|fleet ...]" >&2; exit 2; }
 [[ $# -ge 1 ]] || usage
 RAW=$1; shift
-PARTS=("$@"); [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(validation engine)
+PARTS=("$@"); [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(validation engine fleet)
 cd "$(dirname "$0")/.."
 G=${GRANISIM:-granisim}
 SHIPPED=granisim/config/profiles/h200-engine.json
@@ -60,8 +61,12 @@ validation() {
     $G validation report "$RAW/validation/run${pm%%:*}/h200_run" --policy ${pm##*:} --model qwen-2.5-14b \
       --out "$V/runs/run${pm%%:*}/${pm##*:}-qwen-2.5-14b" --check-profile "$SHIPPED" >/dev/null
   done
+  for pol in granikv token; do               # machine N: Llama-3.1-8B on the arXiv replays
+    $G validation report "$RAW/validation/runN1/h200_run" --policy $pol --out "$V/runs/runN1/$pol-llama-3.1-8b" \
+      --check-profile "$SHIPPED" >/dev/null
+  done
   $G validation step-parts "$RAW/validation/runJ1" "$RAW/validation/runK1" --out "$V/step_parts.json" >/dev/null
-  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
+  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1,N1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
     --out "$V/summary.json" --table "$V/summary.md" >/dev/null
   P=validation/runI1/idle_pairs  # relative to RAW: the paths the JSON records
   (here=$PWD && cd "$RAW" && $G validation idle-effect --idle $P/idle-{b,c,d} --no-idle $P/noidle-{a,b,c,d} \
@@ -84,10 +89,18 @@ engine() {
   echo "wrote reports/engine/speedups.{json,_table.md}, reports/engine/sim_vs_measured.{json,md}"
 }
 
+fleet() {
+  need "$RAW/fleet_validation"
+  $G validation fleet-summary "$RAW"/fleet_validation/machine*/*_*/ --out reports/fleet/validation/summary.json \
+    --table reports/fleet/validation/summary.md >/dev/null
+  echo "wrote reports/fleet/validation/summary.{json,md}"
+}
+
 for part in "${PARTS[@]}"; do
   case $part in
     validation) validation ;;
     engine) engine ;;
-    *) echo "error: part $part: not one of validation, engine" >&2; exit 2 ;;
+    fleet) fleet ;;
+    *) echo "error: part $part: not one of validation, engine, fleet" >&2; exit 2 ;;
   esac
 done

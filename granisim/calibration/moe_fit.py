@@ -71,6 +71,23 @@ def fit_grouped(raw_dir: Path, peak: float, bw: float) -> tuple[dict, dict]:
     return values, errors
 
 
+def profile_errors(raw_dir: Path, profile) -> dict:
+    """family -> relative errors of the profile's own ``linear.moe_*`` coefficients (as they stand: nothing is
+    fitted) on every row of a ``grouped_gemm.csv``: the check of a fit on another run or machine."""
+    rows = _rows(Path(raw_dir) / "grouped_gemm.csv")
+    out = {}
+    for fam in ("moe_up", "moe_down"):
+        r = [x for x in rows if x["family"] == fam]
+        if not r:
+            continue
+        c, ef, em = (profile[f"linear.{fam}.{k}"] for k in ("launch_s", "flop_eff", "mem_eff"))
+        f = np.array([float(x["flops"]) for x in r])
+        b = np.array([float(x["bytes"]) for x in r])
+        t = np.array([float(x["median_us"]) for x in r]) * 1e-6
+        out[fam] = _err(roofline_time(f, b, profile.bf16_flops, profile.hbm_bandwidth, c, ef, em), t)
+    return out
+
+
 def carried_errors(rows, shape, profile) -> dict | None:
     """Relative errors of the cost model's table pricing (the nearest measured table, carried by roofline ratios
     and interpolated in n, as granisim.costmodel.tables prices a step) on GEMM timings at one per-GPU shape;
@@ -155,6 +172,9 @@ def main(argv=None) -> int:
                   f"({e['n']} rows)")
         for k, v in values.items():
             print(f"  {k} = {v:.6g}")
+        for fam, e in profile_errors(raw, prof).items():
+            print(f"grouped GEMM {fam}, {prof.name}'s coefficients as they stand, every row: relative error median "
+                  f"{e['median']:.1%}, p90 {e['p90']:.1%} ({e['n']} rows)")
         if a.write:
             write(Path(a.profile), raw, values)
             print(f"wrote {a.profile}")

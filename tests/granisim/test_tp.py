@@ -231,6 +231,34 @@ def test_grouped_gemm_fit_recovers_a_known_roofline(tmp_path):
     assert values["linear.moe_up.mem_eff"] == pytest.approx(0.8, rel=0.05)
 
 
+def test_grouped_gemm_check_prices_rows_with_the_profiles_coefficients(tmp_path):
+    """moe_fit.profile_errors prices every row of grouped_gemm.csv with the profile's linear.moe_* as they stand:
+    rows made from those coefficients check at ~0 error, rows 10% slower at 9.1%. Planted: pricing with moe_up's
+    coefficients for moe_down too fails the first assertion."""
+    import csv
+
+    from granisim.calibration.moe_fit import profile_errors
+
+    prof = get_profile("h200")
+    with open(tmp_path / "grouped_gemm.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["family", "flops", "bytes", "median_us"])
+        w.writeheader()
+        for fam in ("moe_up", "moe_down"):
+            c, ef, em = (prof[f"linear.{fam}.{k}"] for k in ("launch_s", "flop_eff", "mem_eff"))
+            for T in (1, 64, 4096):
+                fl, by = 2 * T * 8 * 2048 * 1536, 2 * (128 * 2048 * 1536 + T * 8 * 3584)
+                t = float(roofline_time(fl, by, prof.bf16_flops, prof.hbm_bandwidth, c, ef, em))
+                w.writerow(dict(family=fam, flops=fl, bytes=by, median_us=t * 1e6))
+    errors = profile_errors(tmp_path, prof)
+    assert set(errors) == {"moe_up", "moe_down"} and all(e["median"] < 1e-6 and e["n"] == 3 for e in errors.values())
+    rows = list(csv.DictReader(open(tmp_path / "grouped_gemm.csv")))
+    with open(tmp_path / "grouped_gemm.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows({**r, "median_us": float(r["median_us"]) * 1.1} for r in rows)
+    assert all(e["median"] == pytest.approx(1 - 1 / 1.1) for e in profile_errors(tmp_path, prof).values())
+
+
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_m_sat_moves_up_with_tp(tp):
     """M_eff per KV head is unchanged by tp, but a GPU holds n_kv / tp heads: the dense pass launches fewer CTAs,

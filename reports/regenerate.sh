@@ -91,6 +91,10 @@ engine() {
 
 fleet() {
   need "$RAW/fleet_validation"
+  local d
+  for d in "$RAW"/fleet_validation/machine*/*_*/; do  # runs made before `granisim validate` kept their scenario
+    [[ -e $d/scenario.toml ]] || cp "reports/fleet/validation/$(basename "$(dirname "$d")")/$(basename "$d")/scenario.toml" "$d"
+  done
   $G validation fleet-summary "$RAW"/fleet_validation/machine*/*_*/ --out reports/fleet/validation/summary.json \
     --table reports/fleet/validation/summary.md >/dev/null
   echo "wrote reports/fleet/validation/summary.{json,md}"

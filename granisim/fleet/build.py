@@ -46,9 +46,10 @@ def replica_specs(scenario: Scenario, source: str = "<scenario>") -> list[Replic
 
 
 def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor=None, progress: bool = True,
-                   keep_outputs: bool = False, trace=None):
+                   keep_outputs: bool = False, trace=None, router=None):
     """Run the fleet (cost-model executors unless ``make_executor(setup)`` says otherwise); ``trace``, if
-    given, replaces the prepared one (a Setup whose trace was changed, e.g. repeated by the benchmark)."""
+    given, replaces the prepared one (a Setup whose trace was changed, e.g. repeated by the benchmark);
+    ``router`` (a :class:`granisim.fleet.routers.Router`), if given, replaces the scenario's."""
     from dataclasses import replace
 
     from granisim.costmodel.executor import CostExecutor
@@ -58,7 +59,8 @@ def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor
     if trace is not None:
         specs = [replace(sp, setup=replace(sp.setup, trace=trace)) for sp in specs]
     make = make_executor or (lambda setup: CostExecutor(setup.profile, setup.model))
-    return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress, keep_outputs=keep_outputs).run()
+    return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress, keep_outputs=keep_outputs,
+                     router=router).run()
 
 
 def run_fleet(scenario: Scenario, source: str, out, progress: bool = True, make_executor=None,

@@ -41,7 +41,7 @@ class FleetResult:
 
 class FleetLoop:
     def __init__(self, specs: list[ReplicaSpec], fleet_cfg, make_executor, *, progress: bool = True,
-                 keep_outputs: bool = False):
+                 keep_outputs: bool = False, router: Router | None = None):
         base = specs[0].setup
         s = base.scenario
         self.cfg = fleet_cfg
@@ -50,8 +50,8 @@ class FleetLoop:
         self.workload = Workload(s.workload, s.seed, base.trace, base.model.vocab)
         self.replicas = [Replica(sp, make_executor, self, self.workload.prefixes) for sp in specs]
         n = len(self.replicas)
-        self.router = Router(fleet_cfg.router, initial_state(fleet_cfg.router, fleet_cfg, n, s.seed,
-                                                             len(self.workload.prefixes)))
+        self.router = router or Router(fleet_cfg.router, initial_state(fleet_cfg.router, fleet_cfg, n, s.seed,
+                                                                       len(self.workload.prefixes)))
         self._views: list = [None] * n
         self._views_s = float("-inf")
         self._held = []  # arrivals while every replica is down
@@ -69,7 +69,7 @@ class FleetLoop:
     # ---- running ----------------------------------------------------------------------------------
     def run(self) -> FleetResult:
         env = self.env = simpy.Environment()
-        initial = self.workload.initial()
+        initial = self.workload.initial_specs()  # each spec built when it comes up
         self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
         self._add_arrivals(initial)  # before the engines, as the single loop orders its processes
         for rep in self.replicas:

@@ -204,6 +204,30 @@ def hot_aware(req: RequestView, views: Views, state: HotAware) -> tuple[int, Hot
 
 # ---- the registry and the stateful holder ---------------------------------------------------------
 Policy = Callable[[RequestView, Views, object], tuple[int, object]]
+# ---- replayed routing (validation) ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Replayed:
+    """Each request's replica as another run of the fleet routed it (rid -> replica), e.g. the real fleet's."""
+    replica_of: tuple[tuple[int, int], ...]
+
+    def get(self, rid: int) -> int | None:
+        i = bisect.bisect_left(self.replica_of, (rid, -1))
+        return self.replica_of[i][1] if i < len(self.replica_of) and self.replica_of[i][0] == rid else None
+
+
+def replayed(pairs) -> Replayed:
+    return Replayed(tuple(sorted((int(r), int(i)) for r, i in pairs)))
+
+
+def replay(req: RequestView, views: Views, state: Replayed) -> tuple[int, Replayed]:
+    """The replica the recorded run chose, if it is up; else (a request the record lacks, a replica down) the
+    least-loaded one. Not a serving policy: `granisim validate` uses it to run the simulated fleet on the real
+    fleet's routing, so that each replica is judged on the requests it served."""
+    up = _up(views)
+    i = state.get(req.rid)
+    return (i if i is not None and views[i].up else _least(up)), state
+
+
 POLICIES: dict[str, Policy] = dict(round_robin=round_robin, least_load=least_load, cache_aware=cache_aware,
                                    role_affinity=role_affinity, hot_aware=hot_aware)
 
@@ -226,8 +250,8 @@ def initial_state(name: str, cfg, n_replicas: int, seed: int = 0, roles: int = 0
 class Router:
     """A policy and its current state; ``route`` asks the policy and keeps the state it returns."""
 
-    def __init__(self, name: str, state):
-        self.name, self.policy, self.state = name, POLICIES[name], state
+    def __init__(self, name: str, state, policy: Policy | None = None):
+        self.name, self.policy, self.state = name, policy or POLICIES[name], state
         self.decisions = 0
 
     def route(self, req: RequestView, views: Views) -> int:

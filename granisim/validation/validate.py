@@ -255,6 +255,11 @@ def validate_fleet(scenario, source: str, make_real, out: Path, progress: bool =
         "router": measured.router, "num_replicas": len(measured.replicas),
         **fleet, "targets": TARGETS, "idle": False, "idled_s": 0.0, "replicas": per,
     }
+    from granisim.validation.fleet_routing import on_measured_routing
+
+    report["measured_routing"] = on_measured_routing(scenario, source, mreq, progress)
+    if Path(source).is_file():  # what `granisim validation fleet-summary` re-runs on the measured routing
+        (out / "scenario.toml").write_text(Path(source).read_text())
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "validation.md").write_text(_fleet_markdown(report))
     return report
@@ -284,5 +289,15 @@ def _fleet_markdown(r: dict) -> str:
         lines += ["", f"## Replica {sec['replica']} ({sec['steps']} steps, {sec['completed']} of "
                       f"{sec['requests']} requests completed)", ""]
         lines += _section_lines(sec)
+    mr = r.get("measured_routing")
+    if mr:
+        lines += ["", f"## On the real fleet's routing ({mr['same_replica']:.0%} of the requests went to the same "
+                      "replica in both runs)", "",
+                  "The simulated fleet again, every request sent where the real router sent it: each replica "
+                  "judged on the requests it served.", ""]
+        for sec in [{"replica": "fleet", **mr["fleet"]}, *mr["replicas"]]:
+            e = {**sec["end_to_end"], **sec["percentile_errors"]}
+            lines.append(f"- {'fleet-wide' if sec['replica'] == 'fleet' else 'replica ' + str(sec['replica'])}: "
+                         + ", ".join(f"{k} {e[k]['error']:.1%}" for k in E2E_KEYS if k in e))
     lines += ["", "Idle between arrivals: off (fleet).", "", f"Targets: {r['targets']}", ""]
     return "\n".join(lines)

@@ -57,8 +57,15 @@ def test_validate_on_a_fleet_reports_every_replica(tmp_path, capsys):
     for r in rep["replicas"]:
         if r["steps"]:
             assert r["step_errors"]["total"]["n"] == (steps.replica == r["replica"]).sum()
+    # the simulated fleet again on the real fleet's routing: every request where the real router sent it
+    assert rep["measured_routing"]["same_replica"] == 1.0
+    assert {r["replica"] for r in rep["measured_routing"]["replicas"]} == {r["replica"] for r in rep["replicas"]
+                                                                           if r["requests"]}
     md = capsys.readouterr().out
-    assert "## Fleet" in md and "## Replica 0" in md and "## Replica 1" in md
+    assert "## Fleet" in md and "## Replica 0" in md and "## Replica 1" in md and "real fleet's routing" in md
+    # the run folder is complete for the summary table (it re-runs the measured routing from scenario.toml)
+    assert main(["validation", "fleet-summary", str(tmp_path / "val"), "--out", str(tmp_path / "s.json")]) == 0
+    assert "tiny-fleet" in capsys.readouterr().out
     assert main(["run", str(path), "--executor", "gpu", "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
     reqs = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert (reqs.status == "completed").all() and set(reqs.replica) <= {0, 1}

@@ -1,5 +1,6 @@
 """granisim validation fleet-summary: fleet-wide and per-replica records of fleet validation runs."""
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -7,18 +8,39 @@ import pytest
 from granisim.validation import fleet_summary as F
 
 
-def _section(err: float | None) -> dict:
+def _section(err) -> dict:
+    """Every end-to-end error ``err`` and the per-step median as well, or (end-to-end, per-step) errors."""
     if err is None:  # a replica that served nothing
         return {"step_errors": {"total": {"n": 0}}, "end_to_end": {}, "percentile_errors": {}}
+    err, step = err if isinstance(err, tuple) else (err, err)
     e2e = {k: {"measured": 1.0, "predicted": 1.0 + err, "error": abs(err)}
            for k in ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")}
-    return {"step_errors": {"total": {"n": 10, "median": abs(err), "p90": abs(err)}}, "end_to_end": e2e,
+    return {"step_errors": {"total": {"n": 10, "median": abs(step), "p90": abs(step)}}, "end_to_end": e2e,
             "percentile_errors": {}}
 
 
-def _run(folder, fleet_err, replica_errs, measured, predicted):
-    """A fleet validation run folder: errors fleet-wide and per replica; (rid, replica) of each side."""
+@pytest.fixture(autouse=True)
+def _routed(monkeypatch):
+    """The re-run on the measured routing, stubbed: every section as the run's own, but the errors of the
+    folder's ``routed.json`` where it has one (the fleet-summary bookkeeping is under test, not the re-run:
+    tests/granisim/fleet/test_measured_routing.py runs it)."""
+    def routed(scenario, source, measured):
+        folder = Path(source).parent
+        rep = json.loads((folder / "validation.json").read_text())
+        alt = json.loads((folder / "routed.json").read_text()) if (folder / "routed.json").exists() else {}
+        secs = [{"replica": r["replica"], **(_section(alt[str(r["replica"])]) if str(r["replica"]) in alt else r)}
+                for r in rep["replicas"] if r["end_to_end"]]
+        return {"same_replica": 1.0, "fleet": rep, "replicas": secs}
+    monkeypatch.setattr(F, "on_measured_routing", routed)
+
+
+def _run(folder, fleet_err, replica_errs, measured, predicted, routed=None):
+    """A fleet validation run folder: errors fleet-wide and per replica; (rid, replica) of each side; ``routed``:
+    replica -> error on the measured routing."""
     folder.mkdir(parents=True)
+    (folder / "scenario.toml").write_text('name = "x"\n[fleet]\nreplicas = 2\n')
+    if routed:
+        (folder / "routed.json").write_text(json.dumps({str(k): v for k, v in routed.items()}))
     rep = {"scenario": folder.name, "router": "cache_aware", "policy": "granikv", "model": "llama-3.1-8b",
            "profile": "h200-engine", "num_replicas": len(replica_errs), **_section(fleet_err),
            "replicas": [{"replica": i, **_section(e)} for i, e in enumerate(replica_errs)]}
@@ -36,19 +58,24 @@ def test_records_per_scope_and_the_routing_agreement(tmp_path):
              measured=[(0, 0), (1, 1), (2, 0), (3, 1)], predicted=[(3, 1), (2, 1), (1, 1), (0, 0)])
     recs = F.records([a])
     assert {r["machine"] for r in recs} == {"machineX"}
-    assert {(r["scope"], r["replica"]) for r in recs} == {("fleet", None), ("replica", 0), ("replica", 1)}
+    assert {(r["routing"], r["scope"], r["replica"]) for r in recs} == {
+        (g, s, i) for g in ("own", "measured") for s, i in (("fleet", None), ("replica", 0), ("replica", 1))}
     assert all(r["same_replica"] == 0.75 for r in recs)
-    tput = {r["replica"]: r["met"] for r in recs if r["metric"] == "throughput_rps"}
+    tput = {r["replica"]: r["met"] for r in recs if r["metric"] == "throughput_rps" and r["routing"] == "own"}
     assert tput == {None: True, 0: True, 1: False}  # the 5% target
 
 
 def test_the_table_counts_runs_and_replicas_that_meet_every_target(tmp_path):
+    """Per run: the replicas meeting every target under the own routing and on the measured one (there the
+    per-step median is still the run's own). Planted: counting the measured routing's replicas from the own
+    routing's records fails the 'bad' row."""
     ok = _run(tmp_path / "m" / "ok", 0.01, [0.01, 0.01], [(0, 0), (1, 1)], [(0, 0), (1, 1)])
-    bad = _run(tmp_path / "m" / "bad", 0.06, [0.01, 0.2], [(0, 0), (1, 1)], [(0, 1), (1, 1)])
+    bad = _run(tmp_path / "m" / "bad", 0.06, [0.01, (0.2, 0.01)], [(0, 0), (1, 1)], [(0, 1), (1, 1)],
+               routed={1: 0.02})
     text = F.table(F.records([ok, bad]))
     rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| m |")}
-    assert rows["ok"].endswith("| 100% | 2 of 2 |") and "**" not in rows["ok"]
-    assert rows["bad"].endswith("| 50% | 1 of 2 |") and "**+6.0%**" in rows["bad"]
+    assert rows["ok"].endswith("| 100% | 2 of 2 | 2 of 2 |") and "**" not in rows["ok"]
+    assert rows["bad"].endswith("| 50% | 1 of 2 | 2 of 2 |") and "**+6.0%**" in rows["bad"]
     assert "1 of 2 runs meet every target; 6 of 10 target checks are met" in text
 
 

@@ -5,7 +5,9 @@ when every request completes (none rejected) and every SLO metric is at or under
 limit. The search brackets the answer — ``lo`` passes, ``hi`` fails, doubling ``hi`` /
 halving ``lo`` until they do — then bisects until ``(hi - lo) / hi <= rel_tol``. It
 assumes the p99s grow with the rate (true in expectation; a seeded run can wobble near
-the answer, so every probe is kept in the output for inspection).
+the answer, so every probe is kept in the output for inspection). Finished probes are kept in
+``OUT/probes.jsonl`` (granisim.experiments.probes): the same search run again over the same
+folder resumes where it stopped.
 
 SLO syntax: ``ttft_p99=2s,tpot_p99=100ms`` — metric names are the summary's latency
 percentiles without ``_s`` (``ttft_p50``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``,
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,21 +120,32 @@ def search(probe: Callable[[float], dict], slo: dict[str, float], lo: float, hi:
     return res
 
 
-def simulate_probe(scenario: Scenario) -> Callable[[float], dict]:
+def simulate_probe(scenario: Scenario, out: Path | None = None) -> Callable[[float], dict]:
+    """``probe(rate)``: the scenario simulated at that rate; with ``out``, kept in OUT/probes.jsonl (a probe
+    already there is read, not simulated)."""
+    from granisim.experiments.probes import ProbeLog
     from granisim.experiments.sweep import simulate_scenario
 
+    log = ProbeLog(out) if out is not None else None
+
     def probe(rate: float) -> dict:
-        return simulate_scenario(scenario.with_changes(**{"workload.rate": float(rate)}))
+        sc = scenario.with_changes(**{"workload.rate": float(rate)})
+        if log is None:
+            return simulate_scenario(sc)
+        s, fresh = log.run(sc, lambda: simulate_scenario(sc), f"{scenario.policy.name} {rate:g} req/s")
+        print(f"  {scenario.policy.name}, {rate:g} req/s: simulated" if fresh else
+              f"  {scenario.policy.name}, {rate:g} req/s: kept in {log.path}", file=sys.stderr, flush=True)
+        return s
 
     return probe
 
 
 def _search_policy(args: tuple) -> CapacityResult:
-    scenario_json, policy, slo, lo, hi, rel_tol, max_probes = args
+    scenario_json, policy, slo, lo, hi, rel_tol, max_probes, out = args
     from granisim.config.scenario import parse_scenario
 
     sc = parse_scenario(json.loads(scenario_json)).with_changes(**{"policy.name": policy})
-    return search(simulate_probe(sc), slo, lo, hi, rel_tol=rel_tol, max_probes=max_probes, policy=policy)
+    return search(simulate_probe(sc, out), slo, lo, hi, rel_tol=rel_tol, max_probes=max_probes, policy=policy)
 
 
 def capacity_table(results: list[CapacityResult], slo: dict[str, float]) -> str:
@@ -176,7 +190,7 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
     if not 0 < lo < hi:
         raise ScenarioError(f"--lo {lo:g} / --hi {hi:g}: need 0 < lo < hi")
     blob = json.dumps(scenario.model_dump(mode="json"))
-    jobs = [(blob, pol, slo, lo, hi, rel_tol, max_probes) for pol in policies]
+    jobs = [(blob, pol, slo, lo, hi, rel_tol, max_probes, out) for pol in policies]
     workers = min(workers or len(jobs), len(jobs))
     if workers > 1:
         from granisim.experiments.stopping import process_pool

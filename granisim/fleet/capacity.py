@@ -6,12 +6,14 @@ index is below ``n``). A probe passes as in :mod:`granisim.experiments.capacity`
 request completes and every SLO metric is at or under its limit. The search bisects ``n``
 over ``1 .. max_replicas`` assuming more replicas never hurt (true in expectation; every
 probe is kept in the output). Router × policy pairs are searched in parallel (local
-processes).
+processes). Finished probes are kept in ``OUT/probes.jsonl`` (granisim.experiments.probes): the
+same search run again over the same folder resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,15 +68,20 @@ def fewest_replicas(test, max_replicas: int) -> int | None:
 
 
 def _search(args: tuple) -> FleetCapacity:
-    blob, router, policy, rate, slo, max_replicas = args
+    blob, router, policy, rate, slo, max_replicas, out = args
     from granisim.config.scenario import parse_scenario
+    from granisim.experiments.probes import ProbeLog
 
     base = parse_scenario(json.loads(blob))
     res = FleetCapacity(router, policy, None, None)
+    log = ProbeLog(out)
 
     def test(n: int) -> bool:
-        s = probe(fleet_scenario(base, n, router, policy, rate))
+        sc = fleet_scenario(base, n, router, policy, rate)
+        s, fresh = log.run(sc, lambda: probe(sc), f"{router} {policy} {n} replicas")
         ok = meets(s, slo)
+        print(f"  {router} / {policy}, {n} replicas: {'holds' if ok else 'misses'} the SLO"
+              + ("" if fresh else f" (kept in {log.path})"), file=sys.stderr, flush=True)
         res.probes.append({"replicas": n, "ok": ok, **{k: s.get(k) for k in slo},
                            "throughput_rps": s.get("throughput_rps"), "rejected": s.get("rejected", 0),
                            "prefix_hit_rate": s.get("prefix_hit_rate")})
@@ -124,7 +131,7 @@ def fleet_capacity(scenario: Scenario, routers: list[str], policies: list[str], 
     if rate <= 0 or max_replicas < 1:
         raise ScenarioError(f"--rate {rate:g} / --max-replicas {max_replicas}: need a rate > 0 and at least 1 replica")
     blob = json.dumps(scenario.model_dump(mode="json"))
-    jobs = [(blob, r, p, rate, slo, max_replicas) for r in routers for p in policies]
+    jobs = [(blob, r, p, rate, slo, max_replicas, out) for r in routers for p in policies]
     workers = min(workers or len(jobs), len(jobs))
     if workers > 1:
         import multiprocessing as mp

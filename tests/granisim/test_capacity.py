@@ -82,3 +82,24 @@ def test_capacity_cli_on_the_simulator(tmp_path, capsys):
         assert all(p["ttft_p99_s"] <= 0.5 for p in r["probes"] if p["ok"])
     assert (out / "capacity.png").exists()
     assert main(["capacity", str(sc), "--slo", "ttft_p99=2furlongs"]) == 2
+
+
+def test_a_rate_search_run_again_over_its_folder_simulates_nothing(tmp_path, monkeypatch, capsys):
+    """The rate search keeps its probes in OUT/probes.jsonl: run again over the same folder, the same answer from
+    no simulation; with another policy list only the new policy's probes run."""
+    import granisim.experiments.sweep as S
+
+    sc = tmp_path / "s.toml"
+    sc.write_text("[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 30\nrate = 8.0\nmax_output_len = 16\n")
+    calls = []
+    real = S.simulate_scenario
+    monkeypatch.setattr(S, "simulate_scenario", lambda s: calls.append(s.policy.name) or real(s))
+    args = ["capacity", str(sc), "--slo", "ttft_p99=500ms", "--policies", "granikv", "--out", str(tmp_path / "c"),
+            "--rel-tol", "0.1", "--workers", "1"]
+    assert main(args) == 0
+    first, n = json.loads((tmp_path / "c" / "capacity.json").read_text())["results"], len(calls)
+    assert n >= 3
+    assert main(args) == 0 and len(calls) == n
+    assert json.loads((tmp_path / "c" / "capacity.json").read_text())["results"] == first
+    assert main(args[:5] + ["granikv,token"] + args[6:]) == 0
+    assert set(calls[n:]) == {"token"}

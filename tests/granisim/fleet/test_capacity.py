@@ -57,3 +57,32 @@ def test_cli_rejects_groups_and_bad_routers(tmp_path, capsys):
     path.write_text(TOML)
     assert main(["capacity", str(path), "--slo", "ttft_p99=1s", "--rate", "5", "--routers", "fastest"]) == 2
     assert "unknown router 'fastest'" in capsys.readouterr().err
+
+
+def test_a_search_run_again_over_its_folder_resumes_from_the_kept_probes(tmp_path, monkeypatch, capsys):
+    """A fleet capacity search kept every finished probe in OUT/probes.jsonl; run again over the same folder it
+    simulates none of them and gives the same answer and probes. A probe cut short by a kill (a half-written last
+    line) runs again, and a changed scenario (another rate) simulates afresh. Planted: keying a probe by router
+    and policy alone (not the fleet size) gives a wrong answer on the second run."""
+    import granisim.fleet.capacity as C
+
+    path = tmp_path / "f.toml"
+    path.write_text(TOML)
+    simulated = []
+    real_probe = C.probe
+    monkeypatch.setattr(C, "probe", lambda sc: simulated.append(sc.fleet.replicas) or real_probe(sc))
+    args = ["capacity", str(path), "--slo", "ttft_p99=0.5s", "--rate", "10", "--max-replicas", "6",
+            "--policies", "granikv", "--routers", "round_robin", "--workers", "1", "--out", str(tmp_path / "o")]
+    assert main(args) == 0
+    first = json.loads((tmp_path / "o" / "fleet_capacity.json").read_text())["results"]
+    n_first = len(simulated)
+    assert n_first >= 2 and len((tmp_path / "o" / "probes.jsonl").read_text().splitlines()) == n_first
+    assert main(args) == 0
+    assert len(simulated) == n_first and "kept in" in capsys.readouterr().err
+    assert json.loads((tmp_path / "o" / "fleet_capacity.json").read_text())["results"] == first
+    log = tmp_path / "o" / "probes.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]) + "\n")  # the last probe cut short
+    assert main(args) == 0 and len(simulated) == n_first + 1
+    assert json.loads((tmp_path / "o" / "fleet_capacity.json").read_text())["results"] == first
+    assert main(args[:5] + ["11"] + args[6:]) == 0 and len(simulated) > n_first + 1

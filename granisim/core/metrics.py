@@ -15,7 +15,6 @@ BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_pref
 
 STEP_COLS = ("step", "start_s", "duration_s", "num_steps", "batch", "prefill_tokens", "decode_requests",
              "groups_dense", "groups_cascade", "groups_paged", "copies", "hit_rate", "evictions")
-_ZEROS = (0.0,) * len(BREAKDOWN_KEYS)
 
 
 class StepLog:
@@ -31,6 +30,8 @@ class StepLog:
     def __init__(self):
         self._log: PackedRows | None = None
         self._pools: tuple[str, ...] | None = None  # the pools' names, in occupancy() order
+        self._keys = BREAKDOWN_KEYS  # + host_copy with a host tier: the copies compute does not hide
+        self._zeros = (0.0,) * len(self._keys)
         self._frame: pd.DataFrame | None = None  # over the first _framed rows
         self._framed = 0
 
@@ -44,6 +45,9 @@ class StepLog:
         if self._pools is None:
             self._pools = tuple(occ)
             self._log = PackedRows(self.CHUNK)
+            if getattr(allocator, "host_tier", None) is not None:
+                self._keys = (*BREAKDOWN_KEYS, "host_copy")
+                self._zeros = (0.0,) * len(self._keys)
         elif tuple(occ) != self._pools:
             raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
         bd = result.breakdown
@@ -51,11 +55,11 @@ class StepLog:
                           len(plan.requests) - len(prefill), paths.count("dense"), paths.count("cascade"),
                           paths.count("paged"), sum(x.length for x in plan.copies) if plan.copies else 0,
                           allocator.hit_rate, allocator.evictions, *(v for pair in occ.values() for v in pair),
-                          *map(bd.get, BREAKDOWN_KEYS, _ZEROS)))
+                          *map(bd.get, self._keys, self._zeros)))
 
     def _columns(self) -> list[str]:
         pools = [f"{n}_{what}" for n in self._pools for what in ("used", "cached")]
-        return [*STEP_COLS, *pools, *(f"t_{k}" for k in BREAKDOWN_KEYS)]
+        return [*STEP_COLS, *pools, *(f"t_{k}" for k in self._keys)]
 
     def frame(self) -> pd.DataFrame:
         if self._pools is None:  # nothing recorded

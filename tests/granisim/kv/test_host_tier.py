@@ -201,3 +201,24 @@ def test_tier_off_dumps_as_before():
     assert "host_kv_gb" not in d["hardware"] and "host_tier" not in d["policy"]
     on = parse_scenario_file_data({"hardware": {"host_kv_gb": 8.0}, "policy": {"host_eviction": "next_use"}}, "f")
     assert on.model_dump()["policy"]["host_eviction"] == "next_use"
+
+
+def test_the_step_log_keeps_the_host_copy_time():
+    """With a tier, the steps frame has t_host_copy (what the copy stream adds to a step) and the parts add up to
+    each step's duration; without one its columns are as before. Planted: recording BREAKDOWN_KEYS only (the
+    host copy time dropped) fails the sum."""
+    from granisim.config.scenario import parse_scenario
+    from granisim.core.metrics import BREAKDOWN_KEYS
+    from granisim.experiments.run import prepare, simulate
+
+    base = {"seed": 3, "hardware": {"profile": "h200", "kv_budget_tokens": 6000},
+            "policy": {"name": "granikv", "host_tier": "slabs+pages"},
+            "workload": {"kind": "multi_agent", "roles": 6, "prefix_len": 1024, "num_requests": 60, "rate": 50.0,
+                         "max_output_len": 16}}
+    with_tier = simulate(prepare(parse_scenario({**base, "hardware": {**base["hardware"], "host_kv_gb": 8.0}})))
+    steps = with_tier.steps.frame()
+    parts = [f"t_{k}" for k in (*BREAKDOWN_KEYS, "host_copy")]
+    assert steps.t_host_copy.sum() > 0
+    assert np.allclose(steps[parts].sum(axis=1), steps.duration_s, rtol=1e-9, atol=1e-12)
+    off = simulate(prepare(parse_scenario({**base, "policy": {"name": "granikv"}}))).steps.frame()
+    assert [c for c in off.columns if c.startswith("t_")] == [f"t_{k}" for k in BREAKDOWN_KEYS]

@@ -158,7 +158,7 @@ HOST_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "host.page_copy_s": ("s", "nonneg", 1e-6),
     "host.page_bandwidth_to_gpu": ("B/s", "nonneg", 0.0),
     "host.page_bandwidth_to_host": ("B/s", "nonneg", 0.0),
-    "host.overlap": ("", "frac", 0.8),
+    "host.overlap": ("", "share", 0.8),  # 0: no copy hidden (an engine that serializes them)
 }
 OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS, **PARALLEL_COEFFICIENTS,
                          **HOST_COEFFICIENTS}

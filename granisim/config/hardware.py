@@ -101,6 +101,8 @@ def _check_value(file: Path | str, name: str, value: float, rule: str) -> None:
         raise _fail(file, field, value, "must be >= 0")
     if rule == "frac" and not 0 < value <= 1:
         raise _fail(file, field, value, "must be in (0, 1]")
+    if rule == "share" and not 0 <= value <= 1:
+        raise _fail(file, field, value, "must be in [0, 1]")
     if rule == "int" and (value < 1 or value != int(value)):
         raise _fail(file, field, value, "must be an integer >= 1")
 

@@ -87,8 +87,12 @@ def cost_tables(profile: HardwareProfile, model: ModelShape) -> CostTables:
 
 # ---- public functions --------------------------------------------------------------------------
 def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> StepResult:
-    """Predicted duration and breakdown (keys :data:`BREAKDOWN_KEYS`) of ``plan`` (all its steps)."""
-    return cost_tables(profile, model).step(plan)
+    """Predicted duration and breakdown (keys :data:`BREAKDOWN_KEYS`, and ``host_copy`` when the plan moves KV
+    to or from a host tier) of ``plan`` (all its steps), as the simulator's executor prices it."""
+    from granisim.costmodel.transfers import with_transfers
+
+    result = cost_tables(profile, model).step(plan)
+    return with_transfers(plan, result, profile) if plan.transfers else result
 
 
 def group_path_cost(profile: HardwareProfile, model: ModelShape, path: str, prefix_len: int, b_group: int,

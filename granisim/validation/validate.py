@@ -66,7 +66,12 @@ class PairedExecutor:
 
 
 def _columns(side: str, r: StepResult) -> dict:
-    return {f"{side}_s": r.duration_s, **{f"{side}_{k}": r.breakdown.get(k, 0.0) for k in BREAKDOWN_KEYS}}
+    """A step's total and parts; the cost model's ``host_copy`` (host-tier transfers) joins ``kv_copy``, the span
+    in which the real engine measures its compaction copies and its transfers together."""
+    out = {f"{side}_s": r.duration_s, **{f"{side}_{k}": r.breakdown.get(k, 0.0) for k in BREAKDOWN_KEYS}}
+    if r.breakdown.get("host_copy"):
+        out[f"{side}_kv_copy"] += r.breakdown["host_copy"]
+    return out
 
 
 def reprice(steps: pd.DataFrame, plans: list[BatchPlan], profile, model) -> pd.DataFrame:

@@ -153,6 +153,8 @@ def _with(mut):
     (lambda d: d["coefficients"]["attn.dense.m_tile"].update(value=12.5), "coefficients.attn.dense.m_tile.value", "12.5"),
     (lambda d: d["coefficients"]["attn.decode.mem_eff"].update(value=1.7), "coefficients.attn.decode.mem_eff.value", "1.7"),
     (lambda d: d["coefficients"]["hbm_bandwidth"].update(value="fast"), "coefficients.hbm_bandwidth.value", "fast"),
+    (lambda d: d["coefficients"].update({"host.overlap": {**d["coefficients"]["m_sat"], "unit": "", "value": -0.1}}),
+     "coefficients.host.overlap.value", "-0.1"),
     (lambda d: d["coefficients"].pop("sm_count"), "coefficients.sm_count", "missing"),
     (lambda d: d["coefficients"].update(typo_eff={"value": 1, "unit": "", "source": BASE["coefficients"]["m_sat"]["source"]}),
      "coefficients.typo_eff", "typo_eff"),

@@ -222,3 +222,39 @@ def test_the_step_log_keeps_the_host_copy_time():
     assert np.allclose(steps[parts].sum(axis=1), steps.duration_s, rtol=1e-9, atol=1e-12)
     off = simulate(prepare(parse_scenario({**base, "policy": {"name": "granikv"}}))).steps.frame()
     assert [c for c in off.columns if c.startswith("t_")] == [f"t_{k}" for k in BREAKDOWN_KEYS]
+
+
+def test_validation_prices_a_steps_transfers_as_the_simulator_does():
+    """step_cost (what `granisim validate` pairs with each real step) includes the host-tier copies the cost
+    executor adds, and the validation columns fold them into kv_copy, where the engine times its copies and
+    transfers together. h200-engine hides none of them (the engine serializes its copies), h200 hides 80%.
+    Planted: step_cost without the transfers fails the first assertion."""
+    from granisim.config.models import get_model
+    from granisim.config.scenario import parse_scenario
+    from granisim.costmodel import step_cost
+    from granisim.costmodel.executor import CostExecutor
+    from granisim.experiments.run import prepare, simulate
+    from granisim.validation.validate import _columns
+
+    sc = parse_scenario({"seed": 3, "hardware": {"profile": "h200-engine", "kv_budget_tokens": 6000, "host_kv_gb": 8.0},
+                         "policy": {"name": "granikv", "host_tier": "slabs+pages"},
+                         "workload": {"kind": "multi_agent", "roles": 6, "prefix_len": 1024, "num_requests": 60,
+                                      "rate": 50.0, "max_output_len": 16}})
+    setup = prepare(sc)
+    plans = []
+
+    class Keep(CostExecutor):
+        def execute(self, plan):
+            plans.append(plan)
+            return super().execute(plan)
+
+    simulate(setup, Keep(setup.profile, setup.model))
+    moving = [p for p in plans if p.transfers]
+    assert moving
+    m = get_model("llama-3.1-8b")
+    for p in moving:
+        got, sim = step_cost(p, setup.profile, m), CostExecutor(setup.profile, m).execute(p)
+        assert got.duration_s == sim.duration_s and got.breakdown["host_copy"] > 0
+        cols = _columns("predicted", got)
+        assert cols["predicted_kv_copy"] == pytest.approx(got.breakdown["kv_copy"] + got.breakdown["host_copy"])
+    assert get_profile("h200-engine")["host.overlap"] == 0.0 and get_profile("h200")["host.overlap"] == 0.8

@@ -39,7 +39,7 @@ from granisim.core.metrics import StepLog
 from granisim.core.contract import Executor
 from granisim.core.request import RequestRecord, RequestRecords
 from granisim.core.scheduler import Scheduler
-from granisim.core.workload import ArrivalQueue, Workload
+from granisim.core.workload import ArrivalQueue, InitialSpecs, Workload
 
 
 @dataclass
@@ -51,6 +51,49 @@ class SimResult:
 
 
 _ARRIVAL = "arrival"  # the cause of a fleet replica's interrupt when a request is routed to it mid-block
+
+
+class PendingTimes:
+    """A multiset of times: the arrival times not yet delivered. ``first()`` is the smallest,
+    ``pop()`` removes the smallest. One sorted array (the initial arrivals) is read behind a
+    cursor instead of being pushed one float at a time; other times go into a heap."""
+
+    __slots__ = ("_heap", "_sorted", "_next")
+
+    def __init__(self):
+        self._heap: list[float] = []
+        self._sorted: np.ndarray | None = None
+        self._next = 0
+
+    def can_take_sorted(self) -> bool:
+        return self._sorted is None or self._next >= len(self._sorted)
+
+    def take_sorted(self, times: np.ndarray) -> None:
+        """Add non-decreasing ``times``."""
+        self._sorted, self._next = times, 0
+
+    def push(self, t: float) -> None:
+        heapq.heappush(self._heap, t)
+
+    def _sorted_first(self) -> bool:
+        srt = self._sorted
+        if srt is None or self._next >= len(srt):
+            return False
+        return not self._heap or float(srt[self._next]) <= self._heap[0]
+
+    def first(self) -> float:
+        if self._sorted_first():
+            return float(self._sorted[self._next])
+        return self._heap[0]
+
+    def pop(self) -> float:
+        if self._sorted_first():
+            self._next += 1
+            return float(self._sorted[self._next - 1])
+        return heapq.heappop(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap) + (len(self._sorted) - self._next if self._sorted is not None else 0)
 
 
 def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.Event:
@@ -78,17 +121,17 @@ class ServingLoop:
         self.feed = feed
         self.workload = Workload(s.workload, s.seed, setup.trace, setup.model.vocab) if feed is None else None
         self.steps = StepLog()
-        self._pending: list[float] = []  # arrival times scheduled but not yet delivered (sorted heap)
+        self._pending = PendingTimes()  # arrival times scheduled but not yet delivered
         self._wake: simpy.Event | None = None
         self._proc: simpy.Process | None = None
         self._in_block = False  # fleet replica: a fast-forward block is running (an arrival cuts it)
 
     def run(self) -> SimResult:
         env = self.env = simpy.Environment()
-        initial = self.workload.initial()
+        initial = self.workload.initial_specs()
         self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
         self._add_arrivals(initial)
-        del initial  # the arrival queue holds each spec until it is delivered, a running request until it ends
+        del initial  # the arrival queue builds each spec when it comes up, a running request holds it until it ends
         env.process(self._engine())
         env.run()
         self._bar.close()
@@ -120,8 +163,11 @@ class ServingLoop:
     # ---- processes ------------------------------------------------------------------------
     def _add_arrivals(self, specs) -> None:
         # counted as pending at once, so the engine never stops while one is on its way
-        for s in specs:
-            heapq.heappush(self._pending, s.arrival_s)
+        if isinstance(specs, InitialSpecs) and specs.in_order() and self._pending.can_take_sorted():
+            self._pending.take_sorted(specs.times)
+        else:
+            for s in specs:
+                self._pending.push(s.arrival_s)
         self.env.process(self._arrivals(ArrivalQueue(specs)))
 
     def _arrivals(self, queue: ArrivalQueue):
@@ -129,7 +175,7 @@ class ServingLoop:
         while len(queue):
             spec = queue.pop()
             yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
-            heapq.heappop(self._pending)
+            self._pending.pop()
             self.submit(spec)
 
     def _engine(self):
@@ -187,7 +233,7 @@ class ServingLoop:
         loop only (a fleet replica's next request depends on the router)."""
         idle = getattr(self.executor, "idle", None)
         if idle is not None and self.feed is None and self._pending:
-            gap = self._pending[0] - self.env.now
+            gap = self._pending.first() - self.env.now
             if gap > 0:
                 idle(gap)
 
@@ -215,7 +261,7 @@ class ServingLoop:
     def _steps_until_event(self, durations, k: int) -> int:
         """Steps to run so that the block ends at the first step boundary at or after the next event
         (a fleet replica learns of its arrivals only when they are routed: see _fleet_block)."""
-        arrival = None if self.feed is not None else (self._pending[0] if self._pending else None)
+        arrival = None if self.feed is not None else (self._pending.first() if self._pending else None)
         nxt = [t for t in (arrival, self.scheduler.next_expiry()) if t is not None]
         if not nxt:
             return k

@@ -236,6 +236,44 @@ def _load_lengths(ref: str) -> pd.DataFrame:
     return checked[list(LENGTH_COLUMNS)].reset_index(drop=True)
 
 
+class InitialSpecs:
+    """The initial requests' specs, built on reading: ``specs[i]`` is a new ``RequestSpec`` equal to the
+    one an up-front list would hold (the same ``LazySuffix`` draws). ``times`` are the arrival times in
+    request order."""
+
+    def __init__(self, times: np.ndarray, suffix_lens: np.ndarray, out_lens: np.ndarray,
+                 roles: np.ndarray | None, prefixes: list[np.ndarray], stream: SuffixStream, sessions: bool):
+        self.times = times
+        self._suffix_lens = suffix_lens
+        self._out_lens = out_lens
+        self._roles = roles
+        self._prefixes = prefixes
+        self._stream = stream
+        self._sessions = sessions
+        self._no_prefix = np.empty(0, PROMPT_DTYPE)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __getitem__(self, i: int) -> RequestSpec:
+        if not 0 <= i < len(self.times):
+            raise IndexError(i)
+        role = int(self._roles[i]) if self._roles is not None else -1
+        prefix = self._prefixes[role] if role >= 0 else self._no_prefix
+        suffix = LazySuffix(self._stream, i, int(self._suffix_lens[i]))
+        session = i if self._sessions else -1
+        return RequestSpec(i, float(self.times[i]), prefix, suffix, int(self._out_lens[i]),
+                           int(prefix.size), role, session, 0)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.times)))
+
+    def in_order(self) -> bool:
+        """Whether request order is arrival order, (time, rid) ascending (times never decrease)."""
+        t = self.times
+        return bool(len(t) < 2 or (np.diff(t) >= 0).all())
+
+
 class Workload:
     """Produces the initial arrivals and, for sessions, each follow-up turn."""
 
@@ -252,6 +290,11 @@ class Workload:
         self.prefixes = [rng.integers(0, self.vocab, cfg.prefix_len, dtype=PROMPT_DTYPE) for _ in range(k)]
 
     def initial(self) -> list[RequestSpec]:
+        return list(self.initial_specs())
+
+    def initial_specs(self) -> InitialSpecs:
+        """The initial requests as a sequence whose specs are built when read (``initial()`` builds them
+        all): a run holds a few numbers per request, not a spec object, until each one arrives."""
         cfg, tr = self.cfg, self._trace
         n = cfg.num_requests if cfg.num_requests else len(tr)
         lengths = rng_for(self.seed, "lengths")
@@ -273,17 +316,9 @@ class Workload:
             out_lens = np.minimum(out_lens, cfg.max_output_len)
         roles = self._roles(len(rows))
         stream = SuffixStream(rng_for(self.seed, "suffix_tokens"), suffix_lens, self.vocab)
-        specs = []
         self._sessions = len(rows)
-        no_prefix = np.empty(0, PROMPT_DTYPE)
-        for i in range(len(rows)):
-            role = int(roles[i]) if self.prefixes else -1
-            prefix = self.prefixes[role] if role >= 0 else no_prefix
-            suffix = LazySuffix(stream, i, int(suffix_lens[i]))
-            session = i if cfg.turns > 1 else -1
-            specs.append(RequestSpec(i, float(times[i]), prefix, suffix, int(out_lens[i]),
-                                     int(prefix.size), role, session, 0))
-        return specs
+        return InitialSpecs(np.asarray(times, dtype=np.float64), suffix_lens, out_lens,
+                            roles if self.prefixes else None, self.prefixes, stream, cfg.turns > 1)
 
     def _roles(self, n: int) -> np.ndarray:
         if not self.prefixes:
@@ -313,20 +348,41 @@ class Workload:
 
 
 class ArrivalQueue:
-    """Arrivals not yet delivered, in (time, rid) order; follow-up turns join while running."""
+    """Arrivals not yet delivered, in (time, rid) order; follow-up turns join while running.
 
-    def __init__(self, specs: list[RequestSpec]):
-        self._heap = [(s.arrival_s, s.rid, s) for s in specs]
-        heapq.heapify(self._heap)
+    Given :class:`InitialSpecs` in arrival order, it reads them one by one behind a cursor (each
+    spec is built when it comes up), merged with the pushed ones by (time, rid)."""
+
+    def __init__(self, specs):
+        self._seq = None
+        self._next = 0
+        if isinstance(specs, InitialSpecs) and specs.in_order():
+            self._seq, self._heap = specs, []
+        else:
+            self._heap = [(s.arrival_s, s.rid, s) for s in specs]
+            heapq.heapify(self._heap)
 
     def push(self, spec: RequestSpec) -> None:
         heapq.heappush(self._heap, (spec.arrival_s, spec.rid, spec))
 
+    def _seq_first(self) -> bool:
+        """Whether the sequence's next spec comes before the heap's first."""
+        if self._seq is None or self._next >= len(self._seq):
+            return False
+        if not self._heap:
+            return True
+        return (float(self._seq.times[self._next]), self._next) < self._heap[0][:2]
+
     def next_time(self) -> float | None:
+        if self._seq_first():
+            return float(self._seq.times[self._next])
         return self._heap[0][0] if self._heap else None
 
     def pop(self) -> RequestSpec:
+        if self._seq_first():
+            self._next += 1
+            return self._seq[self._next - 1]
         return heapq.heappop(self._heap)[2]
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + (len(self._seq) - self._next if self._seq is not None else 0)

@@ -13,7 +13,8 @@ Cases (Llama-3.1-8B on a100-80gb, cost-model executor):
   one more request costs (the difference of the two over the difference in requests), apart
   from what a run needs whatever its length (the KV allocator, the radix index filling the
   cache, the first string column's allocator pages).
-* ``azure_replay_x16`` — the trace 16 times back to back (16 h): memory per request.
+* ``azure_replay_x4``, ``azure_replay_x16`` — the trace 4 or 16 times back to back (4 h, 16 h):
+  memory per request, and how the cost per plan grows with the length of a run.
 * ``multi_agent_saturated`` — scenarios/multi_agent_16k.toml (4 roles, 16K-token shared
   prompts) with 1,200 requests arriving at 12/s, twice what one GPU serves: a long queue.
 * ``fleet_N`` (N = 1, 4, 16, 64) — N replicas behind the round-robin router (``--router
@@ -60,6 +61,7 @@ class Case:
 CASES = {
     "azure_replay": Case("azure_replay.toml"),
     "azure_replay_half": Case("azure_replay.toml", (("workload.num_requests", 9683),)),
+    "azure_replay_x4": Case("azure_replay.toml", copies=4),
     "azure_replay_x16": Case("azure_replay.toml", copies=16),
     "multi_agent_saturated": Case("multi_agent_16k.toml", (("workload.rate", 12.0), ("workload.num_requests", 1200))),
     **{f"fleet_{n}": Case("azure_replay.toml", (("workload.time_scale", float(n)),), copies=n, replicas=n)

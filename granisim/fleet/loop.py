@@ -69,7 +69,7 @@ class FleetLoop:
     # ---- running ----------------------------------------------------------------------------------
     def run(self) -> FleetResult:
         env = self.env = simpy.Environment()
-        initial = self.workload.initial()
+        initial = self.workload.initial_specs()  # each spec built when it comes up
         self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
         self._add_arrivals(initial)  # before the engines, as the single loop orders its processes
         for rep in self.replicas:

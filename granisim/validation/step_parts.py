@@ -1,11 +1,11 @@
 """Which steps and which parts a profile misprices: predicted / measured time summed by step class.
 
     granisim validation step-parts RAW/validation/runJ1 [RUN ...] [--profile h200-engine] [--unit NAME ...]
-        [--out step_parts.json]
+        [--bins 512,2048] [--out step_parts.json]
 
 Every unit of the runs (all policies and models found) is re-priced step by step with PROFILE; its steps
-are classed as decode (no prefill work) or prefill by the step's new tokens (<= 512, <= 2048, more: the
-engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
+are classed as decode (no prefill work) or prefill by the step's new tokens (``--bins``; by default <= 512,
+<= 2048, more: the engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
 the prefill attention launch spans them all). Per unit and class: the steps, the measured seconds, and
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
 the whole; below 1: the profile is optimistic). Nothing here needs a GPU. A missing folder or a run
@@ -27,23 +27,31 @@ from granisim.costmodel.operators import BREAKDOWN_KEYS
 from granisim.validation.clock_term import run_units
 from granisim.validation.validate import reprice
 
-TOKEN_BINS = ((512, "<= 512"), (2048, "<= 2048"), (np.inf, "> 2048"))
+EDGES = (512, 2048)  # the default token bins' upper edges: <= 512, <= 2048, > 2048 (the engine's eager limit)
 
 
-def step_class(tokens: int, prefill_requests: int) -> tuple[tuple[int, int], str]:
+def token_bins(edges=EDGES) -> tuple[tuple[float, str], ...]:
+    """((upper edge, label), ...) for ascending ``edges``, the last bin open: (512, 2048) -> <= 512, <= 2048, > 2048."""
+    return (*((e, f"<= {e}") for e in edges), (np.inf, f"> {edges[-1]}"))
+
+
+TOKEN_BINS = token_bins()
+
+
+def step_class(tokens: int, prefill_requests: int, bins=TOKEN_BINS) -> tuple[tuple[int, int], str]:
     """(sort key, label): 'decode', or 'prefill <bin> tokens, <n> req' (n capped at '4+') (pure)."""
     if prefill_requests == 0:
         return (0, 0), "decode"
-    i, label = next((i, label) for i, (hi, label) in enumerate(TOKEN_BINS) if tokens <= hi)
+    i, label = next((i, label) for i, (hi, label) in enumerate(bins) if tokens <= hi)
     n = min(prefill_requests, 4)
     return (i + 1, n), f"prefill {label} tokens, {n if n < 4 else '4+'} req"
 
 
-def class_table(steps: pd.DataFrame, plans: list) -> pd.DataFrame:
+def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS) -> pd.DataFrame:
     """Per step class of one unit's re-priced ``steps`` (and their ``plans``): steps, measured seconds,
     and predicted / measured of the total and of each part (NaN where the class measured none of it)."""
     n_pf = [sum(1 for r in p.requests if r.is_prefill) for p in plans]
-    cls = pd.Series([step_class(int(t), n) for t, n in zip(steps["tokens"], n_pf)], index=steps.index)
+    cls = pd.Series([step_class(int(t), n, bins) for t, n in zip(steps["tokens"], n_pf)], index=steps.index)
     parts = [k for k in BREAKDOWN_KEYS if f"measured_{k}" in steps and f"predicted_{k}" in steps]
     rows = []
     for (_, c), g in steps.groupby(cls, sort=True):
@@ -72,7 +80,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--unit", nargs="+", help="only these units (e.g. arxiv_replay_500_granikv_qwen-2.5-14b)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--bins", default=",".join(map(str, EDGES)),
+                    help="prefill steps' token bins, their upper edges ascending (default 512,2048)")
     args = ap.parse_args(argv)
+    try:
+        edges = tuple(int(x) for x in args.bins.split(","))
+    except ValueError:
+        raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048") from None
+    if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] < 1:
+        raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048")
     for run in args.runs:
         if not run.is_dir():
             raise ValueError(f"{run}: no such run folder")
@@ -81,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     for unit, steps, plans, model in (u for run in args.runs for u in run_units(run)):
         if args.unit and unit.split("/", 1)[1] not in args.unit:
             continue
-        table = class_table(reprice(steps, plans, prof, get_model(model)), plans)
+        table = class_table(reprice(steps, plans, prof, get_model(model)), plans, token_bins(edges))
         doc["units"][unit] = table.to_dict(orient="records")
         print(format_table(unit, table) + "\n")
     if not doc["units"]:

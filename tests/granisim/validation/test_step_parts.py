@@ -46,3 +46,13 @@ def test_missing_run_folder_is_one_line_and_exit_2(tmp_path, capsys):
 def test_a_folder_without_units_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["validation", "step-parts", str(tmp_path)]) == 2
     assert "no validation units under" in capsys.readouterr().err
+
+
+def test_token_bins_from_their_edges():
+    from granisim.validation.step_parts import token_bins
+
+    bins = token_bins((2048, 4096, 6144))
+    assert [label for _, label in bins] == ["<= 2048", "<= 4096", "<= 6144", "> 6144"]
+    assert step_class(5000, 2, bins)[1] == "prefill <= 6144 tokens, 2 req"
+    assert step_class(9000, 1, bins)[1] == "prefill > 6144 tokens, 1 req"
+    assert step_class(9000, 1)[1] == "prefill > 2048 tokens, 1 req"  # the default bins

@@ -14,12 +14,7 @@ set -u
 OUT=${1:?usage: run_fleet_validation.sh OUT [CALL_S]}
 CALL_S=${2:-540}
 LONGEST_S=${LONGEST_S:-200}
-cd "$(dirname "$0")/../.."
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-if [ -d .whl ] && ! python3 -c "import simpy, pydantic" 2>/dev/null; then  # wheels carried to a bare machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
-fi
+source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT/scenarios"
 start=$(date +%s)
 for unit in 16384_hot_aware 16384_cache_aware 4096_hot_aware 4096_cache_aware 8192_hot_aware 8192_cache_aware; do

@@ -13,12 +13,7 @@ set -u
 OUT=${1:?usage: run_validation.sh OUT [CALL_S]}
 CALL_S=${2:-540}
 LONGEST_S=${LONGEST_S:-200}
-cd "$(dirname "$0")/../.."
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-if [ -d .whl ] && ! python3 -c "import simpy, pydantic" 2>/dev/null; then  # wheels carried to a bare machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
-fi
+source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT/scenarios"
 start=$(date +%s)
 for unit in granikv_tier granikv_none token_tier; do

@@ -15,12 +15,7 @@ OUT=${1:?usage: next_gpu_run.sh OUT [DONE] [CALL_S]}
 DONE=${2:-}
 CALL_S=${3:-540}
 LONGEST_S=180
-cd "$(dirname "$0")/../.."
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-if [ -d .whl ] && ! python3 -c "import simpy, pydantic" 2>/dev/null; then  # wheels carried to a bare machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
-fi
+source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT"
 start=$(date +%s)
 left() { echo $(( CALL_S - ($(date +%s) - start) - LONGEST_S )); }

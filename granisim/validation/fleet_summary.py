@@ -22,6 +22,7 @@ from pathlib import Path
 
 from granisim.validation.fleet_routing import on_measured_routing, same_replica
 from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records
+from granisim.validation.validate import TARGETS
 
 LABELS = {"step_median": "per-step median", "throughput_rps": "throughput", "tpot_p50_s": "TPOT p50",
           "tpot_p99_s": "TPOT p99", "ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99"}
@@ -98,8 +99,7 @@ def table(recs: list[dict]) -> str:
         key = (r["machine"], r["run"])
         run = runs.setdefault(key, {"meta": r, "fleet": {}, "fleet_measured": {}, "own": {}, "measured": {}})
         if r["scope"] == "fleet":
-            run["fleet" if r["routing"] == "own" else "fleet_measured"] = {
-                **run.get("fleet" if r["routing"] == "own" else "fleet_measured", {}), r["metric"]: r}
+            run["fleet" if r["routing"] == "own" else "fleet_measured"][r["metric"]] = r
         elif r["met"] is not None:
             reps = run[r["routing"]]
             reps[r["replica"]] = reps.get(r["replica"], True) and r["met"]
@@ -132,8 +132,6 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     recs = records(args.runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from granisim.validation.validate import TARGETS
-
     rows = ",\n".join(json.dumps(r) for r in recs)  # a record a line: the file stays readable and diffable
     args.out.write_text(f'{{"targets": {json.dumps(TARGETS)},\n"records": [\n{rows}\n]}}\n')
     text = table(recs)

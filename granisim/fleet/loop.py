@@ -22,8 +22,8 @@ from granisim.core.request import RequestRecord
 from granisim.core.serving_loop import _urgent_timeout
 from granisim.core.workload import ArrivalQueue, Workload
 from granisim.fleet.replica import Replica, ReplicaSpec
-from granisim.fleet.routers import Router, initial_state
-from granisim.fleet.views import request_view
+from granisim.fleet.routers import Router, initial_state, reads_only_up
+from granisim.fleet.views import ReplicaView, request_view
 
 NO_REPLICA = -1  # the `replica` of a request rejected at the router
 
@@ -53,6 +53,10 @@ class FleetLoop:
         self.router = router or Router(fleet_cfg.router, initial_state(fleet_cfg.router, fleet_cfg, n, s.seed,
                                                                        len(self.workload.prefixes)))
         self._views: list = [None] * n
+        # a router that reads only whether each replica is up (round robin) gets these, not the full views
+        # (the same answers: the full views' ``up`` is always the replica's own, stale or not)
+        self._up_views = [(ReplicaView(i, up=False), ReplicaView(i, up=True)) for i in range(n)] \
+            if reads_only_up(self.router.policy) else None
         self._views_s = float("-inf")
         self._held = []  # arrivals while every replica is down
         self.rerouted: dict[int, int] = {}
@@ -133,7 +137,11 @@ class FleetLoop:
         if not any(rep.up for rep in self.replicas):
             self._held.append(spec)
             return
-        i = self.router.route(request_view(spec), self._current_views())
+        if self._up_views is not None:
+            views = [pair[rep.up] for pair, rep in zip(self._up_views, self.replicas)]
+        else:
+            views = self._current_views()
+        i = self.router.route(request_view(spec), views)
         self.replicas[i].submit(spec)
 
     def _reject(self, spec, reason: str) -> RequestRecord:

@@ -228,6 +228,15 @@ def replay(req: RequestView, views: Views, state: Replayed) -> tuple[int, Replay
     return (i if i is not None and views[i].up else _least(up)), state
 
 
+UP_ONLY: frozenset = frozenset({round_robin})  # policies that read of each view only whether it is up
+
+
+def reads_only_up(policy) -> bool:
+    """Whether ``policy`` reads nothing of a view but ``up`` (and its position): the fleet then need not
+    take the replicas' views (their load and cache), which costs a pass per replica per arrival."""
+    return any(policy is p for p in UP_ONLY)
+
+
 POLICIES: dict[str, Policy] = dict(round_robin=round_robin, least_load=least_load, cache_aware=cache_aware,
                                    role_affinity=role_affinity, hot_aware=hot_aware)
 

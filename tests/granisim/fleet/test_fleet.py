@@ -202,3 +202,29 @@ def test_bad_fleet_input_is_one_line_and_exit_2(tmp_path, capsys, fleet, field):
     assert main(["run", path, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and path in err and field in err, err
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(faults=faults, staleness=st.sampled_from([0.0, 0.5]))
+def test_round_robin_routes_without_taking_views(faults, staleness):
+    """Round robin reads only whether each replica is up, so the fleet takes no replica view for it
+    (fails if every arrival still builds every replica's view) and routes exactly as with the full,
+    possibly stale, views, whatever replicas go down and come back."""
+    from unittest import mock
+
+    from granisim.fleet.replica import Replica
+
+    fl = [{"replica": r, "at_s": a, **({"for_s": d} if d is not None else {})} for r, a, d in faults]
+    sc = scenario({"replicas": 3, "router": "round_robin", "faults": fl, "staleness_s": staleness},
+                  num_requests=20, turns=2)
+    taken = []
+    view = Replica.view
+    with mock.patch.object(Replica, "view", lambda self, now: taken.append(now) or view(self, now)):
+        fast = run(sc)
+        assert taken == []
+        with mock.patch("granisim.fleet.loop.reads_only_up", lambda policy: False):
+            full = run(sc)
+        assert taken
+    assert fleet_requests(fast).equals(fleet_requests(full))
+    assert fleet_steps(fast).equals(fleet_steps(full))
+    assert fast.rerouted == full.rerouted and fast.decisions == full.decisions

@@ -51,18 +51,22 @@ def _err(pred, t) -> dict:
     return {"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9)), "n": int(e.size)}
 
 
+def _family(rows: list[dict], fam: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flops, bytes, seconds) of the grouped_gemm.csv rows of one family."""
+    r = [x for x in rows if x["family"] == fam]
+    return (np.array([float(x["flops"]) for x in r]), np.array([float(x["bytes"]) for x in r]),
+            np.array([float(x["median_us"]) for x in r]) * 1e-6)
+
+
 def fit_grouped(raw_dir: Path, peak: float, bw: float) -> tuple[dict, dict]:
     """(values: coefficient name -> value, errors: family -> held-out relative errors)."""
     rows = _rows(Path(raw_dir) / "grouped_gemm.csv")
     values, errors = {}, {}
     for fam in ("moe_up", "moe_down"):
-        r = [x for x in rows if x["family"] == fam]
-        if len(r) < 4:
-            raise ValueError(f"{raw_dir}/grouped_gemm.csv: {len(r)} rows of {fam}, need at least 4")
-        f = np.array([float(x["flops"]) for x in r])
-        b = np.array([float(x["bytes"]) for x in r])
-        t = np.array([float(x["median_us"]) for x in r]) * 1e-6
-        train, test = np.arange(len(r)) % 2 == 0, np.arange(len(r)) % 2 == 1
+        f, b, t = _family(rows, fam)
+        if len(t) < 4:
+            raise ValueError(f"{raw_dir}/grouped_gemm.csv: {len(t)} rows of {fam}, need at least 4")
+        train, test = np.arange(len(t)) % 2 == 0, np.arange(len(t)) % 2 == 1
         c, ef, em = fit_roofline(f[train], b[train], t[train], peak, bw, MAX_LAUNCH)
         errors[fam] = _err(roofline_time(f[test], b[test], peak, bw, c, ef, em), t[test])
         c, ef, em = fit_roofline(f, b, t, peak, bw, MAX_LAUNCH)
@@ -77,13 +81,10 @@ def profile_errors(raw_dir: Path, profile) -> dict:
     rows = _rows(Path(raw_dir) / "grouped_gemm.csv")
     out = {}
     for fam in ("moe_up", "moe_down"):
-        r = [x for x in rows if x["family"] == fam]
-        if not r:
+        f, b, t = _family(rows, fam)
+        if not len(t):
             continue
         c, ef, em = (profile[f"linear.{fam}.{k}"] for k in ("launch_s", "flop_eff", "mem_eff"))
-        f = np.array([float(x["flops"]) for x in r])
-        b = np.array([float(x["bytes"]) for x in r])
-        t = np.array([float(x["median_us"]) for x in r]) * 1e-6
         out[fam] = _err(roofline_time(f, b, profile.bf16_flops, profile.hbm_bandwidth, c, ef, em), t)
     return out
 

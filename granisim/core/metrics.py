@@ -30,8 +30,8 @@ class StepLog:
     def __init__(self):
         self._log: PackedRows | None = None
         self._pools: tuple[str, ...] | None = None  # the pools' names, in occupancy() order
-        self._keys = BREAKDOWN_KEYS  # + host_copy with a host tier: the copies compute does not hide
-        self._zeros = (0.0,) * len(self._keys)
+        self._keys = BREAKDOWN_KEYS  # set at the first plan: + host_copy with a host tier (copies compute does not hide)
+        self._zeros: tuple[float, ...] = ()
         self._frame: pd.DataFrame | None = None  # over the first _framed rows
         self._framed = 0
 
@@ -47,7 +47,7 @@ class StepLog:
             self._log = PackedRows(self.CHUNK)
             if getattr(allocator, "host_tier", None) is not None:
                 self._keys = (*BREAKDOWN_KEYS, "host_copy")
-                self._zeros = (0.0,) * len(self._keys)
+            self._zeros = (0.0,) * len(self._keys)
         elif tuple(occ) != self._pools:
             raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
         bd = result.breakdown

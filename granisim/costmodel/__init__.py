@@ -71,7 +71,7 @@ from .tables import CostTables
 
 __all__ = ["BREAKDOWN_KEYS", "ELEMENTWISE_FAMILIES", "ENGINE_KEYS", "GEMM_FAMILIES", "LAYER_OPS", "STEP_OPS", "Correction",
            "CostTables", "cheaper_path", "cost_tables", "fit_roofline", "group_path_cost", "m_sat_crossover",
-           "m_sat_threshold", "op_work", "roofline_time", "step_cost", "storage_class"]
+           "m_sat_threshold", "op_work", "plan_cost", "roofline_time", "step_cost", "storage_class"]
 
 _TABLES: dict[tuple, CostTables] = {}
 
@@ -89,9 +89,14 @@ def cost_tables(profile: HardwareProfile, model: ModelShape) -> CostTables:
 def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> StepResult:
     """Predicted duration and breakdown (keys :data:`BREAKDOWN_KEYS`, and ``host_copy`` when the plan moves KV
     to or from a host tier) of ``plan`` (all its steps), as the simulator's executor prices it."""
+    return plan_cost(cost_tables(profile, model), plan, profile)
+
+
+def plan_cost(tables: CostTables, plan: BatchPlan, profile: HardwareProfile) -> StepResult:
+    """``plan`` priced by ``tables`` (its compute), lengthened by the host-tier copies compute does not hide."""
     from granisim.costmodel.transfers import with_transfers
 
-    result = cost_tables(profile, model).step(plan)
+    result = tables.step(plan)
     return with_transfers(plan, result, profile) if plan.transfers else result
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from granisim.costmodel import cost_tables
+from granisim.costmodel import cost_tables, plan_cost
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
 from granisim.core.contract import BatchPlan, StepResult
-from granisim.costmodel.transfers import with_transfers
 
 
 class CostExecutor:
@@ -27,5 +26,4 @@ class CostExecutor:
         self._tables = cost_tables(self.profile, self.model)
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        result = self._tables.step(plan)
-        return with_transfers(plan, result, self.profile) if plan.transfers else result
+        return plan_cost(self._tables, plan, self.profile)

@@ -202,21 +202,16 @@ def hot_aware(req: RequestView, views: Views, state: HotAware) -> tuple[int, Hot
     return _least(mine or up), state
 
 
-# ---- the registry and the stateful holder ---------------------------------------------------------
-Policy = Callable[[RequestView, Views, object], tuple[int, object]]
 # ---- replayed routing (validation) ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Replayed:
-    """Each request's replica as another run of the fleet routed it (rid -> replica), e.g. the real fleet's."""
-    replica_of: tuple[tuple[int, int], ...]
-
-    def get(self, rid: int) -> int | None:
-        i = bisect.bisect_left(self.replica_of, (rid, -1))
-        return self.replica_of[i][1] if i < len(self.replica_of) and self.replica_of[i][0] == rid else None
+    """Each request's replica as another run of the fleet routed it (rid -> replica), e.g. the real fleet's;
+    read only."""
+    replica_of: dict[int, int]
 
 
 def replayed(pairs) -> Replayed:
-    return Replayed(tuple(sorted((int(r), int(i)) for r, i in pairs)))
+    return Replayed({int(r): int(i) for r, i in pairs})
 
 
 def replay(req: RequestView, views: Views, state: Replayed) -> tuple[int, Replayed]:
@@ -224,10 +219,12 @@ def replay(req: RequestView, views: Views, state: Replayed) -> tuple[int, Replay
     least-loaded one. Not a serving policy: `granisim validate` uses it to run the simulated fleet on the real
     fleet's routing, so that each replica is judged on the requests it served."""
     up = _up(views)
-    i = state.get(req.rid)
+    i = state.replica_of.get(req.rid)
     return (i if i is not None and views[i].up else _least(up)), state
 
 
+# ---- the registry and the stateful holder ---------------------------------------------------------
+Policy = Callable[[RequestView, Views, object], tuple[int, object]]
 UP_ONLY: frozenset = frozenset({round_robin})  # policies that read of each view only whether it is up
 
 

@@ -24,7 +24,8 @@ def same_replica(measured: pd.DataFrame, predicted: pd.DataFrame) -> float:
 def on_measured_routing(scenario, source: str, measured: pd.DataFrame, progress: bool = False) -> dict:
     """End-to-end errors of the simulated fleet routed as ``measured`` (the real fleet's requests frame: rid,
     replica, latencies, finish_s) against it: ``{"same_replica", "fleet": {...}, "replicas": [{"replica", ...}]}``,
-    each section with ``end_to_end`` and ``percentile_errors``. Requests the real router rejected (no replica) are
+    each section with ``end_to_end`` and ``percentile_errors``; ``same_replica``: the share of requests the re-run
+    put on the recorded replica (1 unless one was down). Requests the real router rejected (no replica) are
     routed by least load."""
     from granisim.fleet.build import simulate_fleet
     from granisim.fleet.outputs import fleet_requests, fleet_steps

@@ -3,9 +3,10 @@
     granisim validation fleet-summary RUN_DIR ... --out summary.json [--table summary.md]
 
 Each RUN_DIR is what `granisim validate` writes for a scenario with ``[fleet]``
-(granisim.validation.validate.validate_fleet): ``validation.json``, ``scenario.toml`` and the measured and
-predicted requests (``*_requests.parquet``, with their replica); its machine is the name of RUN_DIR's parent
-folder. Writes one record per run x routing x scope (``fleet`` or ``replica``, with its index) x metric, with
+(granisim.validation.validate.validate_fleet): ``validation.json`` and the measured and predicted requests
+(``*_requests.parquet``, with their replica); a run whose ``validation.json`` lacks the re-run on the real routing
+(made before validate did it) needs its ``scenario.toml`` beside them. Its machine is the name of RUN_DIR's
+parent folder. Writes one record per run x routing x scope (``fleet`` or ``replica``, with its index) x metric, with
 ``measured``, ``predicted``, ``error`` and, where a metric has a target, ``target`` and ``met`` (the records of
 ``granisim validation summary``). Routing ``own``: the simulated fleet routed by its own router, as validated;
 ``measured``: the simulated fleet run again on the real fleet's routing (granisim.validation.fleet_routing), so
@@ -45,9 +46,11 @@ def _requests(run_dir: Path, side: str):
     path = Path(run_dir) / f"{side}_requests.parquet"
     try:
         frame = pd.read_parquet(path)
-        frame[["rid", "replica"]]
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError) as err:
         _fail(f"{path}: no requests with their replica ({' '.join(str(err).split())[:120]})")
+    missing = {"rid", "replica"} - set(frame.columns)
+    if missing:
+        _fail(f"{path}: no requests with their replica (no column {', '.join(sorted(missing))})")
     return frame
 
 
@@ -60,12 +63,14 @@ def records(run_dirs: list[Path]) -> list[dict]:
         measured, predicted = _requests(d, "measured"), _requests(d, "predicted")
         if set(measured.rid) != set(predicted.rid):
             _fail(f"{d}: the measured and predicted requests differ ({len(measured)} against {len(predicted)})")
-        path = Path(d) / "scenario.toml"
-        try:
-            scenario = load_scenario(path)
-        except ScenarioError as err:
-            _fail(str(err))
-        routed = on_measured_routing(scenario, str(path), measured)
+        routed = rep.get("measured_routing")
+        if routed is None:  # a run from before `granisim validate` did the re-run: do it from its scenario
+            path = Path(d) / "scenario.toml"
+            try:
+                scenario = load_scenario(path)
+            except ScenarioError as err:
+                _fail(str(err))
+            routed = on_measured_routing(scenario, str(path), measured)
         base = {"scenario": rep["scenario"], "router": rep["router"], "policy": rep["policy"], "model": rep["model"],
                 "profile": rep["profile"], "replicas": rep["num_replicas"], "machine": Path(d).resolve().parent.name,
                 "run": Path(d).name, "same_replica": same_replica(measured, predicted), "date": rep.get("date")}

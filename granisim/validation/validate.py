@@ -260,8 +260,9 @@ def validate_fleet(scenario, source: str, make_real, out: Path, progress: bool =
         "router": measured.router, "num_replicas": len(measured.replicas),
         **fleet, "targets": TARGETS, "idle": False, "idled_s": 0.0, "replicas": per,
     }
-    from granisim.validation.fleet_routing import on_measured_routing
+    from granisim.validation.fleet_routing import on_measured_routing, same_replica
 
+    report["same_replica"] = same_replica(mreq, sreq)  # how far the two routers agreed
     report["measured_routing"] = on_measured_routing(scenario, source, mreq, progress)
     if Path(source).is_file():  # what `granisim validation fleet-summary` re-runs on the measured routing
         (out / "scenario.toml").write_text(Path(source).read_text())
@@ -296,8 +297,8 @@ def _fleet_markdown(r: dict) -> str:
         lines += _section_lines(sec)
     mr = r.get("measured_routing")
     if mr:
-        lines += ["", f"## On the real fleet's routing ({mr['same_replica']:.0%} of the requests went to the same "
-                      "replica in both runs)", "",
+        lines += ["", f"## On the real fleet's routing (the simulated router sent {r['same_replica']:.0%} of the "
+                      "requests where the real one did)", "",
                   "The simulated fleet again, every request sent where the real router sent it: each replica "
                   "judged on the requests it served.", ""]
         for sec in [{"replica": "fleet", **mr["fleet"]}, *mr["replicas"]]:

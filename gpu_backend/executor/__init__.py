@@ -11,4 +11,8 @@ def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
                          "for a tiny model)")
-    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed, **options)
+    from granisim.kv.host_tier import host_tier_config
+
+    tier = host_tier_config(setup.scenario, setup.model)
+    return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed,
+                       host_tokens=tier.capacity_tokens if tier else 0, **options)

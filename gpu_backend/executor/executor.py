@@ -57,7 +57,8 @@ class GpuExecutor:
 
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
-                 hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None):
+                 hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None,
+                 host_tokens: int = 0):
         self.shape = shape
         self.device = torch.device(device)
         # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
@@ -69,7 +70,9 @@ class GpuExecutor:
         self.k_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.v_cache = [torch.zeros(kv_shape, dtype=self.w.dtype, device=self.device) for _ in range(shape.num_layers)]
         self.keep_logits = keep_logits
-        self.host_kv: HostKV | None = None  # host-tier K/V (transfers.py), made at the first plan that needs it
+        # host-tier K/V (transfers.py) for ``host_tokens`` host slots, allocated here: no step pays for it
+        self.host_kv = (HostKV(shape.num_layers, shape.n_kv_heads, shape.head_dim, self.w.dtype, self.device,
+                               host_tokens) if host_tokens else None)
         self.last_logits: dict[int, torch.Tensor] = {}
         self.arena = MetaArena(self.device)
         use_graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -132,8 +135,8 @@ class GpuExecutor:
             a = clock.mark()
             if plan.transfers:  # host tier: copies and transfers in the allocator's order (transfers.py)
                 if self.host_kv is None:
-                    self.host_kv = HostKV(self.shape.num_layers, self.shape.n_kv_heads, self.shape.head_dim,
-                                          self.w.dtype, self.device)
+                    raise ValueError("the plan moves KV to or from host, but this executor was built without a "
+                                     "host tier (host_tokens = 0)")
                 apply_copies_and_transfers(plan, self.k_cache, self.v_cache, self.host_kv)
             else:
                 self._apply_copies(plan)

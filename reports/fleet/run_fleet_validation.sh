@@ -17,7 +17,7 @@ LONGEST_S=${LONGEST_S:-200}
 source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT/scenarios"
 start=$(date +%s)
-for unit in 16384_hot_aware 16384_cache_aware 4096_hot_aware 4096_cache_aware 8192_hot_aware 8192_cache_aware; do
+for unit in ${UNITS:-16384_hot_aware 16384_cache_aware 4096_hot_aware 4096_cache_aware 8192_hot_aware 8192_cache_aware}; do
   [ -e "$OUT/$unit/validation.json" ] && continue
   if [ $(( CALL_S - ($(date +%s) - start) )) -lt "$LONGEST_S" ]; then
     echo "call budget used; run again with the same OUT"; exit 0

@@ -5,32 +5,33 @@
 #   bash reports/host_tier/run_validation.sh OUT [CALL_S]
 #
 # Llama-3.1-8B on one H200, 64 agent roles with 4K-token prefixes (256K prefix tokens against a KV budget of
-# KV_TOKENS, default 160,000: prefixes are evicted and come back), 600 requests at RATE req/s (default 12),
-# `granisim validate` with the h200-engine profile: granikv with the tier (HOT slabs and COLD pages to host),
-# granikv without it, token with it (pages). Each unit in OUT/<unit>/ (validation.json marks it done).
-# CALL_S: seconds this call may take (default 540); no unit starts unless LONGEST_S (default 200) still fits.
+# KV_TOKENS, default 160,000: prefixes are evicted and come back), NUM requests (default 450) at RATE req/s
+# (default 12), `granisim validate` with the h200-engine profile: granikv with the tier (HOST_GB of host memory,
+# default 40: every prefix fits; HOT slabs and COLD pages to host), token with it (pages), granikv without it.
+# Each unit in OUT/<unit>/ (validation.json marks it done).
+# CALL_S: seconds this call may take (default 540); no unit starts unless LONGEST_S (default 160) still fits.
 set -u
 OUT=${1:?usage: run_validation.sh OUT [CALL_S]}
 CALL_S=${2:-540}
-LONGEST_S=${LONGEST_S:-200}
+LONGEST_S=${LONGEST_S:-160}
 source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT/scenarios"
 start=$(date +%s)
-for unit in granikv_tier granikv_none token_tier; do
+for unit in granikv_tier token_tier granikv_none; do
   [ -e "$OUT/$unit/validation.json" ] && continue
   if [ $(( CALL_S - ($(date +%s) - start) )) -lt "$LONGEST_S" ]; then
     echo "call budget used; run again with the same OUT"; exit 0
   fi
   policy=${unit%%_*}; toml="$OUT/scenarios/host_tier_$unit.toml"
   tier=""
-  [ "${unit#*_}" = tier ] && tier=$'host_kv_gb = 64.0\n'
+  [ "${unit#*_}" = tier ] && tier="host_kv_gb = ${HOST_GB:-40}"$'\n'
   {
     printf 'name = "host_tier_%s"\nseed = 7\n[model]\nname = "llama-3.1-8b"\n' "$unit"
     printf '[hardware]\nprofile = "h200-engine"\nkv_budget_tokens = %s\n%s' "${KV_TOKENS:-160000}" "$tier"
     printf '[policy]\nname = "%s"\nhot_fraction = 0.3\n' "$policy"
     [ -n "$tier" ] && printf 'host_tier = "slabs+pages"\n'
-    printf '[workload]\nkind = "multi_agent"\nroles = 64\nprefix_len = 4096\nnum_requests = 600\nrate = %s\n' \
-      "${RATE:-12.0}"
+    printf '[workload]\nkind = "multi_agent"\nroles = 64\nprefix_len = 4096\nnum_requests = %s\nrate = %s\n' \
+      "${NUM:-450}" "${RATE:-12.0}"
   } > "$toml"
   t=$(date +%s)
   python3 -m granisim.cli validate "$toml" --out "$OUT/$unit" > "$OUT/$unit.log" 2>&1

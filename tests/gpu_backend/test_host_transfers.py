@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_backend.executor import GpuExecutor
+from gpu_backend.executor import for_setup
 from gpu_backend.executor.transfers import HostKV
 from granisim.config.scenario import parse_scenario
 from granisim.core.serving_loop import ServingLoop
@@ -33,7 +33,7 @@ def _run(policy: str, host_gb: float, tier: str, budget: int):
     if host_gb:
         changes["policy.host_tier"] = tier
     setup = prepare(parse_scenario(TINY).with_changes(**changes))
-    ex = GpuExecutor(setup.model, setup.kv_budget, device="cpu", seed=7)
+    ex = for_setup(setup, device="cpu")
     loop = ServingLoop(setup, ex, progress=False, keep_outputs=True)
     res = loop.run()
     assert all(r.status == "completed" for r in res.records)
@@ -55,7 +55,7 @@ def test_host_kv_moves_slab_and_pages_both_ways():
     k = [torch.arange(40 * 2 * 4, dtype=torch.float32).reshape(40, 2, 4) + 1000 * i for i in range(2)]
     v = [x + 0.5 for x in k]
     k0 = [x.clone() for x in k]
-    host = HostKV(2, 2, 4, torch.float32, torch.device("cpu"))
+    host = HostKV(2, 2, 4, torch.float32, torch.device("cpu"), 24)
     slab = KVTransfer("to_host", np.arange(8, 16), np.arange(0, 8), 8, True, 1)
     pages = KVTransfer("to_host", np.array([30, 3, 17]), np.array([20, 9, 11]), 3, False, 3)
     for t in (slab, pages):

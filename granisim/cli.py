@@ -248,6 +248,7 @@ VALIDATION_VERBS = {
     "clock-term": ("clock_term", "per-step errors by step size with and without a power/clock heat term"),
     "step-parts": ("step_parts", "predicted / measured time by step class and part: which steps a profile misprices"),
     "fleet-summary": ("fleet_summary", "the one-GPU fleet validation: fleet-wide and per-replica errors per run"),
+    "rebuild-plans": ("plans", "a run's plans.pkl rebuilt from its steps.parquet (the measured schedule replayed)"),
     "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
 }
 

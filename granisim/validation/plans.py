@@ -9,6 +9,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pandas as pd
+
 # module path in older plans.pkl files -> where the class lives now
 RENAMED = {"granisim.plan": "granisim.core.contract"}
 
@@ -21,3 +23,96 @@ class _Unpickler(pickle.Unpickler):
 def load_plans(path: Path) -> list:
     with open(path, "rb") as f:
         return _Unpickler(f).load()
+
+
+
+# ---- plans rebuilt from a run's per-step records --------------------------------------------------
+
+class PlanMismatch(ValueError):
+    """The scenario does not reproduce the measured run's schedule (another scenario, seed or code)."""
+
+
+class _Replay:
+    """An executor that gives back a measured run's steps in order (durations and parts) and checks that each
+    plan is the one the run executed (its batch size and token count)."""
+
+    needs_layouts = False
+    max_steps_per_plan = 1
+
+    def __init__(self, rows: pd.DataFrame, where: str):
+        self.rows, self.where, self.i = rows.reset_index(drop=True), where, 0
+
+    def execute(self, plan):
+        from granisim.core.contract import StepResult
+        from granisim.core.metrics import BREAKDOWN_KEYS
+
+        if self.i >= len(self.rows):
+            raise PlanMismatch(f"{self.where}: the rebuilt run has more steps than the {len(self.rows)} measured")
+        r = self.rows.iloc[self.i]
+        self.i += 1
+        if len(plan.requests) != r.batch or plan.num_tokens != r.tokens:
+            raise PlanMismatch(f"{self.where}, step {self.i}: the rebuilt plan has {len(plan.requests)} requests and "
+                               f"{plan.num_tokens} tokens, the measured step {int(r.batch)} and {int(r.tokens)}")
+        return StepResult(float(r.measured_s), {k: float(r[f"measured_{k}"]) for k in BREAKDOWN_KEYS})
+
+
+def rebuild_plans(scenario_path: Path, steps: pd.DataFrame) -> list:
+    """A validation run's plans (as ``validate`` stores them) rebuilt on the CPU from its ``steps.parquet``: the
+    scenario is served again with every step lasting what it measured, so the scheduler (and a fleet's router)
+    makes the same decisions. Every rebuilt plan is checked against its measured step (:class:`PlanMismatch`
+    when the schedule differs). A fleet run's steps carry ``replica`` and ``incarnation`` columns; runs with
+    faults (a replica's second incarnation) are not supported."""
+    from granisim.config.scenario import load_scenario
+    from granisim.validation.validate import PairedExecutor
+
+    scenario = load_scenario(scenario_path)
+    if scenario.fleet is None:
+        from granisim.core.serving_loop import ServingLoop
+        from granisim.experiments.run import prepare
+
+        setup = prepare(scenario)
+        execs = [PairedExecutor(_Replay(steps, str(scenario_path)), setup.profile, setup.model, idle=False)]
+        ServingLoop(setup, execs[0], progress=False).run()
+    else:
+        from granisim.fleet.build import simulate_fleet
+
+        if (steps.incarnation > 0).any():
+            raise PlanMismatch(f"{scenario_path}: a run with faults (replica incarnations) cannot be rebuilt")
+        execs = []
+
+        def make(setup):  # the fleet builds its replicas in order, once each without faults
+            k = len(execs)
+            execs.append(PairedExecutor(_Replay(steps[steps.replica == k], f"replica {k}"), setup.profile,
+                                        setup.model, idle=False))
+            return execs[-1]
+
+        simulate_fleet(scenario, str(scenario_path), make, progress=False)
+    done = sum(e.real.i for e in execs)
+    if done != len(steps):
+        raise PlanMismatch(f"{scenario_path}: the rebuilt run has {done} steps, the measured one {len(steps)}")
+    return [p for e in execs for p in e.plans]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """granisim validation rebuild-plans RUN_DIR [SCENARIO]: writes RUN_DIR/plans.pkl."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="granisim validation rebuild-plans",
+                                 description="rebuild a validation run's plans.pkl from its steps.parquet")
+    ap.add_argument("run", type=Path, help="the run's folder (steps.parquet; scenario.toml unless SCENARIO)")
+    ap.add_argument("scenario", type=Path, nargs="?", help="the scenario it ran (default RUN/scenario.toml)")
+    args = ap.parse_args(argv)
+    toml = args.scenario or args.run / "scenario.toml"
+    for f in (args.run / "steps.parquet", toml):
+        if not f.is_file():
+            print(f"{f}: no such file", file=sys.stderr)
+            return 2
+    try:
+        plans = rebuild_plans(toml, pd.read_parquet(args.run / "steps.parquet"))
+    except PlanMismatch as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    (args.run / "plans.pkl").write_bytes(pickle.dumps(plans))
+    print(f"{args.run / 'plans.pkl'}: {len(plans)} plans, each matching its measured step")
+    return 0

@@ -1,0 +1,91 @@
+"""A validation run's plans rebuilt from its per-step records (granisim.validation.plans.rebuild_plans)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from granisim.core.serving_loop import ServingLoop
+from granisim.config.scenario import load_scenario
+from granisim.costmodel.executor import CostExecutor
+from granisim.experiments.run import prepare
+from granisim.fleet.build import simulate_fleet
+from granisim.validation.plans import PlanMismatch, rebuild_plans
+from granisim.validation.validate import PairedExecutor
+
+TOML = """name = "tiny-rebuild"
+seed = 5
+[workload]
+kind = "multi_agent"
+roles = 4
+prefix_len = 512
+num_requests = 30
+rate = 30.0
+max_output_len = 16
+[scheduler]
+max_batch_tokens = 4096
+"""
+FLEET = TOML + '[fleet]\nreplicas = 3\nrouter = "cache_aware"\n'
+
+
+class Noisy:
+    """Stands in for the real engine: the cost model's step times, each off by a seeded factor, so that the
+    "measured" schedule is not the simulator's own."""
+
+    needs_layouts = False
+    max_steps_per_plan = 1
+
+    def __init__(self, setup, seed):
+        self.cost, self.rng = CostExecutor(setup.profile, setup.model), np.random.default_rng(seed)
+
+    def execute(self, plan):
+        r = self.cost.execute(plan)
+        return replace(r, duration_s=r.duration_s * float(self.rng.uniform(0.5, 2.0)))
+
+
+def _key(plans):
+    return [(p.step, tuple((r.rid, r.num_new) for r in p.requests)) for p in plans]
+
+
+def _measured(path, noisy=True):
+    """A run's steps frame and plans, as `validate` records them (replica columns for a fleet)."""
+    sc = load_scenario(path)
+    execs = []
+
+    def make(setup):
+        real = Noisy(setup, len(execs)) if noisy else CostExecutor(setup.profile, setup.model)
+        execs.append(PairedExecutor(real, setup.profile, setup.model, idle=False))
+        return execs[-1]
+
+    if sc.fleet is None:
+        ServingLoop(prepare(sc), make(prepare(sc)), progress=False).run()
+        rows = execs[0].rows
+    else:
+        simulate_fleet(sc, str(path), make, progress=False)
+        rows = [{"replica": k, "incarnation": 0, **r} for k, e in enumerate(execs) for r in e.rows]
+    return pd.DataFrame(rows), [p for e in execs for p in e.plans]
+
+
+@pytest.mark.parametrize("text", [TOML, FLEET], ids=["single", "fleet"])
+def test_rebuilt_plans_are_the_measured_runs(tmp_path, text):
+    """Replaying the measured step times gives back the run's own plans, also behind a router. The noise makes
+    the measured schedule differ from the cost model's (checked), so a rebuild that priced steps itself fails."""
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    steps, plans = _measured(path)
+    assert _key(_measured(path, noisy=False)[1]) != _key(plans), "the noise did not change the schedule"
+    assert _key(rebuild_plans(path, steps)) == _key(plans)
+
+
+def test_a_schedule_that_differs_is_refused(tmp_path):
+    """Steps given to the wrong replica (planted: replica labels rotated) or from another seed: PlanMismatch."""
+    path = tmp_path / "s.toml"
+    path.write_text(FLEET)
+    steps, _ = _measured(path)
+    with pytest.raises(PlanMismatch):
+        rebuild_plans(path, steps.assign(replica=(steps.replica + 1) % 3))
+    other = tmp_path / "o.toml"
+    other.write_text(FLEET.replace("seed = 5", "seed = 6"))
+    with pytest.raises(PlanMismatch):
+        rebuild_plans(other, steps)

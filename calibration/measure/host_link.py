@@ -50,8 +50,7 @@ def measure(layers: int, kv_heads: int, head_dim: int, lengths, *, device: str, 
     slots = 2 * max(lengths) + 16
     k = [torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=dev) for _ in range(layers)]
     v = [torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=dev) for _ in range(layers)]
-    host = HostKV(layers, kv_heads, head_dim, dtype, dev)
-    host.ensure(slots)
+    host = HostKV(layers, kv_heads, head_dim, dtype, dev, slots)
     per_token = 2 * layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
     rng = np.random.default_rng(0)
     rows = []

@@ -15,6 +15,31 @@ from .correction import storage_class
 from .operators import BREAKDOWN_KEYS
 
 
+def _ungrouped_rows(cols):
+    """(T, decode rows, their tokens read, their longest context, prefill row indices) of ungrouped
+    rows, as sums over the columns; None when a non-prefill row computes other than one token."""
+    pre, nn, ctx = cols.is_prefill, cols.num_new, cols.context_len
+    pidx = []
+    i = -1
+    if True in pre:
+        index = pre.index
+        try:
+            while True:
+                i = index(True, i + 1)
+                pidx.append(i)
+        except ValueError:
+            pass
+    n_dec = len(nn) - len(pidx)
+    if nn.count(1) - sum(1 for i in pidx if nn[i] == 1) != n_dec:
+        return None
+    if not pidx:
+        return len(nn), n_dec, sum(ctx) + n_dec, max(ctx) + 1, pidx
+    dec = ctx[:]
+    for i in reversed(pidx):
+        del dec[i]
+    return sum(nn), n_dec, sum(dec) + n_dec, max(dec) + 1 if dec else 0, pidx
+
+
 class StepPricing:
     """CostTables.step (needs the table's part times: linear, prefill, prefix pass, decode, merge, ...)."""
 
@@ -73,11 +98,12 @@ class StepPricing:
         cols = columns(plan.requests)
         n_req = len(cols)
         ctx_col = cols.context_len
-        if n_req and not plan.groups and True not in cols.is_prefill and cols.num_new.count(1) == n_req:
-            # decode only, no groups: every request reads its whole context (the loop below, as sums)
-            T = n_dec = n_req
-            tok = sum(ctx_col) + n_req
-            lmax = max(ctx_col) + 1
+        fast = _ungrouped_rows(cols) if n_req and not plan.groups else None
+        if fast is not None:  # no groups: every decode row reads its whole context (the loop below, as sums)
+            T, n_dec, tok, lmax, pidx = fast
+            if pidx:
+                reqs = plan.requests
+                prefill_reqs = [reqs[i] for i in pidx]
         else:
             for i, (ctx, nn, pre, g, s) in enumerate(zip(ctx_col, cols.num_new, cols.is_prefill, cols.group,
                                                          cols.shared_len)):

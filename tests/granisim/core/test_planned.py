@@ -89,3 +89,17 @@ def test_grouped_plans_price_the_same_as_columns(seed):
     reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
     assert groups
     assert _price(reqs, groups) == _price(columns(reqs), groups)
+
+
+def test_with_steps_is_replace():
+    """Every field of the plan but num_steps carried over (a field added to BatchPlan and not to
+    with_steps fails here)."""
+    import dataclasses
+
+    from granisim.core.contract import with_steps
+    from granisim.kv.hot_pool import KVCopy
+
+    plan = BatchPlan(7, "granikv", 16, random_requests(random.Random(0), 5), (), (KVCopy(1, 2, 3),), 1, ("t",))
+    assert set(f.name for f in dataclasses.fields(BatchPlan)) == {
+        "step", "policy", "page_size", "requests", "groups", "copies", "num_steps", "transfers"}
+    assert with_steps(plan, 4) == dataclasses.replace(plan, num_steps=4)

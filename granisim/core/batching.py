@@ -13,7 +13,8 @@ from collections.abc import Callable
 from itertools import repeat
 from dataclasses import dataclass, replace
 
-from granisim.core.contract import PLANNED_SETTERS, BatchPlan, PlannedRequest, PrefixGroup
+from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup
+from granisim.core.planned import PlannedRequests
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
 PathChooser = Callable[..., str]
@@ -97,29 +98,19 @@ class BatchBuilder:
             groups.append(PrefixGroup(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
                                       tuple(idx), len(idx) * self.group_size))
             private.append(own)
-        if group_of is None:
-            group_of, shared_of = repeat(-1), repeat(0)
         if self.needs_layouts:
-            reqs = [PlannedRequest(r.rid, r.computed, n, not r.decoding, g, sh, slots,
-                                   r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid))
-                    for (r, n, slots), g, sh in zip(work, group_of, shared_of)]
-        else:  # planned_request(r.rid, r.computed, n, not r.decoding, g, sh), inlined: one per request per plan
-            new, cls = object.__new__, PlannedRequest
-            s_rid, s_ctx, s_new, s_pre, s_grp, s_shr, s_slots, s_inp, s_lay = PLANNED_SETTERS
-            reqs = []
-            for (r, n, _), g, sh in zip(work, group_of, shared_of):
-                o = new(cls)
-                s_rid(o, r.rid)
-                s_ctx(o, r.computed)
-                s_new(o, n)
-                s_pre(o, not r.decoding)
-                s_grp(o, g)
-                s_shr(o, sh)
-                s_slots(o, None)
-                s_inp(o, None)
-                s_lay(o, None)
-                reqs.append(o)
-        plan = BatchPlan(step_id, alloc.policy, alloc.page_size, tuple(reqs), tuple(groups),
+            if group_of is None:
+                group_of, shared_of = repeat(-1), repeat(0)
+            reqs = tuple(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, sh, slots,
+                                        r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid))
+                         for (r, n, slots), g, sh in zip(work, group_of, shared_of))
+        else:  # columns, no PlannedRequest object per request per plan (they are built when read)
+            if group_of is None:
+                group_of, shared_of = [-1] * len(work), [0] * len(work)
+            rs = [w[0] for w in work]
+            reqs = PlannedRequests([r.rid for r in rs], [r.computed for r in rs], [w[1] for w in work],
+                                   [not r.decoding for r in rs], group_of, shared_of)
+        plan = BatchPlan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups),
                          tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:
             plan = self._cheapest_step(plan, private)

@@ -101,6 +101,13 @@ class BatchPlan:
         return sum(r.num_new for r in self.requests)
 
 
+def with_steps(plan: BatchPlan, num_steps: int) -> BatchPlan:
+    """``dataclasses.replace(plan, num_steps=num_steps)``, without its per-field introspection (the
+    serving loop makes one or two per fast-forwarded plan)."""
+    return BatchPlan(plan.step, plan.policy, plan.page_size, plan.requests, plan.groups, plan.copies, num_steps,
+                     plan.transfers)
+
+
 @dataclass(frozen=True, slots=True)
 class StepResult:
     duration_s: float  # all ``num_steps`` steps together

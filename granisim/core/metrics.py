@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from itertools import compress
+
 import numpy as np
 import pandas as pd
 
 from granisim.core.columns import PackedRows, pages
 from granisim.core.contract import BatchPlan, StepResult
+from granisim.core.planned import columns
 from granisim.core.request import RequestRecord, RequestRecords
 
 BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write",
@@ -39,7 +42,8 @@ class StepLog:
         return len(self._log) if self._log is not None else 0
 
     def record(self, start: float, plan: BatchPlan, result: StepResult, allocator) -> None:
-        prefill = [r.num_new for r in plan.requests if r.is_prefill]
+        cols = columns(plan.requests)
+        prefill = list(compress(cols.num_new, cols.is_prefill)) if True in cols.is_prefill else []
         paths = [g.path for g in plan.groups]
         occ = allocator.occupancy()
         if self._pools is None:
@@ -51,8 +55,8 @@ class StepLog:
         elif tuple(occ) != self._pools:
             raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
         bd = result.breakdown
-        self._log.append((plan.step, start, result.duration_s, plan.num_steps, len(plan.requests), sum(prefill),
-                          len(plan.requests) - len(prefill), paths.count("dense"), paths.count("cascade"),
+        self._log.append((plan.step, start, result.duration_s, plan.num_steps, len(cols), sum(prefill),
+                          len(cols) - len(prefill), paths.count("dense"), paths.count("cascade"),
                           paths.count("paged"), sum(x.length for x in plan.copies) if plan.copies else 0,
                           allocator.hit_rate, allocator.evictions, *(v for pair in occ.values() for v in pair),
                           *map(bd.get, self._keys, self._zeros)))

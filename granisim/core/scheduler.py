@@ -31,6 +31,7 @@ import numpy as np
 from granisim.kv.allocator import KVAllocator
 from granisim.core.batching import BatchBuilder, PathChooser, StepPricer
 from granisim.core.contract import BatchPlan, StepResult
+from granisim.core.planned import columns
 from granisim.core.request import Request, RequestRecords
 from granisim.core.workload import RequestSpec
 
@@ -236,11 +237,12 @@ class Scheduler:
         last = self._decode_plan
         if last is not None and last[0] is plan:
             decode, rids = last[1], last[2]
-        elif any(p.is_prefill for p in plan.requests):
-            return 1
         else:
-            decode = [self.running[p.rid] for p in plan.requests]
-            rids = [p.rid for p in plan.requests]
+            cols = columns(plan.requests)
+            if True in cols.is_prefill:
+                return 1
+            rids = cols.rid
+            decode = [self.running[rid] for rid in rids]
         k = min([r.output_len - r.generated for r in decode])
         k = min(k, max(1, self.alloc.available() // max(1, len(rids)) - self.alloc.page_size))
         while k > 1 and not self.alloc.can_grow(rids, k - 1):
@@ -250,7 +252,7 @@ class Scheduler:
     def extend_plan(self, plan: BatchPlan, steps: int) -> None:
         """Allocate the K/V slots of steps 2..``steps`` of a fast-forwarded decode plan."""
         last = self._decode_plan
-        rids = last[2] if last is not None and last[0] is plan else [p.rid for p in plan.requests]
+        rids = last[2] if last is not None and last[0] is plan else columns(plan.requests).rid
         if self.batch.needs_layouts:
             self.alloc.extend_all(rids, steps - 1)
         else:
@@ -262,8 +264,9 @@ class Scheduler:
         done = []
         running = self.running
         real = result.next_tokens if steps == 1 else None  # None: stand-in tokens (Request.advance)
-        for p in plan.requests:
-            r = running[p.rid]
+        cols = columns(plan.requests)
+        for rid, num_new in zip(cols.rid, cols.num_new):
+            r = running[rid]
             if r.decoding and (r.prefix_cached or not r.spec.shared_len):  # a decode step: nothing else changes
                 r.computed += steps
                 if real is None:  # r.advance(steps), inlined
@@ -276,7 +279,7 @@ class Scheduler:
                     self._finish(r, now)
                     done.append(r)
                 continue
-            r.computed += p.num_new
+            r.computed += num_new
             sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
             r.computed += steps - 1  # fast-forward: decode only, one token per step
             if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:

@@ -24,7 +24,6 @@ fast-forward block stops at the feed's next event (any arrival may be routed her
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from dataclasses import dataclass, field
 
@@ -36,7 +35,7 @@ from tqdm import tqdm
 from granisim.kv.allocator import make_allocator
 from granisim.kv.host_tier import host_tier_config
 from granisim.core.metrics import StepLog
-from granisim.core.contract import Executor
+from granisim.core.contract import Executor, with_steps
 from granisim.core.request import RequestRecord, RequestRecords
 from granisim.core.scheduler import Scheduler
 from granisim.core.workload import ArrivalQueue, InitialSpecs, Workload
@@ -194,7 +193,7 @@ class ServingLoop:
             steps = min(sched.fast_forward_limit(plan), ex.max_steps_per_plan) if ex.max_steps_per_plan > 1 else 1
             result = None
             if steps > 1:
-                block = ex.execute(dataclasses.replace(plan, num_steps=steps))
+                block = ex.execute(with_steps(plan, steps))
                 cut = self._steps_until_event(block.step_durations, steps)
                 result = block if cut == steps else None  # a block cut short by an event is priced again
                 steps = cut
@@ -203,11 +202,11 @@ class ServingLoop:
                 steps, result = yield from self._fleet_block(plan, steps, result)
                 if steps > 1:
                     sched.extend_plan(plan, steps)
-                    plan = dataclasses.replace(plan, num_steps=steps)
+                    plan = with_steps(plan, steps)
             else:
                 if steps > 1:
                     sched.extend_plan(plan, steps)
-                    plan = dataclasses.replace(plan, num_steps=steps)
+                    plan = with_steps(plan, steps)
                 result = result or ex.execute(plan)
                 yield env.timeout(result.duration_s)
             done = sched.postprocess(plan, result, env.now, steps)
@@ -254,7 +253,7 @@ class ServingLoop:
             self._in_block = False
         cum = np.cumsum(block.step_durations)
         k = int(min(steps, np.searchsorted(cum, env.now - start, side="left") + 1))
-        result = block if k == steps else self.executor.execute(dataclasses.replace(plan, num_steps=k))
+        result = block if k == steps else self.executor.execute(with_steps(plan, k))
         yield env.timeout(max(0.0, start + result.duration_s - env.now))
         return k, result
 

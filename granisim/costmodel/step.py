@@ -9,9 +9,35 @@ import numpy as np
 
 from granisim.config.coefficients import LINEAR_KNOTS
 from granisim.core.contract import BatchPlan, StepResult
+from granisim.core.planned import columns
 
 from .correction import storage_class
 from .operators import BREAKDOWN_KEYS
+
+
+def _ungrouped_rows(cols):
+    """(T, decode rows, their tokens read, their longest context, prefill row indices) of ungrouped
+    rows, as sums over the columns; None when a non-prefill row computes other than one token."""
+    pre, nn, ctx = cols.is_prefill, cols.num_new, cols.context_len
+    pidx = []
+    i = -1
+    if True in pre:
+        index = pre.index
+        try:
+            while True:
+                i = index(True, i + 1)
+                pidx.append(i)
+        except ValueError:
+            pass
+    n_dec = len(nn) - len(pidx)
+    if nn.count(1) - sum(1 for i in pidx if nn[i] == 1) != n_dec:
+        return None
+    if not pidx:
+        return len(nn), n_dec, sum(ctx) + n_dec, max(ctx) + 1, pidx
+    dec = ctx[:]
+    for i in reversed(pidx):
+        del dec[i]
+    return sum(nn), n_dec, sum(dec) + n_dec, max(dec) + 1 if dec else 0, pidx
 
 
 class StepPricing:
@@ -69,43 +95,54 @@ class StepPricing:
         shared_len = 0  # prefix tokens of paged-group members: in their lengths, streamed at shared_eff
         fresh = [True] * len(gpaged)  # a paged group's first member streams its prefix; the rest re-read it
         prefill_reqs = None
-        for r in plan.requests:
-            nn = r.num_new
-            T += nn
-            if nn == 1 and not r.is_prefill:
-                n_dec += 1
-                g = r.group
-                if g >= 0:
-                    s = r.shared_len
-                    c = r.context_len + 1 - s
-                    tok += c
-                    if gpaged[g]:
-                        f = 1.0 if fresh[g] else self.reread
-                        fresh[g] = False
-                        shared_eff += s * ginv[g] * f
-                        shared_raw += s * f
-                        shared_len += s
-                        c += s
+        cols = columns(plan.requests)
+        n_req = len(cols)
+        ctx_col = cols.context_len
+        fast = _ungrouped_rows(cols) if n_req and not plan.groups else None
+        if fast is not None:  # no groups: every decode row reads its whole context (the loop below, as sums)
+            T, n_dec, tok, lmax, pidx = fast
+            if pidx:
+                reqs = plan.requests
+                prefill_reqs = [reqs[i] for i in pidx]
+        else:
+            for i, (ctx, nn, pre, g, s) in enumerate(zip(ctx_col, cols.num_new, cols.is_prefill, cols.group,
+                                                         cols.shared_len)):
+                T += nn
+                if nn == 1 and not pre:
+                    n_dec += 1
+                    if g >= 0:
+                        c = ctx + 1 - s
+                        tok += c
+                        if gpaged[g]:
+                            f = 1.0 if fresh[g] else self.reread
+                            fresh[g] = False
+                            shared_eff += s * ginv[g] * f
+                            shared_raw += s * f
+                            shared_len += s
+                            c += s
+                        else:
+                            merge_rows += 1
+                            tok_s += c
+                            if c > lmax_s:
+                                lmax_s = c
+                            continue
                     else:
-                        merge_rows += 1
-                        tok_s += c
-                        if c > lmax_s:
-                            lmax_s = c
-                        continue
+                        c = ctx + 1
+                        tok += c
+                    if c > lmax:
+                        lmax = c
+                elif prefill_reqs is None:
+                    prefill_reqs = [i]
                 else:
-                    c = r.context_len + 1
-                    tok += c
-                if c > lmax:
-                    lmax = c
-            elif prefill_reqs is None:
-                prefill_reqs = [r]
-            else:
-                prefill_reqs.append(r)
+                    prefill_reqs.append(i)
+            if prefill_reqs is not None:
+                reqs = plan.requests
+                prefill_reqs = [reqs[i] for i in prefill_reqs]
         n = plan.num_steps
         if n > 1 and prefill_reqs is not None:
             raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
         linear = self.linear_time(T)
-        lm_head = self.lm_head_time(len(plan.requests))
+        lm_head = self.lm_head_time(n_req)
         if prefill_reqs and self.form == 2:
             attn_prefill = self.prefill_time(prefill_reqs, self.prefill_inv_eff(None, page_size),
                                              [self.prefill_inv_eff(g.storage, page_size) for g in plan.groups])
@@ -124,7 +161,7 @@ class StepPricing:
             kv_copy = 0.0
         # the host lists every KV slot a decode row reads: paged-group members' prefix pages too (host_work)
         host_tok = tok + shared_len
-        overhead = self._host(len(plan.requests), host_tok, len(passes))
+        overhead = self._host(n_req, host_tok, len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
         if self.engine:
             linear = self._in_engine("linear", linear, eager, offset=None if eager else self._linear_offset(T))
@@ -160,7 +197,7 @@ class StepPricing:
         # decode fast-forward
         copy = np.zeros(n)
         copy[0] = kv_copy
-        host = self._host(len(plan.requests), host_tok + n_dec * np.arange(n), len(passes))  # a token a step more
+        host = self._host(n_req, host_tok + n_dec * np.arange(n), len(passes))  # a token a step more
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
         durations = steps.tolist()
         total = 0.0

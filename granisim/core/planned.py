@@ -1,0 +1,71 @@
+"""A plan's requests as columns: :class:`PlannedRequests`, a sequence of :class:`PlannedRequest`.
+
+The batch builder makes one plan per step with every running request in it; building a frozen
+``PlannedRequest`` per request per plan was the largest single cost of a simulated step. The cost
+executor, the step log and the scheduler read the columns (plain lists, one value per request);
+indexing and iteration build the ``PlannedRequest`` objects on demand, equal to the ones the builder
+made before. Plans for executors that move data (slots, input tokens, layouts) keep a tuple.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from granisim.core.contract import PlannedRequest, planned_request
+
+
+class PlannedRequests(Sequence):
+    """Columns ``rid``, ``context_len``, ``num_new``, ``is_prefill``, ``group``, ``shared_len`` (lists
+    of equal length); ``new_slots``, ``input_tokens`` and ``layout`` are None for every request."""
+
+    __slots__ = ("rid", "context_len", "num_new", "is_prefill", "group", "shared_len")
+
+    def __init__(self, rid: list[int], context_len: list[int], num_new: list[int], is_prefill: list[bool],
+                 group: list[int], shared_len: list[int]):
+        self.rid, self.context_len, self.num_new = rid, context_len, num_new
+        self.is_prefill, self.group, self.shared_len = is_prefill, group, shared_len
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        return planned_request(self.rid[i], self.context_len[i], self.num_new[i], self.is_prefill[i],
+                               self.group[i], self.shared_len[i])
+
+    def __iter__(self):
+        return map(planned_request, self.rid, self.context_len, self.num_new, self.is_prefill, self.group,
+                   self.shared_len)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (PlannedRequests, tuple)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other):
+        return tuple(self) + tuple(other)
+
+    def __radd__(self, other):
+        return tuple(other) + tuple(self)
+
+    def __repr__(self) -> str:
+        return f"PlannedRequests({list(self)!r})"
+
+
+def columns(requests: Sequence[PlannedRequest]) -> PlannedRequests:
+    """``requests`` as columns (itself when it is already)."""
+    if isinstance(requests, PlannedRequests):
+        return requests
+    return PlannedRequests([r.rid for r in requests], [r.context_len for r in requests],
+                           [r.num_new for r in requests], [r.is_prefill for r in requests],
+                           [r.group for r in requests], [r.shared_len for r in requests])
+
+
+def is_plain(requests: Sequence[PlannedRequest]) -> bool:
+    """True when no request carries slots, input tokens or a layout (columns lose nothing)."""
+    return isinstance(requests, PlannedRequests) or all(
+        r.new_slots is None and r.input_tokens is None and r.layout is None for r in requests)

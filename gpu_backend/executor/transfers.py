@@ -63,14 +63,6 @@ class HostKV:
         self.slab_copies = 0
         self.page_copies = 0
 
-    def close(self) -> None:
-        """Unpin the buffers (the process exiting does the same)."""
-        if self.pin and self.k is not None:
-            self.stream.synchronize()
-            for t in (self.k, self.v):
-                torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
-            self.k = self.v = None
-
     def move(self, t, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]) -> None:
         """One transfer, every layer: a slice copy when both sides are runs, else by index."""
         gpu, host = np.asarray(t.gpu_slots, np.int64), np.asarray(t.host_slots, np.int64)

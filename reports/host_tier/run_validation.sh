@@ -17,7 +17,7 @@ LONGEST_S=${LONGEST_S:-160}
 source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT/scenarios"
 start=$(date +%s)
-for unit in granikv_tier token_tier granikv_none; do
+for unit in ${UNITS:-granikv_tier token_tier granikv_none}; do
   [ -e "$OUT/$unit/validation.json" ] && continue
   if [ $(( CALL_S - ($(date +%s) - start) )) -lt "$LONGEST_S" ]; then
     echo "call budget used; run again with the same OUT"; exit 0

@@ -9,11 +9,11 @@
 # (default 12), `granisim validate` with the h200-engine profile: granikv with the tier (HOST_GB of host memory,
 # default 40: every prefix fits; HOT slabs and COLD pages to host), token with it (pages), granikv without it.
 # Each unit in OUT/<unit>/ (validation.json marks it done).
-# CALL_S: seconds this call may take (default 540); no unit starts unless LONGEST_S (default 160) still fits.
+# CALL_S: seconds this call may take (default 540); no unit starts unless LONGEST_S (default 300: a unit with the tier) still fits.
 set -u
 OUT=${1:?usage: run_validation.sh OUT [CALL_S]}
 CALL_S=${2:-540}
-LONGEST_S=${LONGEST_S:-160}
+LONGEST_S=${LONGEST_S:-300}
 source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT/scenarios"
 start=$(date +%s)

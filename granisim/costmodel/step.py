@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+from itertools import compress
+from operator import not_
 
 import numpy as np
 
@@ -19,24 +21,13 @@ def _ungrouped_rows(cols):
     """(T, decode rows, their tokens read, their longest context, prefill row indices) of ungrouped
     rows, as sums over the columns; None when a non-prefill row computes other than one token."""
     pre, nn, ctx = cols.is_prefill, cols.num_new, cols.context_len
-    pidx = []
-    i = -1
-    if True in pre:
-        index = pre.index
-        try:
-            while True:
-                i = index(True, i + 1)
-                pidx.append(i)
-        except ValueError:
-            pass
+    pidx = list(compress(range(len(pre)), pre)) if True in pre else []
     n_dec = len(nn) - len(pidx)
     if nn.count(1) - sum(1 for i in pidx if nn[i] == 1) != n_dec:
         return None
     if not pidx:
         return len(nn), n_dec, sum(ctx) + n_dec, max(ctx) + 1, pidx
-    dec = ctx[:]
-    for i in reversed(pidx):
-        del dec[i]
+    dec = list(compress(ctx, map(not_, pre)))
     return sum(nn), n_dec, sum(dec) + n_dec, max(dec) + 1 if dec else 0, pidx
 
 
@@ -94,17 +85,14 @@ class StepPricing:
         shared_eff = shared_raw = 0.0
         shared_len = 0  # prefix tokens of paged-group members: in their lengths, streamed at shared_eff
         fresh = [True] * len(gpaged)  # a paged group's first member streams its prefix; the rest re-read it
-        prefill_reqs = None
         cols = columns(plan.requests)
         n_req = len(cols)
         ctx_col = cols.context_len
         fast = _ungrouped_rows(cols) if n_req and not plan.groups else None
         if fast is not None:  # no groups: every decode row reads its whole context (the loop below, as sums)
             T, n_dec, tok, lmax, pidx = fast
-            if pidx:
-                reqs = plan.requests
-                prefill_reqs = [reqs[i] for i in pidx]
         else:
+            pidx = []
             for i, (ctx, nn, pre, g, s) in enumerate(zip(ctx_col, cols.num_new, cols.is_prefill, cols.group,
                                                          cols.shared_len)):
                 T += nn
@@ -131,13 +119,9 @@ class StepPricing:
                         tok += c
                     if c > lmax:
                         lmax = c
-                elif prefill_reqs is None:
-                    prefill_reqs = [i]
                 else:
-                    prefill_reqs.append(i)
-            if prefill_reqs is not None:
-                reqs = plan.requests
-                prefill_reqs = [reqs[i] for i in prefill_reqs]
+                    pidx.append(i)
+        prefill_reqs = [plan.requests[i] for i in pidx] if pidx else None
         n = plan.num_steps
         if n > 1 and prefill_reqs is not None:
             raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")

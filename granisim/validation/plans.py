@@ -25,7 +25,6 @@ def load_plans(path: Path) -> list:
         return _Unpickler(f).load()
 
 
-
 # ---- plans rebuilt from a run's per-step records --------------------------------------------------
 
 class PlanMismatch(ValueError):

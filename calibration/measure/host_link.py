@@ -1,11 +1,14 @@
 """Section `host_link`: the host link of a host KV tier, slab vs page-granular transfer of the same prefix.
 
 For prefixes of L tokens (every layer's K and V rows of the model), times moving them GPU -> host and back
-(a) as one slice copy per layer (a HOT slab: both sides contiguous) and (b) as page-granular gathers (page
-size 1 and 16, slots scattered on both sides) through ``gpu_backend.executor.transfers.HostKV``, the code the
-real engine runs. Rows: direction, kind, page, tokens, bytes, pieces, median_us, GB/s. :func:`fit` turns them
-into the profile's ``host.link_bandwidth`` and ``host.copy_launch_s`` (least squares of ``t = fixed + bytes / bw``
-over the slab rows) and ``host.page_copy_s`` with each direction's page bandwidth (the page rows).
+through ``gpu_backend.executor.transfers.HostKV``, the code the real engine runs: (a) a HOT slab (GPU slots
+one run, host slots one run: one copy across the link a staging chunk), (b) pages of 1 and 16 tokens scattered
+on the GPU into one run of host slots (what a write-back of a fresh prefix gets), and (c) pages of 16 scattered
+on both sides (a host tier whose free slots are fragmented: one copy per page). Rows: direction, kind, page,
+host_run, tokens, bytes, pieces (copies across the link: runs of host slots), median_us, GB/s. :func:`fit`
+turns them into the profile's ``host.link_bandwidth`` and ``host.copy_launch_s`` (least squares of
+``t = fixed + bytes / bw`` over the slab rows) and ``host.page_copy_s`` with each direction's page bandwidth
+(the page rows).
 
     python -m calibration.measure.host_link --out RAW [--model llama-3.1-8b] [--smoke]
 
@@ -27,7 +30,7 @@ from gpu_backend.executor.transfers import HostKV
 from granisim.config.models import get_model
 from granisim.kv.host_tier import KVTransfer
 
-FIELDS = ["direction", "kind", "page", "tokens", "bytes", "pieces", "median_us", "gb_per_s"]
+FIELDS = ["direction", "kind", "page", "host_run", "tokens", "bytes", "pieces", "median_us", "gb_per_s"]
 
 
 def _time(fn, reps: int, cuda: bool) -> float:
@@ -55,18 +58,21 @@ def measure(layers: int, kv_heads: int, head_dim: int, lengths, *, device: str, 
     rng = np.random.default_rng(0)
     rows = []
     for n in lengths:
-        cases = [("slab", 0, np.arange(n), np.arange(n))]
-        for p in pages:
+        cases = [("slab", 0, n, np.arange(n), np.arange(n))]
+        for p, run in [(p, n) for p in pages] + [(pages[-1], pages[-1])]:
             n_pages = -(-n // p)
             order = rng.permutation(slots // p)[:n_pages]
             idx = (order[:, None] * p + np.arange(p)).reshape(-1)[:n]
-            cases.append(("pages", p, idx, rng.permutation(slots)[:n]))
-        for kind, p, g, h in cases:
+            runs = 2 * rng.permutation(slots // (2 * run))[: -(-n // run)]  # every other run: none adjacent
+            h = (runs[:, None] * run + np.arange(run)).reshape(-1)[:n]
+            cases.append(("pages", p, run, idx, h))
+        for kind, p, run, g, h in cases:
+            pieces = 1 + int(np.count_nonzero(np.diff(h) != 1))
             for direction in ("to_host", "to_gpu"):
-                t = KVTransfer(direction, g, h, n * per_token, kind == "slab", 1 if kind == "slab" else -(-n // p))
+                t = KVTransfer(direction, g, h, n * per_token, kind == "slab", pieces)
                 s = _time(lambda: host.move(t, k, v), reps, cuda)
-                rows.append(dict(direction=direction, kind=kind, page=p, tokens=n, bytes=n * per_token,
-                                 pieces=t.pieces, median_us=s * 1e6, gb_per_s=n * per_token / s / 1e9))
+                rows.append(dict(direction=direction, kind=kind, page=p, host_run=run, tokens=n, bytes=n * per_token,
+                                 pieces=pieces, median_us=s * 1e6, gb_per_s=n * per_token / s / 1e9))
     return rows
 
 

@@ -96,7 +96,13 @@ class GpuExecutor:
                     graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
-                    hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats())
+                    hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats(),
+                    **self._host_stats())
+
+    def _host_stats(self) -> dict:
+        h = self.host_kv
+        return {} if h is None else dict(host_slab_copies=h.slab_copies, host_page_copies=h.page_copies,
+                                         host_link_copies=h.host_copies)
 
     def idle(self, seconds: float) -> None:
         """Wait out a gap between arrivals in wall-clock time (the serving loop calls this when it has no

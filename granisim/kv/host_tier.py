@@ -48,8 +48,9 @@ class KVTransfer:
     """One copy between GPU KV slots and host KV slots (a plan item).
 
     ``direction`` 'to_host' (write-back at eviction) or 'to_gpu' (prefetch at admission);
-    ``gpu_slots[i]`` and ``host_slots[i]`` hold the same token; ``contiguous``: one copy of a
-    slab, else ``pieces`` page-granular gathers."""
+    ``gpu_slots[i]`` and ``host_slots[i]`` hold the same token; ``contiguous``: a HOT slab moved
+    as one copy, else gathered on the GPU and moved as ``pieces`` copies (one per run of
+    consecutive host slots)."""
 
     direction: str
     gpu_slots: np.ndarray
@@ -198,18 +199,21 @@ class HostTier:
         m = self.index.match_prefix(tokens, max_len)
         return m.length, path_slots(m.node) if m.length else np.empty(0, np.int64), m.node
 
-    def prefetch(self, gpu_slots: np.ndarray, host_slots: np.ndarray, contiguous: bool) -> None:
-        self._push("to_gpu", gpu_slots, host_slots, contiguous)
+    def prefetch(self, gpu_slots: np.ndarray, host_slots: np.ndarray, slab: bool) -> None:
+        self._push("to_gpu", gpu_slots, host_slots, slab)
         self.bytes_prefetched += int(gpu_slots.size) * self.cfg.bytes_per_token
         self.prefetches += 1
         self.prefetch_tokens += int(gpu_slots.size)
 
-    def _push(self, direction: str, gpu: np.ndarray, host: np.ndarray, contiguous: bool) -> None:
-        gpu = np.asarray(gpu, np.int64).copy()
-        pieces = 1 if contiguous else -(-gpu.size // self.page_size)
-        self._queue.append(KVTransfer(direction, gpu, np.asarray(host, np.int64).copy(),
-                                      int(gpu.size) * self.cfg.bytes_per_token, contiguous, pieces,
-                                      self.copies_queued()))
+    def _push(self, direction: str, gpu: np.ndarray, host: np.ndarray, slab: bool) -> None:
+        """Queue one copy; ``slab``: the GPU side is one HOT slab. The engine moves each run of consecutive
+        host slots as one copy across the link (gpu_backend/executor/transfers.py): those runs are the
+        transfer's ``pieces``, and a slab that lands in one run is a ``contiguous`` copy."""
+        gpu, host = np.asarray(gpu, np.int64).copy(), np.asarray(host, np.int64).copy()
+        runs = 1 + int(np.count_nonzero(np.diff(host) != 1)) if host.size else 0
+        contiguous = slab and runs == 1
+        self._queue.append(KVTransfer(direction, gpu, host, int(gpu.size) * self.cfg.bytes_per_token, contiguous,
+                                      1 if contiguous else runs, self.copies_queued()))
 
     def take(self) -> list[KVTransfer]:
         out, self._queue = self._queue, []

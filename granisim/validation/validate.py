@@ -161,6 +161,8 @@ def validate(setup, gpu_executor, out: Path, progress: bool = True, idle: bool =
         # idle: the engine waited out the gaps between arrivals in wall-clock time (idled_s in all)
         "idle": paired.idle_on, "idled_s": round(paired.idled_s, 3),
     }
+    if hasattr(gpu_executor, "stats"):
+        report["executor"] = gpu_executor.stats()
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "validation.md").write_text(_markdown(report))
     _plots(steps, measured, simulated, out)

@@ -12,6 +12,9 @@ def test_smoke_on_cpu(tmp_path):
     assert kinds == {(k, p, d) for k, p in (("slab", "0"), ("pages", "1"), ("pages", "16"))
                      for d in ("to_host", "to_gpu")}
     assert all(float(r["gb_per_s"]) > 0 for r in rows)
+    # pages into one run of host slots are one copy; pages into scattered runs of 16 are one copy each
+    for r in rows:
+        assert int(r["pieces"]) == (1 if int(r["host_run"]) == int(r["tokens"]) else -(-int(r["tokens"]) // 16))
 
 
 def test_fit_recovers_a_known_link():

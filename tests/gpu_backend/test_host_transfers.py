@@ -51,22 +51,29 @@ def test_prefetched_prefix_gives_the_same_tokens(policy, tier, budget, kind):
     assert on == off
 
 
-def test_host_kv_moves_slab_and_pages_both_ways():
+@pytest.mark.parametrize("chunk", [2, 3, 64])
+def test_host_kv_moves_slab_and_pages_both_ways(chunk):
+    """Rows come back where they were, through a staging buffer of ``chunk`` tokens (smaller than a transfer:
+    chunks and runs of host slots cut each other), and each run of host slots is one copy."""
     k = [torch.arange(40 * 2 * 4, dtype=torch.float32).reshape(40, 2, 4) + 1000 * i for i in range(2)]
     v = [x + 0.5 for x in k]
-    k0 = [x.clone() for x in k]
-    host = HostKV(2, 2, 4, torch.float32, torch.device("cpu"), 24)
-    slab = KVTransfer("to_host", np.arange(8, 16), np.arange(0, 8), 8, True, 1)
-    pages = KVTransfer("to_host", np.array([30, 3, 17]), np.array([20, 9, 11]), 3, False, 3)
-    for t in (slab, pages):
-        host.move(t, k, v)
+    k0, v0 = [x.clone() for x in k], [x.clone() for x in v]
+    per_token = 2 * 2 * 2 * 4 * 4  # K and V, 2 layers, 2 heads, 4 dims, fp32
+    host = HostKV(2, 2, 4, torch.float32, torch.device("cpu"), 24, stage_bytes=chunk * per_token)
+    assert host.chunk == min(chunk, 24)
+    gpu_pages, host_pages = np.array([30, 3, 17, 5, 6]), np.array([20, 21, 9, 10, 11])  # host: runs of 2 and 3
+    moves = [(np.arange(8, 16), np.arange(0, 8), True), (gpu_pages, host_pages, False)]
+    for g, h, slab in moves:
+        host.move(KVTransfer("to_host", g, h, g.size, slab, 1), k, v)
     for x in k + v:
         x.zero_()
-    back = [KVTransfer("to_gpu", np.arange(8, 16), np.arange(0, 8), 8, True, 1),
-            KVTransfer("to_gpu", np.array([30, 3, 17]), np.array([20, 9, 11]), 3, False, 3)]
-    for t in back:
-        host.move(t, k, v)
-    idx = np.r_[8:16, 30, 3, 17]
-    for a, b in zip(k, k0):
+    for g, h, slab in moves:
+        host.move(KVTransfer("to_gpu", g, h, g.size, slab, 1), k, v)
+    idx = np.r_[8:16, gpu_pages]
+    for a, b in zip(k + v, k0 + v0):
         assert torch.equal(a[idx], b[idx])
+        assert not a[np.setdiff1d(np.arange(40), idx)].any()
     assert (host.slab_copies, host.page_copies) == (2, 2)
+    chunks = lambda n: -(-n // host.chunk)  # noqa: E731
+    per_way = chunks(8) + (2 if chunk >= 5 else 3)  # pages: chunk 2 cuts [0,2) [2,4) [4]; 3 cuts [0,2) [2,3) [3,5)
+    assert host.host_copies == 2 * per_way

@@ -93,7 +93,8 @@ def test_token_policy_moves_pages():
         cached = alloc.admit(2, p, 512)
         back = alloc.take_transfers()
         assert cached == back[0].tokens and back[0].direction == "to_gpu" and not back[0].contiguous
-        assert back[0].pieces == -(-cached // alloc.page_size)
+        runs = 1 + int(np.count_nonzero(np.diff(back[0].host_slots) != 1))
+        assert back[0].pieces == runs
         assert cached >= 512 - alloc.page_size and alloc.radix.match_prefix(p).length >= cached
 
 

@@ -4,7 +4,7 @@
 #
 #   bash reports/host_tier/run_validation.sh OUT [CALL_S]
 #
-# Llama-3.1-8B on one H200, 64 agent roles with 4K-token prefixes (256K prefix tokens against a KV budget of
+# Llama-3.1-8B on one H200, ROLES (default 64) agent roles with 4K-token prefixes (256K prefix tokens against a KV budget of
 # KV_TOKENS, default 160,000: prefixes are evicted and come back), NUM requests (default 450) at RATE req/s
 # (default 12), `granisim validate` with the h200-engine profile: granikv with the tier (HOST_GB of host memory,
 # default 40: every prefix fits; HOT slabs and COLD pages to host), token with it (pages), granikv without it.
@@ -30,8 +30,8 @@ for unit in ${UNITS:-granikv_tier token_tier granikv_none}; do
     printf '[hardware]\nprofile = "h200-engine"\nkv_budget_tokens = %s\n%s' "${KV_TOKENS:-160000}" "$tier"
     printf '[policy]\nname = "%s"\nhot_fraction = 0.3\n' "$policy"
     [ -n "$tier" ] && printf 'host_tier = "slabs+pages"\n'
-    printf '[workload]\nkind = "multi_agent"\nroles = 64\nprefix_len = 4096\nnum_requests = %s\nrate = %s\n' \
-      "${NUM:-450}" "${RATE:-12.0}"
+    printf '[workload]\nkind = "multi_agent"\nroles = %s\nprefix_len = 4096\nnum_requests = %s\nrate = %s\n' \
+      "${ROLES:-64}" "${NUM:-450}" "${RATE:-12.0}"
   } > "$toml"
   t=$(date +%s)
   python3 -m granisim.cli validate "$toml" --out "$OUT/$unit" > "$OUT/$unit.log" 2>&1

@@ -250,6 +250,7 @@ VALIDATION_VERBS = {
     "fleet-summary": ("fleet_summary", "the one-GPU fleet validation: fleet-wide and per-replica errors per run"),
     "rebuild-plans": ("plans", "a run's plans.pkl rebuilt from its steps.parquet (the measured schedule replayed)"),
     "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
+    "rescore": ("rescore", "a granisim validate run judged again with the current cost model and a profile"),
 }
 
 

@@ -199,6 +199,16 @@ ENGINE_HOST_OVERLAP = {"value": 0.0, "unit": "", "source": {
             "the compute stream waits for before the layers",
     "how": "by construction: the engine hides none of its copies (h200 keeps 0.8 for an engine that loads KV layer "
            "by layer beside compute); measure when the engine overlaps them"}}
+ENGINE_HOST_DUPLEX = {"value": 0.0, "unit": "", "source": {
+    "kind": "measured",
+    "date": "2026-12-03",
+    "command": "granisim validation rescore RAW/host_tier/machineR/k64/token_tier (reports/host_tier/README.md)",
+    "gpu": "NVIDIA H200",
+    "commit": "14b46f5",
+    "note": "the engine runs both directions' copies on one side stream (gpu_backend/executor/transfers.py): in "
+            "the 254 steps of a serving run that moved KV, 135 of them both ways, the measured copy time (5.48 s) "
+            "is the sum of the two directions' priced times (5.32 s), not the slower one (4.07 s); per-step median "
+            "error 5.8% against 27%"}}
 
 
 def with_engine(profile: HardwareProfile, values: dict[str, float], source: Source) -> HardwareProfile:

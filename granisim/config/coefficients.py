@@ -150,7 +150,8 @@ PARALLEL_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
 # The host link of a host-memory KV tier (granisim/kv/host_tier.py, [hardware] host_kv_gb > 0); priced by
 # granisim/costmodel/transfers.py. A contiguous copy (a HOT slab) takes copy_launch_s + bytes / link_bandwidth;
 # a page-granular one (COLD / token / paged pages, gathered as HiCache does) pieces * page_copy_s + bytes /
-# page_bandwidth_<direction> (0: link_bandwidth). Copies run on a copy stream: up to `overlap` of the step's compute hides them. Defaults:
+# page_bandwidth_<direction> (0: link_bandwidth). The two directions' copies overlap by `duplex`, and up to `overlap`
+# of the step's compute hides the copy stream. Defaults:
 # PCIe Gen5 x16 (the h200 profile's extrapolated figures) until a GPU run measures them.
 HOST_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "host.link_bandwidth": ("B/s", "pos", 55e9),
@@ -159,6 +160,8 @@ HOST_COEFFICIENTS: dict[str, tuple[str, str, float]] = {
     "host.page_bandwidth_to_gpu": ("B/s", "nonneg", 0.0),
     "host.page_bandwidth_to_host": ("B/s", "nonneg", 0.0),
     "host.overlap": ("", "share", 0.8),  # 0: no copy hidden (an engine that serializes them)
+    # 1: copies to the GPU and to the host run at once (a full-duplex link, two copy streams); 0: one after another
+    "host.duplex": ("", "share", 1.0),
 }
 OPTIONAL_COEFFICIENTS = {**KERNEL_MODEL_COEFFICIENTS, **ENGINE_DEFAULTS, **PARALLEL_COEFFICIENTS,
                          **HOST_COEFFICIENTS}

@@ -2,10 +2,10 @@
 
 One copy: ``host.copy_launch_s + bytes / host.link_bandwidth`` when contiguous (a HOT slab), else
 ``pieces * host.page_copy_s + bytes / host.page_bandwidth_<direction>`` (page-granular gathers; a page
-bandwidth of 0 stands for the link's). Copies to the
-GPU and to the host use the link's two directions at once; each direction's copies run one after
-another on a copy stream. Up to ``host.overlap`` of the step's compute hides the copy stream; the
-rest lengthens the step (breakdown key ``host_copy``).
+bandwidth of 0 stands for the link's). Each direction's copies run one after another; the two
+directions overlap by ``host.duplex`` (1: the link's two directions at once, the slower one sets the
+time; 0: one copy stream for both, their sum). Up to ``host.overlap`` of the step's compute hides the
+copy stream; the rest lengthens the step (breakdown key ``host_copy``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ def copy_seconds(nbytes: int, contiguous: bool, pieces: int, profile: HardwarePr
 
 
 def copy_stream_seconds(transfers, profile: HardwareProfile) -> float:
-    """The copy stream's time: the slower of the two directions."""
+    """The copy stream's time: the slower direction, plus the faster one's share that does not overlap."""
     per = {"to_gpu": 0.0, "to_host": 0.0}
     for t in transfers:
         per[t.direction] += copy_seconds(t.nbytes, t.contiguous, t.pieces, profile, t.direction)
-    return max(per.values())
+    slow, fast = max(per.values()), min(per.values())
+    return slow + (1.0 - profile["host.duplex"]) * fast
 
 
 def exposed_seconds(copy_s: float, compute_s: float, profile: HardwareProfile) -> float:

@@ -28,7 +28,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 
 from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name, validation_scenario
-from granisim.calibration.engine_fit import ENGINE_HOST_OVERLAP, fit, host_work, unit_of, with_engine
+from granisim.calibration.engine_fit import ENGINE_HOST_DUPLEX, ENGINE_HOST_OVERLAP, fit, host_work, unit_of, with_engine
 from granisim.config.hardware import PROFILE_DIR, Source, get_profile
 from granisim.config.models import get_model
 from granisim.core.metrics import requests_frame, summarize
@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
                                                     "note": source.note}}
         doc["coefficients"].update(kept)
         doc["coefficients"]["host.overlap"] = ENGINE_HOST_OVERLAP
+        doc["coefficients"]["host.duplex"] = ENGINE_HOST_DUPLEX
         args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
 
 

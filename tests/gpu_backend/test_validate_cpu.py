@@ -150,3 +150,27 @@ def test_summary_has_one_record_per_combination(tmp_path, capsys):
             assert r["met"] == (r["error"] <= r["target"])
         assert r["idle"] is False
     assert any(r["target"] is None for r in recs) and any(r["met"] is not None for r in recs)
+
+
+def test_rescore_reproduces_the_report_and_follows_the_profile(tmp_path, capsys):
+    """`granisim validation rescore` on a fresh run with the run's own profile gives back the report's per-step
+    and end-to-end errors; with another profile the predictions move and the measured figures do not.
+    Planted: rescore pricing with the scenario's profile whatever --profile says fails the second half."""
+    from granisim.validation.rescore import rescore
+
+    out, rep, _ = validate_on_cpu(tmp_path, 'name = "tiny"\n[model]\nname = "tiny"\n[hardware]\nkv_budget_tokens = 512\n'
+                                  "[workload]\nroles = 1\nprefix_len = 24\nnum_requests = 3\nrate = 100.0\n"
+                                  "suffix_scale = 0.01\nmax_output_len = 3\n")
+    sc = tmp_path / "scenario.toml"
+    same = rescore(out, sc)
+    assert same["step_errors"] == rep["step_errors"]
+    for k, e in rep["end_to_end"].items():
+        assert same["end_to_end"][k]["predicted"] == pytest.approx(e["predicted"], rel=1e-12), k
+    other = rescore(out, sc, "h200")
+    assert other["profile"] == "h200" != rep["profile"]
+    assert other["end_to_end"]["throughput_rps"]["measured"] == rep["end_to_end"]["throughput_rps"]["measured"]
+    assert other["end_to_end"]["tpot_p50_s"]["predicted"] != pytest.approx(rep["end_to_end"]["tpot_p50_s"]["predicted"])
+    assert main(["validation", "rescore", str(out), "--scenario", str(sc), "--out", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())[0]["step_errors"] == rep["step_errors"]
+    assert main(["validation", "rescore", str(tmp_path)]) == 2  # no run there, no scenario beside it
+    assert "no" in capsys.readouterr().err

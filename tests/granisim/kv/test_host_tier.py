@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 import sys
 
 import numpy as np
@@ -151,6 +152,20 @@ def test_slab_copy_is_cheaper_than_pages_and_overlap_hides_it():
     assert exposed_seconds(slab, 0.0, prof) == pytest.approx(slab)
 
 
+def test_one_copy_stream_adds_the_directions():
+    """h200-engine's engine runs both directions on one stream (host.duplex = 0): their sum; half duplex: half
+    of the faster direction overlaps."""
+    eng = get_profile("h200-engine")
+    assert eng["host.duplex"] == 0.0 and get_profile("h200")["host.duplex"] == 1.0
+    t = [KVTransfer("to_gpu", np.arange(4), np.arange(4), 1 << 28, True, 1),
+         KVTransfer("to_host", np.arange(4), np.arange(4), 1 << 27, False, 3)]
+    a, b = (copy_seconds(x.nbytes, x.contiguous, x.pieces, eng, x.direction) for x in t)
+    assert copy_stream_seconds(t, eng) == pytest.approx(a + b)
+    c = eng.coefficients["host.duplex"]
+    half = replace(eng, coefficients={**eng.coefficients, "host.duplex": replace(c, value=0.5)})
+    assert copy_stream_seconds(t, half) == pytest.approx(max(a, b) + 0.5 * min(a, b))
+
+
 def test_old_profiles_load_with_defaults():
     prof = get_profile("h100-sxm")  # no host link measured there: the defaults, page gathers at the link's rate
     assert prof["host.link_bandwidth"] > 0 and 0 < prof["host.overlap"] <= 1
@@ -212,7 +227,8 @@ def test_the_step_log_keeps_the_host_copy_time():
     from granisim.core.metrics import BREAKDOWN_KEYS
     from granisim.experiments.run import prepare, simulate
 
-    base = {"seed": 3, "hardware": {"profile": "h200", "kv_budget_tokens": 6000},
+    # h200-engine: no copy hidden behind compute, so every step that moves KV shows it
+    base = {"seed": 3, "hardware": {"profile": "h200-engine", "kv_budget_tokens": 6000},
             "policy": {"name": "granikv", "host_tier": "slabs+pages"},
             "workload": {"kind": "multi_agent", "roles": 6, "prefix_len": 1024, "num_requests": 60, "rate": 50.0,
                          "max_output_len": 16}}

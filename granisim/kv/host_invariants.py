@@ -10,6 +10,7 @@ maps to the wrong data shows up. :func:`check_host_tier` checks, after any opera
   names GPU slots inside the GPU budget and host slots inside the host pool (a node on host is
   never read by a kernel: plans read GPU slots only, and layouts are checked against the GPU shadow);
 * host runs hold their own tokens (shadow): every host node's path maps to exactly its tokens;
+* pricing: a transfer's ``pieces`` are its runs of host slots (1 when ``contiguous``: one run each side);
 * bytes: ``bytes in == bytes dropped + bytes resident`` on the host.
 """
 
@@ -55,6 +56,12 @@ def check_transfers(alloc, transfers) -> None:
             raise AssertionError(f"transfer {t.direction}: GPU slots outside [0, {alloc.capacity})")
         if h.size and (h.min() < 0 or h.max() >= ht.pool.capacity):
             raise AssertionError(f"transfer {t.direction}: host slots outside the host pool")
+        # priced as what the engine does: one copy per run of host slots; a contiguous copy is one run each side
+        runs = 1 + int(np.count_nonzero(np.diff(h) != 1)) if h.size else 0
+        gpu_run = g.size == 0 or bool((np.diff(g) == 1).all())
+        if t.pieces != (1 if t.contiguous else runs) or (t.contiguous and (runs != 1 or not gpu_run)):
+            raise AssertionError(f"transfer {t.direction}: {t.pieces} pieces, contiguous={t.contiguous}, for "
+                                 f"{runs} runs of host slots")
 
 
 def check_host_tier(alloc, host_shadow: np.ndarray | None = None) -> None:

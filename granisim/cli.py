@@ -60,6 +60,17 @@ def cmd_validate(args) -> int:
         print((Path(args.out) / "validation.md").read_text())
         return 0 if report["steps"] else 1
     setup = prepare(scenario, args.scenario)
+    if scenario.hardware.tp > 1:  # the replica's ranks, one process each (gpu_backend/executor/tp.py)
+        try:
+            from gpu_backend.executor.tp import validate_replica
+        except ImportError as err:
+            raise ScenarioError(f"validate needs torch and triton (pip install '.[gpu]'): {err}") from None
+        if getattr(scenario.hardware, "host_kv_gb", 0.0):
+            raise ScenarioError(f"{args.scenario}: field hardware.host_kv_gb = {scenario.hardware.host_kv_gb}: the "
+                                f"real engine's host tier runs at tp = 1 only")
+        validate_replica(setup, args.out, args.device, args.scenario)
+        print((Path(args.out) / "validation.md").read_text())
+        return 0
     report = validate(setup, gpu_executor(setup, args.device), Path(args.out))
     print((Path(args.out) / "validation.md").read_text())
     return 0 if report["steps"] else 1

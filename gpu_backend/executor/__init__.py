@@ -11,6 +11,10 @@ def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
                          "for a tiny model)")
+    tp = setup.scenario.hardware.tp
+    if tp > 1:  # one process would run one GPU's shard without its all-reduces
+        raise ValueError(f"field hardware.tp = {tp}: the real engine runs a tensor-parallel replica (one process "
+                         f"a GPU) under `granisim validate` only (gpu_backend/executor/tp.py)")
     from granisim.kv.host_tier import host_tier_config
 
     tier = host_tier_config(setup.scenario, setup.model)

@@ -101,8 +101,16 @@ class TpExecutor:
     def last_logits(self):
         return self.shard.last_logits
 
+    @property
+    def device(self):
+        return self.shard.device
+
     def stats(self) -> dict:
         return {"tp": self.tp, **self.shard.stats()}
+
+    def idle(self, seconds: float) -> None:
+        """Wait out an arrival gap (GpuExecutor.idle); the other ranks wait for the next plan meanwhile."""
+        self.shard.idle(seconds)
 
     def execute(self, plan: BatchPlan) -> StepResult:
         if self.tp > 1:
@@ -163,9 +171,25 @@ def run_replica(tp: int, model: str, num_slots: int, rank0_main: Callable, *args
     mp.spawn(_rank_main, args=(tp, free_port(), model, num_slots, options, rank0_main, args), nprocs=tp, join=True)
 
 
+class FirstLogits:
+    """An executor wrapper that keeps each request's first logits (those of its first output token), when the
+    wrapped executor keeps logits (``keep_logits=True``)."""
+
+    def __init__(self, ex):
+        self.ex, self.first = ex, {}
+        self.needs_layouts, self.max_steps_per_plan = ex.needs_layouts, ex.max_steps_per_plan
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        res = self.ex.execute(plan)
+        for rid, lg in self.ex.last_logits.items():
+            self.first.setdefault(rid, lg.float())
+        return res
+
+
 def serve_scenarios(ex: TpExecutor, scenarios: list, out_path: str) -> None:
     """A rank-0 main: serve each scenario (dicts, as parse_scenario takes) in turn with ``ex`` and pickle, per
-    scenario, the greedy outputs (request id -> tokens) and the step count to ``out_path``."""
+    scenario, the greedy outputs (request id -> tokens), the step count and each request's first logits (empty
+    unless the ranks keep logits) to ``out_path``."""
     import pickle
 
     from granisim.config.scenario import parse_scenario
@@ -174,9 +198,35 @@ def serve_scenarios(ex: TpExecutor, scenarios: list, out_path: str) -> None:
 
     got = []
     for sc in scenarios:
-        eng = ServingLoop(prepare(parse_scenario(sc)), ex, progress=False, keep_outputs=True)
+        rec = FirstLogits(ex)
+        eng = ServingLoop(prepare(parse_scenario(sc)), rec, progress=False, keep_outputs=True)
         res = eng.run()
         got.append({"outputs": {rid: list(map(int, t)) for rid, t in eng.outputs.items()},
-                    "steps": len(res.steps.frame())})
+                    "steps": len(res.steps.frame()), "first_logits": rec.first})
     with open(out_path, "wb") as f:
         pickle.dump(got, f)
+
+
+def validate_scenario(ex: TpExecutor, scenario: dict, source: str, out: str, progress: bool = True,
+                      idle: bool = True) -> None:
+    """A rank-0 main: ``granisim validate`` of ``scenario`` (a dict, as parse_scenario takes; ``source`` names it
+    in messages) with the replica's ranks, written to ``out`` (granisim.validation.validate.validate)."""
+    from pathlib import Path
+
+    from granisim.config.scenario import parse_scenario
+    from granisim.experiments.run import prepare
+    from granisim.validation.validate import validate
+
+    validate(prepare(parse_scenario(scenario), source), ex, Path(out), progress=progress, idle=idle)
+
+
+def validate_replica(setup, out, device: str = "cuda", source: str = "<scenario>", progress: bool = True,
+                     idle: bool = True) -> None:
+    """``granisim validate`` of a tensor-parallel scenario (``hardware.tp`` > 1) into ``out``: ``tp`` rank
+    processes, rank r on ``cuda:r`` (NCCL) or on the CPU (gloo, ``device='cpu'``)."""
+    tp = setup.scenario.hardware.tp
+    if device == "cuda" and torch.cuda.device_count() < tp:
+        raise ValueError(f"{source}: field hardware.tp = {tp}: the real engine needs {tp} GPUs, this machine "
+                         f"has {torch.cuda.device_count()}")
+    run_replica(tp, setup.model.name, setup.kv_budget, validate_scenario, setup.scenario.model_dump(), source,
+                str(out), progress, idle, device=device, seed=setup.scenario.seed)

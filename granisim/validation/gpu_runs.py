@@ -174,7 +174,7 @@ def validate_all(args) -> None:
 
     t0 = time.time()
     tag = ("_gc" if args.gc_in_steps else "") + (f"_g{args.graph_max_rows}" if args.graph_max_rows else "") + \
-          ("_noidle" if args.no_idle else "")
+          ("_noidle" if args.no_idle else "") + (f"_tp{args.tp}" if args.tp > 1 else "")
     for model in args.models:
         for name in VALIDATION:
             for pol in args.policies:
@@ -187,14 +187,22 @@ def validate_all(args) -> None:
                     print(f"budget reached; stopping before {unit}", flush=True)
                     return
                 t, started = time.time(), datetime.now().isoformat(timespec="milliseconds")
-                setup = prepare(validation_scenario(name, args.requests, args.profile, pol, model))
+                sc = validation_scenario(name, args.requests, args.profile, pol, model)
+                setup = prepare(sc.with_changes(**{"hardware.tp": args.tp}) if args.tp > 1 else sc)
                 ex = None
                 _free_gpu()
-                ex = gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
-                                   **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
-                rep = validate(setup, ex, args.out / unit, progress=False, idle=not args.no_idle)
+                if args.tp > 1:  # the replica's ranks, one process a GPU (gpu_backend/executor/tp.py)
+                    from gpu_backend.executor.tp import validate_replica
+
+                    validate_replica(setup, args.out / unit, "cuda", unit, progress=False, idle=not args.no_idle)
+                    rep = json.loads((args.out / unit / "validation.json").read_text())
+                else:
+                    ex = gpu_executor(setup, "cuda", hold_gc=not args.gc_in_steps,
+                                      **({"graph_max_rows": args.graph_max_rows} if args.graph_max_rows else {}))
+                    rep = validate(setup, ex, args.out / unit, progress=False, idle=not args.no_idle)
+                    rep["executor"] = ex.stats()
                 # local start/end times: the unit's window in OUT/gpu_log.csv (--log-gpu; gpu_log.log_summary)
-                rep.update(workload=name, held_out=name in HELD_OUT, executor=ex.stats(), wall_s=time.time() - t,
+                rep.update(workload=name, held_out=name in HELD_OUT, wall_s=time.time() - t,
                            started_local=started, ended_local=datetime.now().isoformat(timespec="milliseconds"))
                 (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2))
                 print(unit, f"{time.time() - t:.0f} s", json.dumps(rep["step_errors"]["total"]), flush=True)
@@ -212,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="speedup: requests per burst (default 64); validate: each workload's cap (default: "
                          "its own size; at 64 the multi-agent TPOT p50 is ill-conditioned)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (every step launched eagerly)")
+    ap.add_argument("--tp", type=int, default=1, choices=(1, 2, 4, 8),
+                    help="validate: tensor-parallel replicas of this many GPUs (units tagged _tpN; eager steps)")
     ap.add_argument("--gc-in-steps", action="store_true",
                     help="let Python's garbage collector run inside timed steps (the engine's old behaviour; "
                          "outputs get a _gc suffix)")

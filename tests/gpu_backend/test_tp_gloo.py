@@ -75,3 +75,26 @@ def test_shards_hold_their_heads_and_columns():
     assert a.shape.n_kv_heads == nkv // 2 and torch.equal(a.embed, w.embed)
     ex = TpShardExecutor(full, 2, 1, 64, device="cpu", seed=SEED)
     assert ex.k_cache[0].shape[1] == nkv // 2
+
+
+def test_validate_runs_the_replicas_ranks(tmp_path, capsys):
+    """`granisim validate` of a tp = 2 scenario starts both ranks (gloo here, NCCL on GPUs) and pairs rank 0's
+    steps with the tp = 2 price (the shard plus its all-reduces); one process refuses to run a shard alone.
+    Planted: validating with the one-process executor (the shard without its all-reduces) fails the first
+    assertion."""
+    import json
+
+    from granisim.cli import main
+
+    sc = tmp_path / "tp2.toml"
+    sc.write_text('name = "tiny-tp-validate"\nseed = 5\n[model]\nname = "tiny-tp"\n[hardware]\n'
+                  'kv_budget_tokens = 1024\ntp = 2\n[scheduler]\nmax_batch_tokens = 64\nfast_forward = false\n'
+                  '[workload]\nkind = "multi_agent"\nroles = 2\nprefix_len = 24\nnum_requests = 4\nrate = 1000.0\n'
+                  'suffix_scale = 0.02\nmax_output_len = 3\n')
+    out = tmp_path / "val"
+    assert main(["validate", str(sc), "--device", "cpu", "--out", str(out)]) == 0
+    rep = json.loads((out / "validation.json").read_text())
+    assert rep["executor"]["tp"] == 2 and rep["steps"] >= 3
+    assert rep["end_to_end"]["throughput_rps"]["measured"] > 0
+    assert main(["run", str(sc), "--executor", "gpu", "--device", "cpu", "--out", str(tmp_path / "run")]) == 2
+    assert "hardware.tp = 2" in capsys.readouterr().err

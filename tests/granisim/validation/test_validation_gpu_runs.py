@@ -65,3 +65,27 @@ def test_unknown_model_is_one_line_and_exit_2(tmp_path, capsys):
         G.main(["validate", "--out", str(tmp_path), "--models", "llama-3.1-8b,gpt-9"])
     assert err.value.code == 2
     assert "unknown model 'gpt-9'" in capsys.readouterr().err
+
+
+def test_tp_units_run_the_replica(tmp_path, fake_engine, monkeypatch):
+    """--tp 2: each unit is validated by the tensor-parallel replica (its ranks write validation.json), the
+    scenario has hardware.tp = 2 and the unit's name ends in _tp2. Planted: ignoring --tp (the one-process
+    executor) leaves the fake replica uncalled."""
+    fake_tp = types.ModuleType("gpu_backend.executor.tp")
+    seen = []
+
+    def validate_replica(setup, out, device, source, progress=False, idle=True):
+        seen.append((source, setup.scenario.hardware.tp))
+        out.mkdir(parents=True)
+        (out / "validation.json").write_text(json.dumps({"step_errors": {"total": {"median": 0.02}},
+                                                         "executor": {"tp": 2}}))
+
+    fake_tp.validate_replica = validate_replica
+    monkeypatch.setitem(sys.modules, "gpu_backend.executor.tp", fake_tp)
+    out = tmp_path / "out"
+    G.main(["validate", "--out", str(out), "--only", "control_short", "--policies", "granikv", "--tp", "2",
+            "--models", "llama-3.1-8b",
+            "--budget-s", "1000"])
+    assert seen == [("control_short_granikv_llama-3.1-8b_tp2", 2)] and not fake_engine
+    rep = json.loads((out / "validation_control_short_granikv_llama-3.1-8b_tp2.json").read_text())
+    assert rep["executor"] == {"tp": 2} and rep["workload"] == "control_short"

@@ -23,7 +23,7 @@ import torch
 STAGE_BYTES = 256 << 20  # the GPU staging buffer: 2,048 tokens of Llama-3.1-8B's K and V
 
 
-def host_runs(slots: np.ndarray) -> np.ndarray:
+def run_starts(slots: np.ndarray) -> np.ndarray:
     """Start positions of the runs of consecutive ascending ids in ``slots`` (the first is 0)."""
     s = np.asarray(slots)
     if s.size == 0:
@@ -52,7 +52,6 @@ class HostKV:
             raise ValueError(f"host tier capacity must be at least one token, got {capacity}")
         self.device = device  # the GPU side's device
         self.capacity = int(capacity)
-        self.num_layers = num_layers
         row = (2, num_layers, n_kv_heads, head_dim)
         per_token = int(np.prod(row)) * torch.empty(0, dtype=dtype).element_size()
         need = self.capacity * per_token
@@ -83,8 +82,8 @@ class HostKV:
             raise ValueError(f"transfer of {gpu.size} GPU slots to {host.size} host slots")
         if host.min() < 0 or host.max() >= self.capacity:
             raise ValueError(f"host slots {host.min()}..{host.max()} outside the tier's {self.capacity}")
-        gpu_run = host_runs(gpu).size == 1
-        runs = host_runs(host)
+        gpu_run = run_starts(gpu).size == 1
+        runs = run_starts(host)
         caches = (k_cache, v_cache)
         for c in range(0, gpu.size, self.chunk):
             e = min(gpu.size, c + self.chunk)

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         for need in (run / "steps.parquet", run / "plans.pkl", run / "measured_requests.parquet",
                      run / "validation.json", toml):
             if need is None or not Path(need).is_file():
-                print(f"{run}: no {need or 'scenario beside it (give --scenario)'}", file=sys.stderr)
+                hint = " (granisim validation rebuild-plans RUN SCENARIO makes it)" if need == run / "plans.pkl" else ""
+                print(f"{run}: no {need or 'scenario beside it (give --scenario)'}{hint}", file=sys.stderr)
                 return 2
         r = rescore(run, toml, args.profile)
         records.append(r)

@@ -10,9 +10,17 @@ from granisim.core.columns import PackedRows
 from granisim.core.workload import VOCAB, RequestSpec
 
 
+# (position * 104729) % VOCAB for positions 0 .. VOCAB - 1: stand_in_tokens' per-position term
+_POSITION_TERM = np.arange(VOCAB, dtype=np.int64) * 104729 % VOCAB
+
+
 def stand_in_tokens(rid: int, first: int, n: int) -> np.ndarray:
     """The simulator's stand-in for sampling: output tokens ``first .. first + n`` of request ``rid``
-    (deterministic per request and position; int64)."""
+    (deterministic per request and position; int64): ``(rid * 7919 + position * 104729 + 17) % VOCAB``."""
+    if 0 <= first and first + n <= VOCAB:  # the same integers, from the per-position terms: two array operations
+        out = _POSITION_TERM[first : first + n] + (rid * 7919 + 17) % VOCAB
+        out %= VOCAB
+        return out
     return (rid * 7919 + (np.arange(first, first + n, dtype=np.int64) * 104729) + 17) % VOCAB
 
 

@@ -153,6 +153,19 @@ class StepPricing:
                 self._in_engine(k, v, eager) for k, v in (("lm_head", lm_head), ("attn_prefill", attn_prefill),
                                                           ("merge", merge), ("kv_write", kv_write)))
             prefix = self._in_engine("attn_prefix", prefix, eager, len(passes))
+        if n <= 1 and self.form != 2:  # one step: the form-1 decode below, on one value (the same operations)
+            attn_decode = 0.0
+            if n_dec:
+                toks = float(tok)
+                attn_decode = max(toks * self.dec_f_tok, (toks * inv_priv + shared_eff) * self.dec_b_tok
+                                  + n_dec * self.dec_qo) + self.dec_launch
+                if self.engine:
+                    attn_decode = self._in_engine("attn_decode", attn_decode, eager,
+                                                  (n_dec > merge_rows) + (merge_rows > 0))
+                attn_decode = float(attn_decode)
+            parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
+            total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
+            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
         # attn_decode of each step (step s: every context grown by s)
         steps_ = np.arange(max(n, 1), dtype=float)
         if not n_dec:

@@ -47,6 +47,10 @@ class Scheduler:
                                   needs_layouts)
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
+        # the running requests split by ``decoding``, each in running order (so that a plan needs no pass
+        # over every running request to find them): kept by _admit, _preempt, _finish and postprocess
+        self._decoding: dict[int, Request] = {}
+        self._prefilling: dict[int, Request] = {}
         self.records = RequestRecords()  # finished and rejected requests, as columns
         self.step_id = 0
         self._admitted = 0
@@ -103,13 +107,12 @@ class Scheduler:
         alloc.rebalance()  # adaptive HOT moves its boundary here, between plans (else a no-op)
         work: list[tuple[Request, int, np.ndarray]] = []
         # (1) decodes: one token each, preempting until they all fit
-        decode = [r for r in self.running.values() if r.decoding]
-        rids = [r.rid for r in decode]
+        decode = list(self._decoding.values())
+        rids = list(self._decoding)
         while decode and not alloc.can_grow(rids, 1):
-            victim = self._victim()
-            self._preempt(victim)
-            decode = [r for r in decode if r is not victim]
-            rids = [r.rid for r in decode]
+            self._preempt(self._victim())  # a victim that was decoding leaves _decoding
+            decode = list(self._decoding.values())
+            rids = list(self._decoding)
         if self.batch.needs_layouts:  # the executor writes K/V: it needs the slot ids
             work.extend(zip(decode, repeat(1), alloc.extend_all(rids, 1)))
         elif decode:
@@ -117,7 +120,7 @@ class Scheduler:
             work.extend(zip(decode, repeat(1), repeat(None)))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
-        for r in [q for q in self.running.values() if not q.decoding]:
+        for r in list(self._prefilling.values()):
             if budget <= 0:
                 break
             n = min(r.n_tokens - r.computed, budget)
@@ -152,7 +155,7 @@ class Scheduler:
                 return self.schedule(now)
             return None
         self.step_id += 1
-        plan = self.batch.build(work, alloc, self.step_id)
+        plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids)
         # a decode-only plan: fast_forward_limit / extend_plan reuse its requests and ids
         self._decode_plan = (plan, decode, rids) if len(work) == len(decode) else None
         return plan
@@ -202,6 +205,7 @@ class Scheduler:
         if r.spec.shared_len and not r.prefix_cached:
             self._prefix_owner[(r.spec.role, r.spec.shared_len)] = r.rid
         self.running[r.rid] = r
+        self._prefilling[r.rid] = r  # its admit_order is the largest: the end of running order
         return True
 
     def _victim(self) -> Request:
@@ -214,6 +218,10 @@ class Scheduler:
     def _preempt(self, r: Request) -> None:
         self.alloc.release(r.rid)
         del self.running[r.rid]
+        if r.decoding:
+            del self._decoding[r.rid]
+        else:
+            del self._prefilling[r.rid]
         key = (r.spec.role, r.spec.shared_len)
         if self._prefix_owner.get(key) == r.rid:
             del self._prefix_owner[key]
@@ -296,6 +304,7 @@ class Scheduler:
             else:
                 r.append_one(int(real[r.rid]))
             r.decoding = True
+            self._start_decoding(r)
             if r.first_token_s is None:
                 r.first_token_s = now
             if r.generated >= r.output_len:
@@ -303,7 +312,17 @@ class Scheduler:
                 done.append(r)
         return done
 
+    def _start_decoding(self, r: Request) -> None:
+        """Move ``r`` (its ``decoding`` just set) from _prefilling to _decoding, keeping running order."""
+        del self._prefilling[r.rid]
+        dec = self._decoding
+        if not dec or next(reversed(dec.values())).admit_order < r.admit_order:
+            dec[r.rid] = r
+        else:  # an earlier-admitted request decodes after it: rebuild in running order
+            self._decoding = {rid: q for rid, q in self.running.items() if q.decoding}
+
     def _finish(self, r: Request, now: float) -> None:
         self.alloc.release(r.rid, r.tokens[: r.computed])
         del self.running[r.rid]
+        del self._decoding[r.rid]  # a request finishes decoding
         self.records.add_completed(r.spec, r, now)

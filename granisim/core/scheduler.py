@@ -57,6 +57,7 @@ class Scheduler:
         self._prefix_owner: dict[tuple[int, int], int] = {}  # (role, shared_len) -> rid prefilling it
         self.preemptions = 0
         self._decode_plan: tuple | None = None  # (plan, its requests, their ids) of the last decode-only plan
+        self._plan_rows: tuple | None = None  # (the last plan's requests, its decoding requests: its first rows)
 
     # ---- arrivals and rejection -------------------------------------------------------------
     def add(self, spec: RequestSpec, now: float) -> None:
@@ -158,6 +159,7 @@ class Scheduler:
         plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids)
         # a decode-only plan: fast_forward_limit / extend_plan reuse its requests and ids
         self._decode_plan = (plan, decode, rids) if len(work) == len(decode) else None
+        self._plan_rows = (plan.requests, decode)
         return plan
 
     def _group_by_prefix(self, now: float) -> None:
@@ -270,10 +272,31 @@ class Scheduler:
     def postprocess(self, plan: BatchPlan, result: StepResult, now: float, steps: int = 1) -> list[Request]:
         """Apply a step's results; returns the requests that finished."""
         done = []
-        running = self.running
         real = result.next_tokens if steps == 1 else None  # None: stand-in tokens (Request.advance)
         cols = columns(plan.requests)
-        for rid, num_new in zip(cols.rid, cols.num_new):
+        rids, num_new = cols.rid, cols.num_new
+        last = self._plan_rows
+        if real is None and last is not None and last[0] is plan.requests:
+            # this scheduler's last plan: its first rows are these decoding requests, one token each
+            decode = last[1]
+            for r in decode:
+                if r.prefix_cached or not r.spec.shared_len:  # a decode step: nothing else changes
+                    r.computed += steps
+                    r._synth += steps  # r.advance(steps), inlined
+                    r.n_tokens += steps
+                    r.generated += steps
+                    if r.generated >= r.output_len:
+                        self._finish(r, now)
+                        done.append(r)
+                else:
+                    self._apply(r, 1, steps, None, now, done)
+            if len(decode) == len(rids):
+                return done
+            rows = zip(rids[len(decode):], num_new[len(decode):])
+        else:
+            rows = zip(rids, num_new)
+        running = self.running
+        for rid, n in rows:
             r = running[rid]
             if r.decoding and (r.prefix_cached or not r.spec.shared_len):  # a decode step: nothing else changes
                 r.computed += steps
@@ -287,30 +310,36 @@ class Scheduler:
                     self._finish(r, now)
                     done.append(r)
                 continue
-            r.computed += num_new
-            sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
-            r.computed += steps - 1  # fast-forward: decode only, one token per step
-            if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:
-                self.alloc.cache_prefix(r.rid, r.tokens[: r.spec.shared_len])
-                r.group = self.alloc.prefix_group(r.rid)
-                r.prefix_cached = True
-                key = (r.spec.role, r.spec.shared_len)
-                if self._prefix_owner.get(key) == r.rid:
-                    del self._prefix_owner[key]
-            if not sampled:
-                continue
-            if real is None:
-                r.advance(steps)
-            else:
-                r.append_one(int(real[r.rid]))
+            self._apply(r, n, steps, real, now, done)
+        return done
+
+    def _apply(self, r: Request, num_new: int, steps: int, real, now: float, done: list[Request]) -> None:
+        """A plan's row of ``r`` other than a plain decode step: a prefill chunk (perhaps the prompt's
+        last, which samples the first token), or a decode step that caches the declared prefix."""
+        r.computed += num_new
+        sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
+        r.computed += steps - 1  # fast-forward: decode only, one token per step
+        if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:
+            self.alloc.cache_prefix(r.rid, r.tokens[: r.spec.shared_len])
+            r.group = self.alloc.prefix_group(r.rid)
+            r.prefix_cached = True
+            key = (r.spec.role, r.spec.shared_len)
+            if self._prefix_owner.get(key) == r.rid:
+                del self._prefix_owner[key]
+        if not sampled:
+            return
+        if real is None:
+            r.advance(steps)
+        else:
+            r.append_one(int(real[r.rid]))
+        if not r.decoding:
             r.decoding = True
             self._start_decoding(r)
-            if r.first_token_s is None:
-                r.first_token_s = now
-            if r.generated >= r.output_len:
-                self._finish(r, now)
-                done.append(r)
-        return done
+        if r.first_token_s is None:
+            r.first_token_s = now
+        if r.generated >= r.output_len:
+            self._finish(r, now)
+            done.append(r)
 
     def _start_decoding(self, r: Request) -> None:
         """Move ``r`` (its ``decoding`` just set) from _prefilling to _decoding, keeping running order."""

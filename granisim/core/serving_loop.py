@@ -251,7 +251,7 @@ class ServingLoop:
                 raise
         finally:
             self._in_block = False
-        cum = np.cumsum(block.step_durations)
+        cum = np.array(block.step_durations).cumsum()  # np.cumsum of a tuple, without its fallback
         k = int(min(steps, np.searchsorted(cum, env.now - start, side="left") + 1))
         result = block if k == steps else self.executor.execute(with_steps(plan, k))
         yield env.timeout(max(0.0, start + result.duration_s - env.now))
@@ -265,5 +265,5 @@ class ServingLoop:
         if not nxt:
             return k
         gap = min(nxt) - self.env.now
-        cum = np.cumsum(durations)
+        cum = np.array(durations).cumsum()  # np.cumsum of a tuple, without its fallback
         return int(min(k, np.searchsorted(cum, gap, side="left") + 1))

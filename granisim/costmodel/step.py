@@ -192,14 +192,15 @@ class StepPricing:
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
             return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
         # decode fast-forward
-        copy = np.zeros(n)
-        copy[0] = kv_copy
         host = self._host(n_req, host_tok + n_dec * np.arange(n), len(passes))  # a token a step more
-        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
+        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write
+        steps[0] += kv_copy  # the copies run before the first step (adding 0.0 to the others changes nothing)
+        steps += host
         durations = steps.tolist()
         total = 0.0
         for x in durations:  # left to right, as the engine's clock adds them (sum() compensates on 3.12+)
             total += x
-        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(dec.sum()),
-                                              prefix * n, merge * n, kv_write * n, kv_copy, float(host.sum()))))
+        add = np.add.reduce  # ndarray.sum without its Python wrapper
+        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(add(dec)),
+                                              prefix * n, merge * n, kv_write * n, kv_copy, float(add(host)))))
         return StepResult(total, breakdown, step_durations=tuple(durations))

@@ -130,9 +130,9 @@ class BatchBuilder:
                 if rest:
                     reqs = PlannedRequests(rids + [w[0].rid for w in rest], ctx + [w[0].computed for w in rest],
                                            [1] * nd + [w[1] for w in rest], [False] * nd + [True] * len(rest),
-                                           group_of, shared_of)
+                                           group_of, shared_of, n_decode=nd)
                 else:
-                    reqs = PlannedRequests(list(rids), ctx, [1] * nd, [False] * nd, group_of, shared_of)
+                    reqs = PlannedRequests(list(rids), ctx, [1] * nd, [False] * nd, group_of, shared_of, n_decode=nd)
         plan = BatchPlan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups),
                          tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:

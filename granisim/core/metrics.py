@@ -43,7 +43,11 @@ class StepLog:
 
     def record(self, start: float, plan: BatchPlan, result: StepResult, allocator) -> None:
         cols = columns(plan.requests)
-        prefill = list(compress(cols.num_new, cols.is_prefill)) if True in cols.is_prefill else []
+        nd = getattr(cols, "n_decode", None)
+        if nd is not None:  # decode rows first, then the prefill rows
+            prefill = cols.num_new[nd:]
+        else:
+            prefill = list(compress(cols.num_new, cols.is_prefill)) if True in cols.is_prefill else []
         paths = [g.path for g in plan.groups]
         occ = allocator.occupancy()
         if self._pools is None:

@@ -21,6 +21,13 @@ def _ungrouped_rows(cols):
     """(T, decode rows, their tokens read, their longest context, prefill row indices) of ungrouped
     rows, as sums over the columns; None when a non-prefill row computes other than one token."""
     pre, nn, ctx = cols.is_prefill, cols.num_new, cols.context_len
+    nd = getattr(cols, "n_decode", None)
+    if nd is not None:  # decode rows first, one token each; then the prefill rows (the same sums)
+        n = len(nn)
+        if nd == n:
+            return n, n, sum(ctx) + n, max(ctx) + 1, []
+        dec = ctx[:nd]
+        return nd + sum(nn[nd:]), nd, sum(dec) + nd, max(dec) + 1 if dec else 0, list(range(nd, n))
     pidx = list(compress(range(len(pre)), pre)) if True in pre else []
     n_dec = len(nn) - len(pidx)
     if nn.count(1) - sum(1 for i in pidx if nn[i] == 1) != n_dec:

@@ -34,8 +34,7 @@ def prefix_group_of(seq: _Seq, page_size: int) -> tuple[int, int, str] | None:
             break
     if depth != shared:
         return None
-    slots = np.concatenate([n.value for n in path])
-    slab = all(n.pool == "hot" for n in path) and _is_run(slots)
+    slab = all(n.pool == "hot" for n in path) and _is_run(np.concatenate([n.value for n in path]))
     return (path[-1].id, shared, "slab" if slab else path[-1].pool)
 
 

@@ -103,3 +103,55 @@ def test_with_steps_is_replace():
     assert set(f.name for f in dataclasses.fields(BatchPlan)) == {
         "step", "policy", "page_size", "requests", "groups", "copies", "num_steps", "transfers"}
     assert with_steps(plan, 4) == dataclasses.replace(plan, num_steps=4)
+
+
+def _decode_first(rng, n):
+    """Requests in the batch builder's order: decode rows (one token each), then prefill rows."""
+    reqs = random_requests(rng, n)
+    dec = [r for r in reqs if not r.is_prefill]
+    pre = [r for r in reqs if r.is_prefill]
+    if pre:  # a prefill row with the longest context (a decode row's longest context leaves it out)
+        r = pre[-1]
+        pre[-1] = PlannedRequest(r.rid, max(q.context_len for q in reqs) + 100, r.num_new, True)
+    return tuple(dec + pre), len(dec)
+
+
+def _hinted(reqs, n_decode):
+    c = columns(reqs)
+    return PlannedRequests(c.rid, c.context_len, c.num_new, c.is_prefill, c.group, c.shared_len, n_decode=n_decode)
+
+
+@pytest.mark.parametrize("profile", ["a100-80gb", "h200", "h200-engine"])  # attn.form 1, 2, 2 + engine fit
+@pytest.mark.parametrize("seed", range(30))
+def test_decode_first_columns_price_and_log_as_without_the_hint(seed, profile, monkeypatch):
+    """Columns that say their first ``n_decode`` rows are the decode rows (the batch builder's) are the
+    same requests, priced bit for bit as without the hint and as by the row loop, and logged alike.
+    Planted bugs caught: the hinted sums leaving out the decode rows' tokens from T, or taking the
+    longest context over every row instead of the decode rows (attn.form 2 reads it)."""
+    from granisim.core.metrics import StepLog
+    from granisim.kv.allocator import make_allocator
+
+    rng = random.Random(seed)
+    reqs, nd = _decode_first(rng, rng.randrange(1, 60))
+    if seed % 4 == 0:  # decode-only
+        reqs = reqs[:nd] or (PlannedRequest(0, 5, 1, False),)
+        nd = len(reqs)
+    hinted = _hinted(reqs, nd)
+    assert hinted == reqs and hinted == columns(reqs)
+    steps = rng.randrange(2, 9) if nd == len(reqs) else 1
+    hw = get_profile(profile)
+
+    def price(r):
+        return step_cost(BatchPlan(0, "granikv", 1, r, (), num_steps=steps), hw, LLAMA)
+
+    fast = price(hinted)
+    assert fast == price(columns(reqs))
+    logs = []
+    for plan_reqs in (hinted, columns(reqs)):
+        log = StepLog()
+        log.record(0.0, BatchPlan(3, "granikv", 1, plan_reqs, (), num_steps=steps), fast,
+                   make_allocator("granikv", 1000))
+        logs.append(log._log.row(0))
+    assert logs[0] == logs[1]
+    monkeypatch.setattr(step_module, "_ungrouped_rows", lambda cols: None)
+    assert fast == price(reqs)

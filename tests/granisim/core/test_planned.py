@@ -155,3 +155,35 @@ def test_decode_first_columns_price_and_log_as_without_the_hint(seed, profile, m
     assert logs[0] == logs[1]
     monkeypatch.setattr(step_module, "_ungrouped_rows", lambda cols: None)
     assert fast == price(reqs)
+
+
+@pytest.mark.parametrize("profile", ["a100-80gb", "h200", "h200-engine"])
+@pytest.mark.parametrize("seed", range(12))
+def test_first_steps_of_a_block_are_the_plan_priced_for_them(seed, profile):
+    """A fast-forwarded plan's first ``k`` steps, taken from its priced block (what the cost executor
+    does when an event cuts a block short), equal the plan priced with ``num_steps = k``, bit for bit,
+    grouped or not, with KV copies or not; the executor gives the same through either path.
+    Planted bug caught: the first steps' decode time summed over the whole block."""
+    from granisim.core.contract import with_steps
+    from granisim.costmodel import cost_tables
+    from granisim.costmodel.executor import CostExecutor
+    from granisim.kv.hot_pool import KVCopy
+
+    rng = random.Random(seed)
+    hw = get_profile(profile)
+    reqs = tuple(r for r in random_requests(rng, rng.randrange(2, 40), groups=3) if not r.is_prefill)
+    reqs = reqs or (PlannedRequest(0, 5, 1, False),)
+    groups = ()
+    if seed % 2:
+        reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
+    copies = (KVCopy(0, 64, 16),) if seed % 3 == 0 else ()
+    n = rng.randrange(3, 40)
+    plan = BatchPlan(5, "granikv", 1, columns(reqs), groups, copies, num_steps=n)
+    whole, block = cost_tables(hw, LLAMA).step_block(plan)
+    assert whole == step_cost(plan, hw, LLAMA) and len(block) == n
+    ex = CostExecutor(hw, LLAMA)
+    assert ex.execute(plan) == whole
+    for k in sorted(rng.sample(range(2, n + 1), min(6, n - 1)), reverse=True):
+        direct = step_cost(with_steps(plan, k), hw, LLAMA)
+        assert block.first(k) == direct and ex.execute(with_steps(plan, k)) == direct
+        assert direct.step_durations == whole.step_durations[:k]

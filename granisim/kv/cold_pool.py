@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 SLOT_DTYPE = np.int64
+# ndarray.min / max / any without their Python wrappers (free_slots runs once per freed run)
+_min, _max, _any = np.minimum.reduce, np.maximum.reduce, np.logical_or.reduce
 
 
 class ColdPool:
@@ -80,11 +82,11 @@ class ColdPool:
         if n == 0:
             return
         idx = s - self.slot_start if self.slot_start else s
-        if idx.min() < 0 or idx.max() >= self.capacity:
+        if _min(idx) < 0 or _max(idx) >= self.capacity:
             bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
             raise ValueError(f"{self.name}: slot id {int(bad)} is not in this pool")
         already = self._is_free[idx]
-        if already.any():
+        if _any(already):
             raise ValueError(f"{self.name}: slot id {int(s[already][0])} is already free (double free)")
         if n > 1:
             # each position writes its index; a repeated id keeps only its last writer's index
@@ -93,7 +95,7 @@ class ColdPool:
             stamp = self._stamp
             stamp[idx] = order
             repeated = stamp[idx] != order
-            if repeated.any():
+            if _any(repeated):
                 raise ValueError(f"{self.name}: slot id {int(s[repeated][0])} appears twice in one free")
         self._is_free[idx] = True
         self._stack[self._top : self._top + n] = s[::-1]

@@ -195,7 +195,7 @@ class ServingLoop:
             if steps > 1:
                 block = ex.execute(with_steps(plan, steps))
                 cut = self._steps_until_event(block.step_durations, steps)
-                result = block if cut == steps else None  # a block cut short by an event is priced again
+                result = block if cut == steps else None  # cut short by an event: its first steps (executor)
                 steps = cut
             start = env.now
             if steps > 1 and result is not None and self.feed is not None:
@@ -265,5 +265,11 @@ class ServingLoop:
         if not nxt:
             return k
         gap = min(nxt) - self.env.now
-        cum = np.array(durations).cumsum()  # np.cumsum of a tuple, without its fallback
-        return int(min(k, np.searchsorted(cum, gap, side="left") + 1))
+        # the first step whose cumulative time reaches the gap: np.searchsorted(np.cumsum(durations), gap,
+        # side="left") + 1, summed left to right as np.cumsum does, stopping there
+        elapsed = 0.0
+        for i, d in enumerate(durations):
+            elapsed += d
+            if elapsed >= gap:
+                return min(k, i + 1)
+        return k

@@ -282,8 +282,7 @@ class Scheduler:
             for r in decode:
                 if r.prefix_cached or not r.spec.shared_len:  # a decode step: nothing else changes
                     r.computed += steps
-                    r._synth += steps  # r.advance(steps), inlined
-                    r.n_tokens += steps
+                    r.n_tokens += steps  # r.advance(steps), inlined
                     r.generated += steps
                     if r.generated >= r.output_len:
                         self._finish(r, now)
@@ -301,7 +300,6 @@ class Scheduler:
             if r.decoding and (r.prefix_cached or not r.spec.shared_len):  # a decode step: nothing else changes
                 r.computed += steps
                 if real is None:  # r.advance(steps), inlined
-                    r._synth += steps
                     r.n_tokens += steps
                     r.generated += steps
                 else:

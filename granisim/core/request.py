@@ -216,8 +216,10 @@ class RequestRecords:
                              **dict(zip(_RECORD_COLS, values)))
 
     def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+        """``self[i]`` for every i, reading the columns once."""
+        statuses, reasons = self._statuses, self._reasons
+        for i, (*values, code) in enumerate(self._rows.rows()):
+            yield RequestRecord(status=statuses[code], reason=reasons.get(i, ""), **dict(zip(_RECORD_COLS, values)))
 
     def __repr__(self) -> str:
         return f"RequestRecords({len(self)} records)"

@@ -68,18 +68,31 @@ class BatchBuilder:
                            m_sat=self.m_sat, path_chooser=self.path_chooser, private=private,
                            allow_paged=allow_paged)
 
-    def build(self, work, alloc, step_id: int) -> BatchPlan:
-        """``work``: (request, new tokens, their slots) per request, in scheduling order."""
+    def build(self, work, alloc, step_id: int, *, decode: list | None = None, rids: list | None = None) -> BatchPlan:
+        """``work``: (request, new tokens, their slots) per request, in scheduling order. ``decode`` (with
+        their ``rids``), when given: the decoding requests of ``work``, which are its first rows (one new
+        token each); every later row is not decoding (the scheduler's order)."""
         members: dict[int, list[int]] = {}  # group node id -> indices into work
-        for i, (r, n, _) in enumerate(work):
-            if r.decoding:
-                g = r.group
-                if g is not None:
-                    idx = members.get(g[0])
-                    if idx is None:
-                        members[g[0]] = [i]
-                    else:
-                        idx.append(i)
+        if decode is None:
+            for i, (r, n, _) in enumerate(work):
+                if r.decoding:
+                    g = r.group
+                    if g is not None:
+                        idx = members.get(g[0])
+                        if idx is None:
+                            members[g[0]] = [i]
+                        else:
+                            idx.append(i)
+        else:
+            grp = [r.group for r in decode]
+            if grp.count(None) != len(grp):
+                for i, g in enumerate(grp):
+                    if g is not None:
+                        idx = members.get(g[0])
+                        if idx is None:
+                            members[g[0]] = [i]
+                        else:
+                            idx.append(i)
         groups, private = [], []
         group_of = shared_of = None  # per work index: its group (-1: none) and the group's prefix length
         for key, idx in members.items():
@@ -107,9 +120,19 @@ class BatchBuilder:
         else:  # columns, no PlannedRequest object per request per plan (they are built when read)
             if group_of is None:
                 group_of, shared_of = [-1] * len(work), [0] * len(work)
-            rs = [w[0] for w in work]
-            reqs = PlannedRequests([r.rid for r in rs], [r.computed for r in rs], [w[1] for w in work],
-                                   [not r.decoding for r in rs], group_of, shared_of)
+            if decode is None:
+                rs = [w[0] for w in work]
+                reqs = PlannedRequests([r.rid for r in rs], [r.computed for r in rs], [w[1] for w in work],
+                                       [not r.decoding for r in rs], group_of, shared_of)
+            else:  # decode rows: known ids, one token each, not prefill; the rest are prefill rows
+                nd, rest = len(decode), work[len(decode):]
+                ctx = [r.computed for r in decode]
+                if rest:
+                    reqs = PlannedRequests(rids + [w[0].rid for w in rest], ctx + [w[0].computed for w in rest],
+                                           [1] * nd + [w[1] for w in rest], [False] * nd + [True] * len(rest),
+                                           group_of, shared_of, n_decode=nd)
+                else:
+                    reqs = PlannedRequests(list(rids), ctx, [1] * nd, [False] * nd, group_of, shared_of, n_decode=nd)
         plan = BatchPlan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups),
                          tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:

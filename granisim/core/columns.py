@@ -84,6 +84,13 @@ class PackedRows:
         n = self._n
         return [c[:n] for c in self._cols]
 
+    def rows(self):
+        """Every row in order, as :meth:`row` gives it (one ``tolist`` per column for the packed rows)."""
+        n = self._n
+        if n:
+            yield from zip(*(c[:n].tolist() for c in self._cols))
+        yield from list(self._rows)
+
     def row(self, i: int) -> tuple:
         """Row ``i`` (0 <= i < len) as Python values (of the column's type once packed: an int appended
         to a float column comes back as a float)."""

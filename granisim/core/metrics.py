@@ -43,8 +43,18 @@ class StepLog:
 
     def record(self, start: float, plan: BatchPlan, result: StepResult, allocator) -> None:
         cols = columns(plan.requests)
-        prefill = list(compress(cols.num_new, cols.is_prefill)) if True in cols.is_prefill else []
-        paths = [g.path for g in plan.groups]
+        n = len(cols)
+        nd = getattr(cols, "n_decode", None)
+        if nd is not None:  # decode rows first, then the prefill rows
+            prefill_tokens, decode = sum(cols.num_new[nd:]), nd
+        else:
+            prefill = list(compress(cols.num_new, cols.is_prefill)) if True in cols.is_prefill else []
+            prefill_tokens, decode = sum(prefill), n - len(prefill)
+        if plan.groups:
+            paths = [g.path for g in plan.groups]
+            dense, cascade, paged = paths.count("dense"), paths.count("cascade"), paths.count("paged")
+        else:
+            dense = cascade = paged = 0
         occ = allocator.occupancy()
         if self._pools is None:
             self._pools = tuple(occ)
@@ -55,11 +65,10 @@ class StepLog:
         elif tuple(occ) != self._pools:
             raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
         bd = result.breakdown
-        self._log.append((plan.step, start, result.duration_s, plan.num_steps, len(cols), sum(prefill),
-                          len(cols) - len(prefill), paths.count("dense"), paths.count("cascade"),
-                          paths.count("paged"), sum(x.length for x in plan.copies) if plan.copies else 0,
-                          allocator.hit_rate, allocator.evictions, *(v for pair in occ.values() for v in pair),
-                          *map(bd.get, self._keys, self._zeros)))
+        self._log.append((plan.step, start, result.duration_s, plan.num_steps, n, prefill_tokens, decode, dense,
+                          cascade, paged, sum(x.length for x in plan.copies) if plan.copies else 0,
+                          allocator.hit_rate, allocator.evictions) + sum(occ.values(), ())
+                         + tuple(map(bd.get, self._keys, self._zeros)))
 
     def _columns(self) -> list[str]:
         pools = [f"{n}_{what}" for n in self._pools for what in ("used", "cached")]

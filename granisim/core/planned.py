@@ -16,14 +16,19 @@ from granisim.core.contract import PlannedRequest, planned_request
 
 class PlannedRequests(Sequence):
     """Columns ``rid``, ``context_len``, ``num_new``, ``is_prefill``, ``group``, ``shared_len`` (lists
-    of equal length); ``new_slots``, ``input_tokens`` and ``layout`` are None for every request."""
+    of equal length); ``new_slots``, ``input_tokens`` and ``layout`` are None for every request.
 
-    __slots__ = ("rid", "context_len", "num_new", "is_prefill", "group", "shared_len")
+    ``n_decode``, when not None, says how the rows are ordered (the batch builder's plans): rows
+    ``0 .. n_decode - 1`` are decode rows (not prefill, one new token each) and every later row is a
+    prefill row, so readers need no pass to find them. It is not part of the sequence's value."""
+
+    __slots__ = ("rid", "context_len", "num_new", "is_prefill", "group", "shared_len", "n_decode")
 
     def __init__(self, rid: list[int], context_len: list[int], num_new: list[int], is_prefill: list[bool],
-                 group: list[int], shared_len: list[int]):
+                 group: list[int], shared_len: list[int], n_decode: int | None = None):
         self.rid, self.context_len, self.num_new = rid, context_len, num_new
         self.is_prefill, self.group, self.shared_len = is_prefill, group, shared_len
+        self.n_decode = n_decode
 
     def __len__(self) -> int:
         return len(self.rid)

@@ -10,9 +10,17 @@ from granisim.core.columns import PackedRows
 from granisim.core.workload import VOCAB, RequestSpec
 
 
+# (position * 104729) % VOCAB for positions 0 .. VOCAB - 1: stand_in_tokens' per-position term
+_POSITION_TERM = np.arange(VOCAB, dtype=np.int64) * 104729 % VOCAB
+
+
 def stand_in_tokens(rid: int, first: int, n: int) -> np.ndarray:
     """The simulator's stand-in for sampling: output tokens ``first .. first + n`` of request ``rid``
-    (deterministic per request and position; int64)."""
+    (deterministic per request and position; int64): ``(rid * 7919 + position * 104729 + 17) % VOCAB``."""
+    if 0 <= first and first + n <= VOCAB:  # the same integers, from the per-position terms: two array operations
+        out = _POSITION_TERM[first : first + n] + (rid * 7919 + 17) % VOCAB
+        out %= VOCAB
+        return out
     return (rid * 7919 + (np.arange(first, first + n, dtype=np.int64) * 104729) + 17) % VOCAB
 
 
@@ -36,7 +44,7 @@ class Request:
 
     __slots__ = ("spec", "rid", "_buf", "_suffix", "_pending", "n_tokens", "prompt_len", "computed", "generated",
                  "admitted_s", "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding",
-                 "prefix_cached", "group", "output_len", "_synth")
+                 "prefix_cached", "group", "output_len", "_flushed")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
@@ -44,10 +52,11 @@ class Request:
         self._suffix = spec.suffix  # drawn now (arrivals come in request order) and held while it runs
         self.prompt_len = spec.prompt_len
         self._buf: np.ndarray | None = None
-        # sampled tokens n_tokens - _synth - len(_pending) .. n_tokens - _synth, not yet in _buf; then
-        # _synth stand-in tokens (the last ones), not yet in _buf either
+        # sampled tokens _flushed - len(_pending) .. _flushed, not yet in _buf; then the stand-in tokens
+        # _flushed .. n_tokens (the last ones), not yet in _buf either: so a stand-in output only counts
+        # n_tokens and generated up
         self._pending: list[int] = []
-        self._synth = 0
+        self._flushed = self.prompt_len
         self.output_len = spec.output_len
         self.n_tokens = self.prompt_len
         self.computed = 0
@@ -70,15 +79,15 @@ class Request:
             p = self.spec.prefix.size
             buf[:p] = self.spec.prefix
             buf[p : self.prompt_len] = self._suffix
-        synth = self._synth
+        flushed = self._flushed
         if self._pending:
             pending = self._pending
-            end = self.n_tokens - synth
-            buf[end - len(pending) : end] = pending
+            buf[flushed - len(pending) : flushed] = pending
             pending.clear()
+        synth = self.n_tokens - flushed
         if synth:
-            buf[self.n_tokens - synth : self.n_tokens] = stand_in_tokens(self.rid, self.generated - synth, synth)
-            self._synth = 0
+            buf[flushed : self.n_tokens] = stand_in_tokens(self.rid, self.generated - synth, synth)
+            self._flushed = self.n_tokens
         return buf
 
     @property
@@ -87,20 +96,20 @@ class Request:
 
     def advance(self, n: int) -> None:
         """``n`` more outputs, the stand-in tokens of their positions (:func:`stand_in_tokens`)."""
-        self._synth += n
         self.n_tokens += n
         self.generated += n
 
     def append_one(self, token: int) -> None:
-        if self._synth:
+        if self._flushed != self.n_tokens:
             self.tokens  # stand-ins before this token go into the buffer first
         self._pending.append(token)
         self.n_tokens += 1
         self.generated += 1
+        self._flushed += 1
 
     def append(self, tokens: np.ndarray) -> None:
         n = tokens.size
-        if self._synth:
+        if self._flushed != self.n_tokens:
             self.tokens
         if n <= 64:  # a fast-forward block is a few steps: cheaper as list items than as an array store
             self._pending.extend(tokens.tolist())
@@ -108,6 +117,7 @@ class Request:
             self.tokens[self.n_tokens : self.n_tokens + n] = tokens
         self.n_tokens += n
         self.generated += n
+        self._flushed += n
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +216,10 @@ class RequestRecords:
                              **dict(zip(_RECORD_COLS, values)))
 
     def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+        """``self[i]`` for every i, reading the columns once."""
+        statuses, reasons = self._statuses, self._reasons
+        for i, (*values, code) in enumerate(self._rows.rows()):
+            yield RequestRecord(status=statuses[code], reason=reasons.get(i, ""), **dict(zip(_RECORD_COLS, values)))
 
     def __repr__(self) -> str:
         return f"RequestRecords({len(self)} records)"

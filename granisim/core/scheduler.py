@@ -47,12 +47,17 @@ class Scheduler:
                                   needs_layouts)
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
+        # the running requests split by ``decoding``, each in running order (so that a plan needs no pass
+        # over every running request to find them): kept by _admit, _preempt, _finish and postprocess
+        self._decoding: dict[int, Request] = {}
+        self._prefilling: dict[int, Request] = {}
         self.records = RequestRecords()  # finished and rejected requests, as columns
         self.step_id = 0
         self._admitted = 0
         self._prefix_owner: dict[tuple[int, int], int] = {}  # (role, shared_len) -> rid prefilling it
         self.preemptions = 0
         self._decode_plan: tuple | None = None  # (plan, its requests, their ids) of the last decode-only plan
+        self._plan_rows: tuple | None = None  # (the last plan's requests, its decoding requests: its first rows)
 
     # ---- arrivals and rejection -------------------------------------------------------------
     def add(self, spec: RequestSpec, now: float) -> None:
@@ -103,13 +108,12 @@ class Scheduler:
         alloc.rebalance()  # adaptive HOT moves its boundary here, between plans (else a no-op)
         work: list[tuple[Request, int, np.ndarray]] = []
         # (1) decodes: one token each, preempting until they all fit
-        decode = [r for r in self.running.values() if r.decoding]
-        rids = [r.rid for r in decode]
+        decode = list(self._decoding.values())
+        rids = list(self._decoding)
         while decode and not alloc.can_grow(rids, 1):
-            victim = self._victim()
-            self._preempt(victim)
-            decode = [r for r in decode if r is not victim]
-            rids = [r.rid for r in decode]
+            self._preempt(self._victim())  # a victim that was decoding leaves _decoding
+            decode = list(self._decoding.values())
+            rids = list(self._decoding)
         if self.batch.needs_layouts:  # the executor writes K/V: it needs the slot ids
             work.extend(zip(decode, repeat(1), alloc.extend_all(rids, 1)))
         elif decode:
@@ -117,7 +121,7 @@ class Scheduler:
             work.extend(zip(decode, repeat(1), repeat(None)))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
-        for r in [q for q in self.running.values() if not q.decoding]:
+        for r in list(self._prefilling.values()):
             if budget <= 0:
                 break
             n = min(r.n_tokens - r.computed, budget)
@@ -152,9 +156,10 @@ class Scheduler:
                 return self.schedule(now)
             return None
         self.step_id += 1
-        plan = self.batch.build(work, alloc, self.step_id)
+        plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids)
         # a decode-only plan: fast_forward_limit / extend_plan reuse its requests and ids
         self._decode_plan = (plan, decode, rids) if len(work) == len(decode) else None
+        self._plan_rows = (plan.requests, decode)
         return plan
 
     def _group_by_prefix(self, now: float) -> None:
@@ -202,6 +207,7 @@ class Scheduler:
         if r.spec.shared_len and not r.prefix_cached:
             self._prefix_owner[(r.spec.role, r.spec.shared_len)] = r.rid
         self.running[r.rid] = r
+        self._prefilling[r.rid] = r  # its admit_order is the largest: the end of running order
         return True
 
     def _victim(self) -> Request:
@@ -214,6 +220,10 @@ class Scheduler:
     def _preempt(self, r: Request) -> None:
         self.alloc.release(r.rid)
         del self.running[r.rid]
+        if r.decoding:
+            del self._decoding[r.rid]
+        else:
+            del self._prefilling[r.rid]
         key = (r.spec.role, r.spec.shared_len)
         if self._prefix_owner.get(key) == r.rid:
             del self._prefix_owner[key]
@@ -262,15 +272,34 @@ class Scheduler:
     def postprocess(self, plan: BatchPlan, result: StepResult, now: float, steps: int = 1) -> list[Request]:
         """Apply a step's results; returns the requests that finished."""
         done = []
-        running = self.running
         real = result.next_tokens if steps == 1 else None  # None: stand-in tokens (Request.advance)
         cols = columns(plan.requests)
-        for rid, num_new in zip(cols.rid, cols.num_new):
+        rids, num_new = cols.rid, cols.num_new
+        last = self._plan_rows
+        if real is None and last is not None and last[0] is plan.requests:
+            # this scheduler's last plan: its first rows are these decoding requests, one token each
+            decode = last[1]
+            for r in decode:
+                if r.prefix_cached or not r.spec.shared_len:  # a decode step: nothing else changes
+                    r.computed += steps
+                    r.n_tokens += steps  # r.advance(steps), inlined
+                    r.generated += steps
+                    if r.generated >= r.output_len:
+                        self._finish(r, now)
+                        done.append(r)
+                else:
+                    self._apply(r, 1, steps, None, now, done)
+            if len(decode) == len(rids):
+                return done
+            rows = zip(rids[len(decode):], num_new[len(decode):])
+        else:
+            rows = zip(rids, num_new)
+        running = self.running
+        for rid, n in rows:
             r = running[rid]
             if r.decoding and (r.prefix_cached or not r.spec.shared_len):  # a decode step: nothing else changes
                 r.computed += steps
                 if real is None:  # r.advance(steps), inlined
-                    r._synth += steps
                     r.n_tokens += steps
                     r.generated += steps
                 else:
@@ -279,31 +308,48 @@ class Scheduler:
                     self._finish(r, now)
                     done.append(r)
                 continue
-            r.computed += num_new
-            sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
-            r.computed += steps - 1  # fast-forward: decode only, one token per step
-            if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:
-                self.alloc.cache_prefix(r.rid, r.tokens[: r.spec.shared_len])
-                r.group = self.alloc.prefix_group(r.rid)
-                r.prefix_cached = True
-                key = (r.spec.role, r.spec.shared_len)
-                if self._prefix_owner.get(key) == r.rid:
-                    del self._prefix_owner[key]
-            if not sampled:
-                continue
-            if real is None:
-                r.advance(steps)
-            else:
-                r.append_one(int(real[r.rid]))
-            r.decoding = True
-            if r.first_token_s is None:
-                r.first_token_s = now
-            if r.generated >= r.output_len:
-                self._finish(r, now)
-                done.append(r)
+            self._apply(r, n, steps, real, now, done)
         return done
+
+    def _apply(self, r: Request, num_new: int, steps: int, real, now: float, done: list[Request]) -> None:
+        """A plan's row of ``r`` other than a plain decode step: a prefill chunk (perhaps the prompt's
+        last, which samples the first token), or a decode step that caches the declared prefix."""
+        r.computed += num_new
+        sampled = r.computed >= r.n_tokens  # else a mid-prompt chunk
+        r.computed += steps - 1  # fast-forward: decode only, one token per step
+        if r.spec.shared_len and not r.prefix_cached and r.computed >= r.spec.shared_len:
+            self.alloc.cache_prefix(r.rid, r.tokens[: r.spec.shared_len])
+            r.group = self.alloc.prefix_group(r.rid)
+            r.prefix_cached = True
+            key = (r.spec.role, r.spec.shared_len)
+            if self._prefix_owner.get(key) == r.rid:
+                del self._prefix_owner[key]
+        if not sampled:
+            return
+        if real is None:
+            r.advance(steps)
+        else:
+            r.append_one(int(real[r.rid]))
+        if not r.decoding:
+            r.decoding = True
+            self._start_decoding(r)
+        if r.first_token_s is None:
+            r.first_token_s = now
+        if r.generated >= r.output_len:
+            self._finish(r, now)
+            done.append(r)
+
+    def _start_decoding(self, r: Request) -> None:
+        """Move ``r`` (its ``decoding`` just set) from _prefilling to _decoding, keeping running order."""
+        del self._prefilling[r.rid]
+        dec = self._decoding
+        if not dec or next(reversed(dec.values())).admit_order < r.admit_order:
+            dec[r.rid] = r
+        else:  # an earlier-admitted request decodes after it: rebuild in running order
+            self._decoding = {rid: q for rid, q in self.running.items() if q.decoding}
 
     def _finish(self, r: Request, now: float) -> None:
         self.alloc.release(r.rid, r.tokens[: r.computed])
         del self.running[r.rid]
+        del self._decoding[r.rid]  # a request finishes decoding
         self.records.add_completed(r.spec, r, now)

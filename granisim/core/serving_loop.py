@@ -195,7 +195,7 @@ class ServingLoop:
             if steps > 1:
                 block = ex.execute(with_steps(plan, steps))
                 cut = self._steps_until_event(block.step_durations, steps)
-                result = block if cut == steps else None  # a block cut short by an event is priced again
+                result = block if cut == steps else None  # cut short by an event: its first steps (executor)
                 steps = cut
             start = env.now
             if steps > 1 and result is not None and self.feed is not None:
@@ -251,7 +251,7 @@ class ServingLoop:
                 raise
         finally:
             self._in_block = False
-        cum = np.cumsum(block.step_durations)
+        cum = np.array(block.step_durations).cumsum()  # np.cumsum of a tuple, without its fallback
         k = int(min(steps, np.searchsorted(cum, env.now - start, side="left") + 1))
         result = block if k == steps else self.executor.execute(with_steps(plan, k))
         yield env.timeout(max(0.0, start + result.duration_s - env.now))
@@ -265,5 +265,11 @@ class ServingLoop:
         if not nxt:
             return k
         gap = min(nxt) - self.env.now
-        cum = np.cumsum(durations)
-        return int(min(k, np.searchsorted(cum, gap, side="left") + 1))
+        # the first step whose cumulative time reaches the gap: np.searchsorted(np.cumsum(durations), gap,
+        # side="left") + 1, summed left to right as np.cumsum does, stopping there
+        elapsed = 0.0
+        for i, d in enumerate(durations):
+            elapsed += d
+            if elapsed >= gap:
+                return min(k, i + 1)
+        return k

@@ -94,10 +94,12 @@ def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> S
 
 def plan_cost(tables: CostTables, plan: BatchPlan, profile: HardwareProfile) -> StepResult:
     """``plan`` priced by ``tables`` (its compute), lengthened by the host-tier copies compute does not hide."""
+    result = tables.step(plan)
+    if not plan.transfers:
+        return result
     from granisim.costmodel.transfers import with_transfers
 
-    result = tables.step(plan)
-    return with_transfers(plan, result, profile) if plan.transfers else result
+    return with_transfers(plan, result, profile)
 
 
 def group_path_cost(profile: HardwareProfile, model: ModelShape, path: str, prefix_len: int, b_group: int,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from granisim.costmodel import cost_tables, plan_cost
+from granisim.costmodel.step import StepBlock
+from granisim.costmodel.transfers import with_transfers
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
 from granisim.core.contract import BatchPlan, StepResult
@@ -24,6 +26,24 @@ class CostExecutor:
         self.profile = profile if isinstance(profile, HardwareProfile) else get_profile(profile)
         self.model = model if isinstance(model, ModelShape) else get_model(model)
         self._tables = cost_tables(self.profile, self.model)
+        self._block: tuple[BatchPlan, StepBlock] | None = None  # the last fast-forwarded plan priced
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        return plan_cost(self._tables, plan, self.profile)
+        if plan.num_steps <= 1:
+            return plan_cost(self._tables, plan, self.profile)
+        # the serving loop prices a fast-forward block, then its first steps when an event cuts it short:
+        # those are the block's first steps (StepBlock), not priced again
+        last = self._block
+        if last is not None and _fewer_steps_of(plan, last[0]):
+            result = last[1].first(plan.num_steps)
+        else:
+            result, block = self._tables.step_block(plan)
+            self._block = (plan, block)
+        return with_transfers(plan, result, self.profile) if plan.transfers else result
+
+
+def _fewer_steps_of(plan: BatchPlan, block: BatchPlan) -> bool:
+    """``plan`` is ``block`` (the same objects: ``with_steps``) standing for fewer steps."""
+    return (plan.num_steps < block.num_steps and plan.requests is block.requests and plan.step == block.step
+            and plan.groups is block.groups and plan.copies is block.copies and plan.transfers is block.transfers
+            and plan.policy == block.policy and plan.page_size == block.page_size)

@@ -21,6 +21,13 @@ def _ungrouped_rows(cols):
     """(T, decode rows, their tokens read, their longest context, prefill row indices) of ungrouped
     rows, as sums over the columns; None when a non-prefill row computes other than one token."""
     pre, nn, ctx = cols.is_prefill, cols.num_new, cols.context_len
+    nd = getattr(cols, "n_decode", None)
+    if nd is not None:  # decode rows first, one token each; then the prefill rows (the same sums)
+        n = len(nn)
+        if nd == n:
+            return n, n, sum(ctx) + n, max(ctx) + 1, []
+        dec = ctx[:nd]
+        return nd + sum(nn[nd:]), nd, sum(dec) + nd, max(dec) + 1 if dec else 0, list(range(nd, n))
     pidx = list(compress(range(len(pre)), pre)) if True in pre else []
     n_dec = len(nn) - len(pidx)
     if nn.count(1) - sum(1 for i in pidx if nn[i] == 1) != n_dec:
@@ -63,6 +70,11 @@ class StepPricing:
                 + self.overhead_pass * passes)
 
     def step(self, plan: BatchPlan) -> StepResult:
+        return self.step_block(plan)[0]
+
+    def step_block(self, plan: BatchPlan) -> tuple[StepResult, StepBlock | None]:
+        """``step(plan)``, and for a fast-forwarded plan (``num_steps`` > 1) its per-step parts, from
+        which :meth:`StepBlock.first` gives the result of the plan's first steps without pricing again."""
         page_size = plan.page_size
         if self.corr:
             self._priv_class = storage_class(None, page_size)
@@ -153,6 +165,19 @@ class StepPricing:
                 self._in_engine(k, v, eager) for k, v in (("lm_head", lm_head), ("attn_prefill", attn_prefill),
                                                           ("merge", merge), ("kv_write", kv_write)))
             prefix = self._in_engine("attn_prefix", prefix, eager, len(passes))
+        if n <= 1 and self.form != 2:  # one step: the form-1 decode below, on one value (the same operations)
+            attn_decode = 0.0
+            if n_dec:
+                toks = float(tok)
+                attn_decode = max(toks * self.dec_f_tok, (toks * inv_priv + shared_eff) * self.dec_b_tok
+                                  + n_dec * self.dec_qo) + self.dec_launch
+                if self.engine:
+                    attn_decode = self._in_engine("attn_decode", attn_decode, eager,
+                                                  (n_dec > merge_rows) + (merge_rows > 0))
+                attn_decode = float(attn_decode)
+            parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
+            total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
+            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts))), None
         # attn_decode of each step (step s: every context grown by s)
         steps_ = np.arange(max(n, 1), dtype=float)
         if not n_dec:
@@ -177,16 +202,42 @@ class StepPricing:
             attn_decode = float(dec[0])
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
-            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts)))
+            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts))), None
         # decode fast-forward
-        copy = np.zeros(n)
-        copy[0] = kv_copy
         host = self._host(n_req, host_tok + n_dec * np.arange(n), len(passes))  # a token a step more
-        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write + copy + host
-        durations = steps.tolist()
+        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write
+        steps[0] += kv_copy  # the copies run before the first step (adding 0.0 to the others changes nothing)
+        steps += host
+        block = StepBlock(steps, dec, host, (linear, lm_head, attn_prefill, prefix, merge, kv_write), kv_copy)
+        return block.first(n), block
+
+
+class StepBlock:
+    """A fast-forwarded plan's per-step parts: step ``s``'s duration, attention decode and host time do
+    not depend on how many steps the plan stands for (each is computed from ``s`` alone), so the result of
+    its first ``k`` steps is the result of pricing the plan with ``num_steps = k`` (k >= 2)."""
+
+    __slots__ = ("steps", "dec", "host", "fixed", "kv_copy")
+
+    def __init__(self, steps: np.ndarray, dec: np.ndarray, host: np.ndarray, fixed: tuple, kv_copy: float):
+        self.steps, self.dec, self.host = steps, dec, host
+        self.fixed = fixed  # (linear, lm_head, attn_prefill, prefix, merge, kv_write): the same every step
+        self.kv_copy = kv_copy  # the first step's only
+
+    def __len__(self) -> int:
+        return self.steps.size
+
+    def first(self, k: int) -> StepResult:
+        if not 2 <= k <= self.steps.size:
+            raise ValueError(f"a block of {self.steps.size} steps has no result for its first {k} (2 or more)")
+        whole = k == self.steps.size
+        durations = (self.steps if whole else self.steps[:k]).tolist()
         total = 0.0
         for x in durations:  # left to right, as the engine's clock adds them (sum() compensates on 3.12+)
             total += x
-        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * n, lm_head * n, attn_prefill * n, float(dec.sum()),
-                                              prefix * n, merge * n, kv_write * n, kv_copy, float(host.sum()))))
+        add = np.add.reduce  # ndarray.sum without its Python wrapper
+        dec, host = (self.dec, self.host) if whole else (self.dec[:k], self.host[:k])
+        linear, lm_head, attn_prefill, prefix, merge, kv_write = self.fixed
+        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * k, lm_head * k, attn_prefill * k, float(add(dec)),
+                                              prefix * k, merge * k, kv_write * k, self.kv_copy, float(add(host)))))
         return StepResult(total, breakdown, step_durations=tuple(durations))

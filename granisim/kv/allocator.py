@@ -351,7 +351,8 @@ class KVAllocator:
 
     def _cache_private(self, seq: _Seq, tokens: np.ndarray) -> None:
         k = tokens.size - seq.cached_len
-        slots = np.concatenate([path_slots(seq.node), seq.priv[:k]])
+        own = seq.priv[:k]
+        slots = np.concatenate([path_slots(seq.node), own]) if seq.node.parent is not None else own  # insert copies
         node, already = self.radix.insert(tokens, slots, self.store.name)
         dup = max(0, already - seq.cached_len)
         if dup:

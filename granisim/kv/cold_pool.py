@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 SLOT_DTYPE = np.int64
+# ndarray.min / max / any without their Python wrappers (free_slots runs once per freed run)
+_min, _max, _any = np.minimum.reduce, np.maximum.reduce, np.logical_or.reduce
 
 
 class ColdPool:
@@ -33,6 +35,7 @@ class ColdPool:
         self._is_free = np.ones(self.capacity, dtype=bool)
         # Scratch for the O(n) repeated-id check in free_slots (not state: never read across calls).
         self._stamp = np.zeros(self.capacity, dtype=np.int32)
+        self._arange = np.arange(1024, dtype=np.int32)
 
     @property
     def free(self) -> int:
@@ -75,26 +78,35 @@ class ColdPool:
     def free_slots(self, slots: np.ndarray) -> None:
         """Return slots to the pool. Unknown, free or repeated ids raise ValueError; state unchanged."""
         s = np.asarray(slots, dtype=SLOT_DTYPE)
-        if s.size == 0:
+        n = s.size
+        if n == 0:
             return
-        if not self.owns(s):
+        idx = s - self.slot_start if self.slot_start else s
+        if _min(idx) < 0 or _max(idx) >= self.capacity:
             bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
             raise ValueError(f"{self.name}: slot id {int(bad)} is not in this pool")
-        idx = s - self.slot_start
         already = self._is_free[idx]
-        if already.any():
+        if _any(already):
             raise ValueError(f"{self.name}: slot id {int(s[already][0])} is already free (double free)")
-        if s.size > 1:
+        if n > 1:
             # each position writes its index; a repeated id keeps only its last writer's index
             # (O(n), unlike sorting with np.unique, which dominated bulk frees)
-            order = np.arange(s.size, dtype=np.int32)
-            self._stamp[idx] = order
-            repeated = self._stamp[idx] != order
-            if repeated.any():
+            order = self._order(n)
+            stamp = self._stamp
+            stamp[idx] = order
+            repeated = stamp[idx] != order
+            if _any(repeated):
                 raise ValueError(f"{self.name}: slot id {int(s[repeated][0])} appears twice in one free")
         self._is_free[idx] = True
-        self._stack[self._top : self._top + s.size] = s[::-1]
-        self._top += s.size
+        self._stack[self._top : self._top + n] = s[::-1]
+        self._top += n
+
+    def _order(self, n: int) -> np.ndarray:
+        """``np.arange(n, dtype=np.int32)``, a view of one kept arange (scratch, never written)."""
+        order = self._arange
+        if order.size < n:
+            order = self._arange = np.arange(max(n, 2 * order.size), dtype=np.int32)
+        return order[:n]
 
     def free_mask(self) -> np.ndarray:
         """Copy of the per-slot free flags (index = slot - slot_start)."""

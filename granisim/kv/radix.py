@@ -28,7 +28,7 @@ TOKEN_DTYPE = np.int64
 
 
 class RadixNode:
-    __slots__ = ("id", "key", "value", "pool", "slab", "parent", "children", "lock_ref", "last_access")
+    __slots__ = ("id", "key", "value", "pool", "slab", "parent", "children", "lock_ref", "last_access", "run")
 
     def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray, pool: str, parent: "RadixNode | None"):
         self.id = node_id
@@ -40,6 +40,9 @@ class RadixNode:
         self.children: dict[tuple[int, ...], RadixNode] = {}
         self.lock_ref = 0
         self.last_access = 0
+        # (value, whether its slot ids are consecutive ascending): the prefix-group test's cache, valid
+        # while ``value`` is that array (values are replaced, never written in place)
+        self.run: tuple[np.ndarray, bool] | None = None
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -96,8 +99,12 @@ class RadixIndex:
 
     def _common(self, a: np.ndarray, b: np.ndarray) -> int:
         k = min(a.size, b.size)
-        neq = np.flatnonzero(a[:k] != b[:k])
-        m = int(neq[0]) if neq.size else k
+        m = k
+        if k:
+            neq = a[:k] != b[:k]
+            first = int(neq.argmax())  # the first differing position (0 when none differs: checked)
+            if neq[first]:
+                m = first
         return m - m % self.page_size
 
     def _offer(self, node: RadixNode) -> None:

@@ -34,9 +34,25 @@ def prefix_group_of(seq: _Seq, page_size: int) -> tuple[int, int, str] | None:
             break
     if depth != shared:
         return None
-    slots = np.concatenate([n.value for n in path])
-    slab = all(n.pool == "hot" for n in path) and _is_run(slots)
+    slab = all(n.pool == "hot" for n in path) and _path_is_run(path)
     return (path[-1].id, shared, "slab" if slab else path[-1].pool)
+
+
+def _path_is_run(path: list) -> bool:
+    """``_is_run`` of the path's slots concatenated: every node's slots a run (cached on the node) and
+    each node's first slot one past the previous node's last."""
+    last = None
+    for n in path:
+        v = n.value
+        if not v.size:
+            continue
+        run = n.run
+        if run is None or run[0] is not v:
+            run = n.run = (v, _is_run(v))
+        if not run[1] or (last is not None and int(v[0]) != last + 1):
+            return False
+        last = int(v[-1])
+    return last is not None
 
 
 class AllocatorViews:

@@ -170,3 +170,17 @@ def test_request_records_read_back_and_frame_like_a_list():
     pd.testing.assert_frame_equal(requests_frame(table), requests_frame(list(table)), check_exact=True)
     _, _, res, reqs = run(small(**{"workload.num_requests": 12}))
     pd.testing.assert_frame_equal(reqs, requests_frame(list(res.records)), check_exact=True)
+
+
+def test_request_records_iterate_as_indexed():
+    """Iterating RequestRecords (the columns read once: packed chunks, then the rows not packed yet)
+    gives ``table[i]`` for every i, reasons and statuses included. Planted bug caught: the rows not
+    packed yet read before the packed ones."""
+    from granisim.core.request import RequestRecords
+
+    recs = [RequestRecord(i, i % 3, -1, 0, 0.5 * i, 10 + i, 5, "completed", "", 1.5, 2.0, 3.0, 4, 0, 5)
+            if i % 7 else RequestRecord(i, 1, 3, 1, 0.5, 12, 1, "rejected", f"queue full {i}", finish_s=0.6)
+            for i in range(2100)]  # two packed chunks of 1024 and 52 buffered rows
+    table = RequestRecords(recs)
+    assert repr(list(table)) == repr([table[i] for i in range(len(table))])
+    assert [r.reason for r in table if r.reason] == [r.reason for r in recs if r.reason]

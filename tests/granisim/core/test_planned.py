@@ -103,3 +103,87 @@ def test_with_steps_is_replace():
     assert set(f.name for f in dataclasses.fields(BatchPlan)) == {
         "step", "policy", "page_size", "requests", "groups", "copies", "num_steps", "transfers"}
     assert with_steps(plan, 4) == dataclasses.replace(plan, num_steps=4)
+
+
+def _decode_first(rng, n):
+    """Requests in the batch builder's order: decode rows (one token each), then prefill rows."""
+    reqs = random_requests(rng, n)
+    dec = [r for r in reqs if not r.is_prefill]
+    pre = [r for r in reqs if r.is_prefill]
+    if pre:  # a prefill row with the longest context (a decode row's longest context leaves it out)
+        r = pre[-1]
+        pre[-1] = PlannedRequest(r.rid, max(q.context_len for q in reqs) + 100, r.num_new, True)
+    return tuple(dec + pre), len(dec)
+
+
+def _hinted(reqs, n_decode):
+    c = columns(reqs)
+    return PlannedRequests(c.rid, c.context_len, c.num_new, c.is_prefill, c.group, c.shared_len, n_decode=n_decode)
+
+
+@pytest.mark.parametrize("profile", ["a100-80gb", "h200", "h200-engine"])  # attn.form 1, 2, 2 + engine fit
+@pytest.mark.parametrize("seed", range(30))
+def test_decode_first_columns_price_and_log_as_without_the_hint(seed, profile, monkeypatch):
+    """Columns that say their first ``n_decode`` rows are the decode rows (the batch builder's) are the
+    same requests, priced bit for bit as without the hint and as by the row loop, and logged alike.
+    Planted bugs caught: the hinted sums leaving out the decode rows' tokens from T, or taking the
+    longest context over every row instead of the decode rows (attn.form 2 reads it)."""
+    from granisim.core.metrics import StepLog
+    from granisim.kv.allocator import make_allocator
+
+    rng = random.Random(seed)
+    reqs, nd = _decode_first(rng, rng.randrange(1, 60))
+    if seed % 4 == 0:  # decode-only
+        reqs = reqs[:nd] or (PlannedRequest(0, 5, 1, False),)
+        nd = len(reqs)
+    hinted = _hinted(reqs, nd)
+    assert hinted == reqs and hinted == columns(reqs)
+    steps = rng.randrange(2, 9) if nd == len(reqs) else 1
+    hw = get_profile(profile)
+
+    def price(r):
+        return step_cost(BatchPlan(0, "granikv", 1, r, (), num_steps=steps), hw, LLAMA)
+
+    fast = price(hinted)
+    assert fast == price(columns(reqs))
+    logs = []
+    for plan_reqs in (hinted, columns(reqs)):
+        log = StepLog()
+        log.record(0.0, BatchPlan(3, "granikv", 1, plan_reqs, (), num_steps=steps), fast,
+                   make_allocator("granikv", 1000))
+        logs.append(log._log.row(0))
+    assert logs[0] == logs[1]
+    monkeypatch.setattr(step_module, "_ungrouped_rows", lambda cols: None)
+    assert fast == price(reqs)
+
+
+@pytest.mark.parametrize("profile", ["a100-80gb", "h200", "h200-engine"])
+@pytest.mark.parametrize("seed", range(12))
+def test_first_steps_of_a_block_are_the_plan_priced_for_them(seed, profile):
+    """A fast-forwarded plan's first ``k`` steps, taken from its priced block (what the cost executor
+    does when an event cuts a block short), equal the plan priced with ``num_steps = k``, bit for bit,
+    grouped or not, with KV copies or not; the executor gives the same through either path.
+    Planted bug caught: the first steps' decode time summed over the whole block."""
+    from granisim.core.contract import with_steps
+    from granisim.costmodel import cost_tables
+    from granisim.costmodel.executor import CostExecutor
+    from granisim.kv.hot_pool import KVCopy
+
+    rng = random.Random(seed)
+    hw = get_profile(profile)
+    reqs = tuple(r for r in random_requests(rng, rng.randrange(2, 40), groups=3) if not r.is_prefill)
+    reqs = reqs or (PlannedRequest(0, 5, 1, False),)
+    groups = ()
+    if seed % 2:
+        reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
+    copies = (KVCopy(0, 64, 16),) if seed % 3 == 0 else ()
+    n = rng.randrange(3, 40)
+    plan = BatchPlan(5, "granikv", 1, columns(reqs), groups, copies, num_steps=n)
+    whole, block = cost_tables(hw, LLAMA).step_block(plan)
+    assert whole == step_cost(plan, hw, LLAMA) and len(block) == n
+    ex = CostExecutor(hw, LLAMA)
+    assert ex.execute(plan) == whole
+    for k in sorted(rng.sample(range(2, n + 1), min(6, n - 1)), reverse=True):
+        direct = step_cost(with_steps(plan, k), hw, LLAMA)
+        assert block.first(k) == direct and ex.execute(with_steps(plan, k)) == direct
+        assert direct.step_durations == whole.step_durations[:k]

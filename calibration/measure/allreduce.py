@@ -21,7 +21,6 @@ On the CPU (``--smoke``) it only checks that the section runs; the figures mean 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -34,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from calibration.measure.common import write_csv
 
 FIELDS = ["tp", "bytes", "median_us", "p10_us", "p90_us", "algbw", "busbw"]
 SIZES = tuple(1 << k for k in range(12, 30))  # 4 KiB .. 512 MiB
@@ -171,11 +172,7 @@ def main(argv=None) -> int:
         rows += got
         print(f"tp = {tp}: " + ", ".join(f"{r['bytes'] >> 10} KiB {r['busbw'] / 1e9:.1f} GB/s" for r in got[::4]))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "allreduce.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "allreduce.csv", FIELDS, rows)
     fitted = fit(rows)
     (out / "fit.json").write_text(json.dumps(fitted, indent=2) + "\n")
     for tp, fv in fitted.items():

@@ -162,6 +162,15 @@ PAGE = {"slab": 1, "slots": 1, "pages16": 16}
 
 
 # ---- run state ------------------------------------------------------------------------------------
+def write_csv(path, fields, rows) -> None:
+    """A standalone section's rows as one CSV file (the folder made if needed)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
 class Run:
     def __init__(self, args, model):
         self.args, self.model = args, model

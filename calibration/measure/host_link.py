@@ -18,7 +18,6 @@ On the CPU (``--smoke``, a tiny shape) it only checks that the section runs; the
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from calibration.measure.common import write_csv
 from gpu_backend.executor.transfers import HostKV
 from granisim.config.models import get_model
 from granisim.kv.host_tier import KVTransfer
@@ -117,11 +117,7 @@ def main(argv=None) -> int:
         m = get_model(args.model)
         rows = measure(m.num_layers, m.n_kv_heads, m.head_dim, (1024, 4096, 16384), device="cuda")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "host_link.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "host_link.csv", FIELDS, rows)
     for k, val in fit(rows).items():
         print(f"{k} = {val:.6g}")
     return 0

@@ -74,25 +74,17 @@ class BatchBuilder:
         token each); every later row is not decoding (the scheduler's order)."""
         members: dict[int, list[int]] = {}  # group node id -> indices into work
         if decode is None:
-            for i, (r, n, _) in enumerate(work):
-                if r.decoding:
-                    g = r.group
-                    if g is not None:
-                        idx = members.get(g[0])
-                        if idx is None:
-                            members[g[0]] = [i]
-                        else:
-                            idx.append(i)
+            grouped = [(i, r.group) for i, (r, n, _) in enumerate(work) if r.decoding]
         else:
             grp = [r.group for r in decode]
-            if grp.count(None) != len(grp):
-                for i, g in enumerate(grp):
-                    if g is not None:
-                        idx = members.get(g[0])
-                        if idx is None:
-                            members[g[0]] = [i]
-                        else:
-                            idx.append(i)
+            grouped = enumerate(grp) if grp.count(None) != len(grp) else ()
+        for i, g in grouped:
+            if g is not None:
+                idx = members.get(g[0])
+                if idx is None:
+                    members[g[0]] = [i]
+                else:
+                    idx.append(i)
         groups, private = [], []
         group_of = shared_of = None  # per work index: its group (-1: none) and the group's prefix length
         for key, idx in members.items():

@@ -57,6 +57,10 @@ class FleetLoop:
         # (the same answers: the full views' ``up`` is always the replica's own, stale or not)
         self._up_views = [(ReplicaView(i, up=False), ReplicaView(i, up=True)) for i in range(n)] \
             if reads_only_up(self.router.policy) else None
+        # which replicas are up changes only when one starts, fails or recovers (_up_changed): until then
+        # every arrival is routed on the same answers, not on a pass over the replicas
+        self._any_up = False
+        self._up_now: tuple = ()  # the views of _up_views as the replicas are now
         self._views_s = float("-inf")
         self._held = []  # arrivals while every replica is down
         self.rerouted: dict[int, int] = {}
@@ -78,6 +82,7 @@ class FleetLoop:
         self._add_arrivals(initial)  # before the engines, as the single loop orders its processes
         for rep in self.replicas:
             rep.start(env)
+        self._up_changed()
         for f in self.cfg.faults:
             env.process(self._fault(f))
         env.run()
@@ -104,6 +109,7 @@ class FleetLoop:
         yield env.timeout(f.at_s)
         specs, started = rep.fail(env.now)
         self._views[rep.index] = None
+        self._up_changed()
         self.recomputed += started
         for spec in specs:
             self.rerouted[spec.rid] = self.rerouted.get(spec.rid, 0) + 1
@@ -113,6 +119,7 @@ class FleetLoop:
         yield env.timeout(f.for_s)
         if rep.recover(env):
             self._views[rep.index] = None
+            self._up_changed()
             held, self._held = self._held, []
             for spec in held:
                 self._route(spec)
@@ -133,12 +140,18 @@ class FleetLoop:
                     self._views[i] = replace(v, up=rep.up)
         return self._views
 
+    def _up_changed(self) -> None:
+        """A replica started, went down or came back: recompute what routing reads of who is up."""
+        self._any_up = any(rep.up for rep in self.replicas)
+        if self._up_views is not None:
+            self._up_now = tuple(pair[rep.up] for pair, rep in zip(self._up_views, self.replicas))
+
     def _route(self, spec) -> None:
-        if not any(rep.up for rep in self.replicas):
+        if not self._any_up:
             self._held.append(spec)
             return
         if self._up_views is not None:
-            views = [pair[rep.up] for pair, rep in zip(self._up_views, self.replicas)]
+            views = self._up_now
         else:
             views = self._current_views()
         i = self.router.route(request_view(spec), views)

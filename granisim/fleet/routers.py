@@ -57,12 +57,11 @@ def _imbalanced(up: list[ReplicaView], balance_abs: int, balance_rel: float) -> 
 # ---- round robin ------------------------------------------------------------------------------
 def round_robin(req: RequestView, views: Views, state: int) -> tuple[int, int]:
     n = len(views)
-    _up(views)
     for k in range(n):
         i = (state + k) % n
         if views[i].up:
             return i, (i + 1) % n
-    raise AssertionError("unreachable")
+    raise ValueError("no replica is up")  # as _up says; checked after the search, not by a pass before it
 
 
 # ---- least load -------------------------------------------------------------------------------

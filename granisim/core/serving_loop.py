@@ -251,8 +251,7 @@ class ServingLoop:
                 raise
         finally:
             self._in_block = False
-        cum = np.array(block.step_durations).cumsum()  # np.cumsum of a tuple, without its fallback
-        k = int(min(steps, np.searchsorted(cum, env.now - start, side="left") + 1))
+        k = _first_boundary(block.step_durations, env.now - start, steps)
         result = block if k == steps else self.executor.execute(with_steps(plan, k))
         yield env.timeout(max(0.0, start + result.duration_s - env.now))
         return k, result
@@ -264,12 +263,17 @@ class ServingLoop:
         nxt = [t for t in (arrival, self.scheduler.next_expiry()) if t is not None]
         if not nxt:
             return k
-        gap = min(nxt) - self.env.now
-        # the first step whose cumulative time reaches the gap: np.searchsorted(np.cumsum(durations), gap,
-        # side="left") + 1, summed left to right as np.cumsum does, stopping there
-        elapsed = 0.0
-        for i, d in enumerate(durations):
-            elapsed += d
-            if elapsed >= gap:
-                return min(k, i + 1)
-        return k
+        return _first_boundary(durations, min(nxt) - self.env.now, k)
+
+
+def _first_boundary(durations, gap: float, k: int) -> int:
+    """Steps of a block (at most ``k``) up to the first step boundary at or after ``gap`` seconds from its
+    start: ``min(k, np.searchsorted(np.cumsum(durations), gap, side="left") + 1)``, summed left to right as
+    np.cumsum does and stopping there (a block is cut after a few of its steps, so this is cheaper than
+    building the array)."""
+    elapsed = 0.0
+    for i, d in enumerate(durations):
+        elapsed += d
+        if elapsed >= gap:
+            return min(k, i + 1)
+    return k

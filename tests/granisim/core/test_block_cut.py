@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from granisim.core.serving_loop import PendingTimes, ServingLoop
+from granisim.core.serving_loop import PendingTimes, ServingLoop, _first_boundary
 
 
 def _loop_at(now: float, arrival: float | None, expiry: float | None):
@@ -32,4 +32,6 @@ def test_block_cut_is_the_first_step_reaching_the_next_event(seed):
     loop = _loop_at(now, now + gap if which != 1 else None, now + gap if which else None)
     want = int(min(k, np.searchsorted(cum, (now + gap) - now, side="left") + 1))
     assert ServingLoop._steps_until_event(loop, durations, k) == want
+    # a fleet replica's block, cut when a request is routed to it ``gap`` seconds after its start
+    assert _first_boundary(durations, gap, k) == int(min(k, np.searchsorted(cum, gap, side="left") + 1))
     assert ServingLoop._steps_until_event(_loop_at(now, None, None), durations, k) == k

@@ -65,9 +65,6 @@ def cmd_validate(args) -> int:
             from gpu_backend.executor.tp import validate_replica
         except ImportError as err:
             raise ScenarioError(f"validate needs torch and triton (pip install '.[gpu]'): {err}") from None
-        if getattr(scenario.hardware, "host_kv_gb", 0.0):
-            raise ScenarioError(f"{args.scenario}: field hardware.host_kv_gb = {scenario.hardware.host_kv_gb}: the "
-                                f"real engine's host tier runs at tp = 1 only")
         validate_replica(setup, args.out, args.device, args.scenario)
         print((Path(args.out) / "validation.md").read_text())
         return 0

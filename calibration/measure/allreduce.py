@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from calibration.measure.common import write_csv
+from granisim.costmodel.parallel import allreduce_time
 
 FIELDS = ["tp", "bytes", "median_us", "p10_us", "p90_us", "algbw", "busbw"]
 SIZES = tuple(1 << k for k in range(12, 30))  # 4 KiB .. 512 MiB
@@ -108,10 +109,6 @@ def _solve(rows: list[dict], tp: int) -> tuple[float, float]:
     return max(0.0, float(lat)), 1.0 / max(float(inv_bw), 1e-30)
 
 
-def predict(lat: float, busbw: float, tp: int, nbytes) -> np.ndarray:
-    return lat + np.asarray(nbytes, float) * _bus(tp) / busbw
-
-
 def fit(rows: list[dict]) -> dict[int, dict]:
     """Per tp: the coefficients (over every size) and the held-out error of a fit over every other size."""
     out = {}
@@ -119,7 +116,7 @@ def fit(rows: list[dict]) -> dict[int, dict]:
         rs = sorted((r for r in rows if int(r["tp"]) == tp), key=lambda r: r["bytes"])
         fit_on, held = rs[::2], rs[1::2]
         lat_h, bw_h = _solve(fit_on, tp)
-        err = [abs(predict(lat_h, bw_h, tp, r["bytes"]) / (r["median_us"] * 1e-6) - 1.0) for r in held]
+        err = [abs(allreduce_time(lat_h, bw_h, tp, r["bytes"]) / (r["median_us"] * 1e-6) - 1.0) for r in held]
         lat, bw = _solve(rs, tp)
         out[tp] = {"latency_s": lat, "busbw": bw, "held_out_median": float(np.median(err)) if err else float("nan"),
                    "held_out_max": float(np.max(err)) if err else float("nan"), "sizes": len(rs)}

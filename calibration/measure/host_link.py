@@ -29,6 +29,7 @@ from calibration.measure.common import write_csv
 from gpu_backend.executor.transfers import HostKV
 from granisim.config.models import get_model
 from granisim.kv.host_tier import KVTransfer
+from granisim.kv.sequence import run_starts
 
 FIELDS = ["direction", "kind", "page", "host_run", "tokens", "bytes", "pieces", "median_us", "gb_per_s"]
 
@@ -67,7 +68,7 @@ def measure(layers: int, kv_heads: int, head_dim: int, lengths, *, device: str, 
             h = (runs[:, None] * run + np.arange(run)).reshape(-1)[:n]
             cases.append(("pages", p, run, idx, h))
         for kind, p, run, g, h in cases:
-            pieces = 1 + int(np.count_nonzero(np.diff(h) != 1))
+            pieces = run_starts(h).size
             for direction in ("to_host", "to_gpu"):
                 t = KVTransfer(direction, g, h, n * per_token, kind == "slab", pieces)
                 s = _time(lambda: host.move(t, k, v), reps, cuda)

@@ -224,7 +224,10 @@ def validate_replica(setup, out, device: str = "cuda", source: str = "<scenario>
                      idle: bool = True) -> None:
     """``granisim validate`` of a tensor-parallel scenario (``hardware.tp`` > 1) into ``out``: ``tp`` rank
     processes, rank r on ``cuda:r`` (NCCL) or on the CPU (gloo, ``device='cpu'``)."""
-    tp = setup.scenario.hardware.tp
+    tp, host_gb = setup.scenario.hardware.tp, setup.scenario.hardware.host_kv_gb
+    if host_gb:
+        raise ValueError(f"{source}: field hardware.host_kv_gb = {host_gb}: the real engine's host tier runs at "
+                         f"tp = 1 only")
     if device == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"{source}: field hardware.tp = {tp}: the real engine needs {tp} GPUs, this machine "
                          f"has {torch.cuda.device_count()}")

@@ -20,15 +20,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from granisim.kv.sequence import run_starts
+
 STAGE_BYTES = 256 << 20  # the GPU staging buffer: 2,048 tokens of Llama-3.1-8B's K and V
-
-
-def run_starts(slots: np.ndarray) -> np.ndarray:
-    """Start positions of the runs of consecutive ascending ids in ``slots`` (the first is 0)."""
-    s = np.asarray(slots)
-    if s.size == 0:
-        return np.empty(0, np.int64)
-    return np.concatenate([[0], np.flatnonzero(np.diff(s) != 1) + 1])
 
 
 def _available_bytes() -> int | None:

@@ -47,6 +47,11 @@ from .operators import roofline_time
 
 
 # ---- pure functions ----------------------------------------------------------------------------
+def allreduce_time(latency_s: float, busbw: float, tp: int, nbytes):
+    """The all-reduce curve: ``latency_s + nbytes x 2 (tp - 1) / tp / busbw`` (nccl-tests' bus bandwidth)."""
+    return latency_s + np.asarray(nbytes, float) * 2.0 * (tp - 1) / tp / busbw
+
+
 def allreduce_seconds(profile: HardwareProfile, tp: int, nbytes):
     """Seconds of one all-reduce of ``nbytes`` per GPU over ``tp`` GPUs (0 for tp = 1)."""
     if tp <= 1:
@@ -55,7 +60,7 @@ def allreduce_seconds(profile: HardwareProfile, tp: int, nbytes):
     if bw is None:
         raise ValueError(f"profile {profile.name} has no coefficients.comm.allreduce.tp{tp}.busbw "
                          f"(needed for tp = {tp})")
-    return profile[f"comm.allreduce.tp{tp}.latency_s"] + np.asarray(nbytes, float) * 2.0 * (tp - 1) / tp / bw.value
+    return allreduce_time(profile[f"comm.allreduce.tp{tp}.latency_s"], bw.value, tp, nbytes)
 
 
 def allreduces_per_step(model: ModelShape) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from granisim.kv.sequence import path_slots
+from granisim.kv.sequence import path_slots, run_starts
 
 
 def _path_tokens(node) -> np.ndarray:
@@ -57,8 +57,8 @@ def check_transfers(alloc, transfers) -> None:
         if h.size and (h.min() < 0 or h.max() >= ht.pool.capacity):
             raise AssertionError(f"transfer {t.direction}: host slots outside the host pool")
         # priced as what the engine does: one copy per run of host slots; a contiguous copy is one run each side
-        runs = 1 + int(np.count_nonzero(np.diff(h) != 1)) if h.size else 0
-        gpu_run = g.size == 0 or bool((np.diff(g) == 1).all())
+        runs = run_starts(h).size
+        gpu_run = run_starts(g).size <= 1
         if t.pieces != (1 if t.contiguous else runs) or (t.contiguous and (runs != 1 or not gpu_run)):
             raise AssertionError(f"transfer {t.direction}: {t.pieces} pieces, contiguous={t.contiguous}, for "
                                  f"{runs} runs of host slots")

@@ -34,7 +34,7 @@ import numpy as np
 
 from granisim.kv.cold_pool import ColdPool
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode, path_to
-from granisim.kv.sequence import path_slots
+from granisim.kv.sequence import path_slots, run_starts
 
 __all__ = ["HOST_MODES", "HOST_EVICTIONS", "HostTierConfig", "HostTier", "KVTransfer", "host_tier_config"]
 
@@ -210,7 +210,7 @@ class HostTier:
         host slots as one copy across the link (gpu_backend/executor/transfers.py): those runs are the
         transfer's ``pieces``, and a slab that lands in one run is a ``contiguous`` copy."""
         gpu, host = np.asarray(gpu, np.int64).copy(), np.asarray(host, np.int64).copy()
-        runs = 1 + int(np.count_nonzero(np.diff(host) != 1)) if host.size else 0
+        runs = run_starts(host).size
         contiguous = slab and runs == 1
         self._queue.append(KVTransfer(direction, gpu, host, int(gpu.size) * self.cfg.bytes_per_token, contiguous,
                                       1 if contiguous else runs, self.copies_queued()))

@@ -22,6 +22,15 @@ def path_slots(node: RadixNode) -> np.ndarray:
     return np.concatenate(vals) if vals else _EMPTY
 
 
+def run_starts(slots: np.ndarray) -> np.ndarray:
+    """Start positions of the maximal runs of consecutive ascending ids in ``slots`` (empty for no slots): a
+    host-tier transfer crosses the link as one copy a run (granisim/kv/host_tier.py, the engine's HostKV)."""
+    s = np.asarray(slots)
+    if s.size == 0:
+        return np.empty(0, np.int64)
+    return np.concatenate([[0], np.flatnonzero(s[1:] - s[:-1] != 1) + 1])
+
+
 def _is_run(slots: np.ndarray) -> bool:
     """True when ``slots`` are consecutive ascending ids (first/last alone is not enough:
     HOT runs placed out of address order, e.g. [0, 2, 1, 3], span the right range)."""

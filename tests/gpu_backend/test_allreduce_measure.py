@@ -9,9 +9,9 @@ import shutil
 import numpy as np
 import pytest
 
-from calibration.measure.allreduce import SIZES, fit, main, predict, write_profile
+from calibration.measure.allreduce import SIZES, fit, main, write_profile
 from granisim.config.hardware import PROFILE_DIR, load_profile
-from granisim.costmodel.parallel import allreduce_seconds
+from granisim.costmodel.parallel import allreduce_seconds, allreduce_time
 
 
 def test_smoke_on_cpu(tmp_path):
@@ -31,7 +31,7 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
 def test_fit_recovers_a_known_curve_and_writes_the_profile(tmp_path):
     rng = np.random.default_rng(0)
     truth = {2: (7e-6, 370e9), 8: (12e-6, 340e9)}
-    rows = [dict(tp=tp, bytes=b, median_us=predict(lat, bw, tp, b) * (1 + rng.normal(0, 0.01)) * 1e6)
+    rows = [dict(tp=tp, bytes=b, median_us=allreduce_time(lat, bw, tp, b) * (1 + rng.normal(0, 0.01)) * 1e6)
             for tp, (lat, bw) in truth.items() for b in SIZES]
     got = fit(rows)
     for tp, (lat, bw) in truth.items():
@@ -45,4 +45,4 @@ def test_fit_recovers_a_known_curve_and_writes_the_profile(tmp_path):
     assert p.coefficients["comm.allreduce.tp8.busbw"].source.kind == "measured"
     assert p.coefficients["comm.allreduce.tp4.busbw"].source.kind == "extrapolated"  # not measured: kept
     s = 64 << 20
-    assert allreduce_seconds(p, 2, s) == pytest.approx(predict(got[2]["latency_s"], got[2]["busbw"], 2, s))
+    assert allreduce_seconds(p, 2, s) == pytest.approx(allreduce_time(got[2]["latency_s"], got[2]["busbw"], 2, s))

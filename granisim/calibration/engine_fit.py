@@ -202,7 +202,7 @@ ENGINE_HOST_OVERLAP = {"value": 0.0, "unit": "", "source": {
 ENGINE_HOST_DUPLEX = {"value": 0.0, "unit": "", "source": {
     "kind": "measured",
     "date": "2026-12-03",
-    "command": "granisim validation rescore RAW/host_tier/machineR/k64/token_tier (reports/host_tier/README.md)",
+    "command": "sum over RAW/host_tier/machineR/k64/token_tier (reports/host_tier/README.md): measured_kv_copy of steps.parquet against each plan's transfers priced by granisim.costmodel.transfers.copy_seconds",
     "gpu": "NVIDIA H200",
     "commit": "14b46f5",
     "note": "the engine runs both directions' copies on one side stream (gpu_backend/executor/transfers.py): in "

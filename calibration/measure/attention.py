@@ -10,7 +10,7 @@ from gpu_backend.kernels.cascade import block_m_for, cascade_prefix_attention
 from gpu_backend.kernels.decode import decode_attention
 from gpu_backend.kernels import dense as _dense_mod
 from gpu_backend.kernels.dense import dense_prefix_attention
-from gpu_backend.kernels.extend import extend_attention
+from gpu_backend.kernels.extend import ORDERS, extend_attention
 
 from .common import ATTN_FIELDS, DEV, PAGE, copies_for, i32, rnd, time_calls
 
@@ -191,15 +191,40 @@ def s_extend_ragged(run):
     _extend_points(run, pts, "extend_ragged", "extend_ragged.csv", ragged=True)
 
 
-def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False) -> None:
+def s_extend_order(run):
+    """The ragged launches of extend_ragged (and one request alone) under each start order of the extend grid
+    (gpu_backend.kernels.extend.ORDERS: the engine's order, each request's heaviest row blocks first, the heaviest
+    row blocks of every request first), point by point (extend_order.csv, columns q_lens and order; not fitted).
+    Prints each point's time under every order against the engine's."""
+    if run.args.smoke:
+        pts = [("slots", 0, (40,)), ("slots", 30, (10, 30))]
+    else:
+        shares = [(1.0,), (0.5, 0.5), (0.7, 0.3), (0.3, 0.7), (0.5, 0.3, 0.2), (0.2, 0.3, 0.5), (0.1, 0.2, 0.3, 0.4)]
+        pts = [("slots", c, tuple(int(round(T * f / 64)) * 64 for f in sh))
+               for c in (0, 4096) for T in (2048, 4096, 8192) for sh in shares]
+    rows = []
+    for pt in pts:  # every order of a point back to back: they see the same clock
+        for order in ORDERS:
+            rows += _extend_points(run, [pt], "extend_order", "extend_order.csv", ragged=True, order=order)
+    base = {(r["L"], r["q_lens"]): r["median_us"] for r in rows if r["order"] == "in_order"}
+    print("   cached  q_lens               in_order us  " + "  ".join(f"{o:>12s}" for o in ORDERS if o != "in_order"))
+    for key, us in base.items():
+        ratios = [next((r["median_us"] / us for r in rows if (r["L"], r["q_lens"]) == key and r["order"] == o), float("nan"))
+                  for o in ORDERS if o != "in_order"]
+        print(f"   {key[0]:6d}  {key[1]:20s} {us:11.1f}  " + "  ".join(f"{x:12.3f}" for x in ratios), flush=True)
+
+
+def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False, order: str | None = None) -> list:
     """Time extend_attention at each point, a row each: (storage, cached tokens, chunk tokens, requests), or with
-    ``ragged`` (storage, cached tokens, each request's chunk tokens) and a ``q_lens`` column."""
+    ``ragged`` (storage, cached tokens, each request's chunk tokens) and a ``q_lens`` column; ``order``: the grid's
+    start order (an ``order`` column; default the kernel's own, no column). Returns the rows."""
+    done = []
     pool, m = run.pool, run.model
     n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
     n_q = n_kv * G
     for pt in pts:
         if run.out_of_time(section):
-            return
+            return done
         st, c = pt[0], pt[1]
         qls = list(pt[2]) if ragged else [pt[2]] * pt[3]
         nr, ql, T = len(qls), max(qls), sum(qls)
@@ -214,7 +239,7 @@ def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False) 
             kv = pool.layout(st, nr, c)
             fns.append(lambda kv=kv: extend_attention(q=q, k_new=kn, v_new=vn, qo_indptr=qo, k_cache=pool.k,
                                                       v_cache=pool.v, prefix=kv, out=out, lse=lse, check=False,
-                                                      max_qo_len=ql))
+                                                      max_qo_len=ql, **({"order": order} if order else {})))
         t = time_calls(fns, min_reps=3)
         fl = 4 * d * n_q * sum(x * c + x * (x + 1) / 2 for x in qls)
         r = dict(family="extend", kernel="extend", storage=st, page_size=PAGE.get(st, 1), G=G, n_q=n_q, n_kv=n_kv, d=d,
@@ -223,5 +248,9 @@ def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False) 
                  launches=1, bytes=kvbytes + T * n_kv * d * 2 * 2 + 2 * q.numel() * 2, flops=fl, **t)
         if ragged:
             r["q_lens"] = ";".join(map(str, qls))
-        run.row(csv_name, ATTN_FIELDS + (["q_lens"] if ragged else []), r)
+        if order:
+            r["order"] = order
+        run.row(csv_name, ATTN_FIELDS + (["q_lens"] if ragged else []) + (["order"] if order else []), r)
         _print_attn(r)
+        done.append(r)
+    return done

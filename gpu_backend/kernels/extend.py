@@ -29,11 +29,16 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     G, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MODE: tl.constexpr, PAGE: tl.constexpr,
+    MODE: tl.constexpr, PAGE: tl.constexpr, ORDER: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1)
-    req = tl.program_id(2)
+    if ORDER == 2:  # row blocks major, heaviest (last) first across every request and head
+        req = tl.program_id(0)
+        h = tl.program_id(1)
+        pid_m = tl.num_programs(2) - 1 - tl.program_id(2)
+    else:  # requests in order; within each, row blocks in order (0) or heaviest first (1)
+        pid_m = tl.program_id(0) if ORDER == 0 else tl.num_programs(0) - 1 - tl.program_id(0)
+        h = tl.program_id(1)
+        req = tl.program_id(2)
     q_start = tl.load(QO_PTR + req)
     n_new = tl.load(QO_PTR + req + 1) - q_start
     n_rows = n_new * G
@@ -70,18 +75,28 @@ def _extend_kernel(
     store_state(O, LSE, O, LSE, o, lse, tok, qh, row_ok, 0, n_q, 0, stride_ot, stride_oh, D, False)
 
 
+# The order the grid's programs start in. A row block's work grows with its index (the causal chunk), so the
+# last blocks of the longest request are the heaviest; run last, they leave the GPU's tail to a few programs.
+ORDERS = {"in_order": 0,        # requests in order, each one's row blocks in order (the engine's launch)
+          "heavy_first": 1,     # requests in order, each one's row blocks last to first
+          "blocks_major": 2}    # row blocks last to first across every request and head
+
+
 class ExtendLaunch:
     """The extend launch with its host work done once: call it per layer with (q, k_new, v_new,
-    k_cache, v_cache, out, lse). No checks: `extend_attention` checks."""
+    k_cache, v_cache, out, lse). No checks: `extend_attention` checks. ``order``: a key of ORDERS."""
 
     def __init__(self, *, n_q: int, n_kv: int, d: int, qo_indptr: torch.Tensor, prefix: L.KVLayout,
                  max_qo_len: int, sm_scale: float | None = None, block_m: int = 64, block_n: int = 64,
-                 num_warps: int = 4, num_stages: int = 2):
+                 num_warps: int = 4, num_stages: int = 2, order: str = "in_order"):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         G = n_q // n_kv
         mode, A, B, C, page = L.kernel_args(prefix)
-        self.grid = (max(1, cdiv(max_qo_len * G, block_m)), n_kv, qo_indptr.shape[0] - 1)
+        n_m, n_req = max(1, cdiv(max_qo_len * G, block_m)), qo_indptr.shape[0] - 1
+        self.grid = (n_req, n_kv, n_m) if order == "blocks_major" else (n_m, n_kv, n_req)
         self.meta = (qo_indptr, A, B, C, default_scale(d, sm_scale) * LOG2E, n_kv, n_q)
-        self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page,
+        self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page, ORDER=ORDERS[order],
                            num_warps=num_warps, num_stages=num_stages)
 
     def __call__(self, q, k_new, v_new, k_cache, v_cache, out, lse) -> None:
@@ -97,10 +112,11 @@ def extend_attention(
     k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: L.KVLayout,
     sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
     max_qo_len: int | None = None, check: bool = True,
-    block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+    block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2, order: str = "in_order",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, n_q, d], k_new/v_new [T, n_kv, d]: request i's new tokens are rows
     qo_indptr[i]:qo_indptr[i+1]; its cached prefix is sequence i of `prefix` (may be empty).
+    ``order``: the programs' start order (ORDERS; the same result in every order).
     Returns o [T, n_q, d], lse [T, n_q] fp32."""
     num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
     dev = k_cache.device
@@ -125,6 +141,6 @@ def extend_attention(
         max_qo_len = int((p[1:] - p[:-1]).max())
     launch = ExtendLaunch(n_q=n_q, n_kv=n_kv, d=d, qo_indptr=qo_indptr, prefix=prefix, max_qo_len=max_qo_len,
                           sm_scale=sm_scale, block_m=block_m, block_n=block_n, num_warps=num_warps,
-                          num_stages=num_stages)
+                          num_stages=num_stages, order=order)
     launch(q, k_new, v_new, k_cache, v_cache, out, lse)
     return out, lse

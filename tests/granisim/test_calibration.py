@@ -287,3 +287,23 @@ def test_pool_layouts_of_the_shape_probe():
         ids = lay.indices.view(3, 50)
         assert (ids == ids[0]).all() and (lay.indptr.tolist() == [0, 50, 100, 150])
     assert (pool.layout("shared_slotrun", 2, 50).indices[:50].diff() == 1).all()
+
+
+def test_measure_extend_order_smoke(tmp_path, capsys):
+    """The grid-order probe is opt-in and times every point under every start order, one row each, side by
+    side in its printed table."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure import main as measure
+    from gpu_backend.kernels.extend import ORDERS
+
+    assert measure(["--smoke", "--only", "extend_order", "--out", str(tmp_path)]) == 0
+    rows = pd.read_csv(tmp_path / "extend_order.csv", dtype={"q_lens": str})
+    points = [(0, "40"), (30, "10;30")]
+    assert list(zip(rows["L"], rows["q_lens"], rows["order"])) == [(c, q, o) for c, q in points for o in ORDERS]
+    assert (rows["median_us"] > 0).all() and not (tmp_path / "extend_ragged.csv").exists()
+    header, table = capsys.readouterr().out.split("in_order us")
+    assert table.split("\n")[0].split() == ["heavy_first", "blocks_major"]
+    lines = table.split("\n")[1:1 + len(points)]
+    assert [ln.split()[:2] for ln in lines] == [[str(c), q] for c, q in points]
+    assert all(float(x) > 0 for ln in lines for x in ln.split()[3:5])

@@ -67,3 +67,27 @@ def test_extend_rejects():
     bad = L.SlotLists(pre.indptr, i32([0, 1, 2, 10 ** 6]))
     with pytest.raises(ValueError, match=r"prefix.indices\[3\] = 1000000"):
         extend_attention(q=q, k_new=kn, v_new=vn, qo_indptr=i32([0, 2]), k_cache=kc, v_cache=vc, prefix=bad)
+
+
+@pytest.mark.parametrize("order", ["heavy_first", "blocks_major"])
+@pytest.mark.parametrize("G,d,n_kv", [(1, 64, 2), (5, 64, 1)])
+def test_every_start_order_gives_the_same_result(order, G, d, n_kv):
+    """The programs' start order (extend.ORDERS) changes when each row block runs, never what it computes:
+    ragged chunks of several row blocks each (16-row tiles), an empty chunk, requests longest last."""
+    dtype, qo_lens, prefix = torch.float32, [5, 0, 17, 40], [9, 3, 0, 21]
+    kc, vc, pre = stored("slots", prefix, n_kv, d, dtype, seed=3)
+    T = sum(qo_lens)
+    q = queries(T, n_kv * G, d, dtype, seed=4)
+    kn, vn = chunk(T, n_kv, d, dtype, seed=5)
+    qo = i32([sum(qo_lens[:i]) for i in range(len(qo_lens) + 1)])
+    ref = R.extend(q, kn, vn, qo, kc, vc, pre)
+    close(*run(q, kn, vn, qo, kc, vc, pre, block_m=16, block_n=16, order=order), *ref, dtype, order)
+
+
+def test_extend_rejects_an_unknown_order():
+    kc, vc, pre = stored("slots", [4], 1, 64, torch.float16, seed=0)
+    q = queries(2, 4, 64, torch.float16, seed=0)
+    kn, vn = chunk(2, 1, 64, torch.float16, 0)
+    with pytest.raises(ValueError, match="order must be one of in_order, heavy_first, blocks_major"):
+        extend_attention(q=q, k_new=kn, v_new=vn, qo_indptr=i32([0, 2]), k_cache=kc, v_cache=vc, prefix=pre,
+                         order="reverse")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,29 +40,44 @@ TARGETS = {"step_median": 0.03, "throughput_rps": 0.05, "tpot_p50_s": 0.05, "tpo
 
 class PairedExecutor:
     """Runs the real executor and prices the same plan with the cost model. With ``idle`` (default), the
-    serving loop's gaps between arrivals reach the real executor's ``idle(seconds)`` when it has one."""
+    serving loop's gaps between arrivals reach the real executor's ``idle(seconds)`` when it has one.
 
-    def __init__(self, real, profile, model, idle: bool = True):
-        self.real, self.profile, self.model = real, profile, model
+    Each step's row also records ``host_between_s``: the wall time from the end of the previous step's
+    call to the start of this one, less any idling in between (the serving loop's own host work for the
+    step: scheduling, allocation, applying the previous result; NaN for the first step). The same code
+    runs on every machine, so it times the host the engine's own host work runs on. ``host_gaps`` False
+    (a fleet's replicas, which take turns on one GPU: other replicas' steps fall in between) leaves it out."""
+
+    def __init__(self, real, profile, model, idle: bool = True, clock=time.perf_counter, host_gaps: bool = True):
+        self.real, self.profile, self.model, self.clock = real, profile, model, clock
+        self.host_gaps = host_gaps
         self.idle_on = idle and hasattr(real, "idle")
         self.idled_s = 0.0
         self.needs_layouts = real.needs_layouts
         self.max_steps_per_plan = real.max_steps_per_plan
         self.rows: list[dict] = []
         self.plans: list[BatchPlan] = []  # without slot data: enough to re-price the run with another profile
+        self._left: float | None = None  # perf_counter when the previous step's call returned
+        self._idle_since = 0.0  # wall seconds idled since then
 
     def idle(self, seconds: float) -> None:
         if self.idle_on:
+            t = self.clock()
             self.idled_s += seconds
             self.real.idle(seconds)
+            self._idle_since += self.clock() - t
 
     def execute(self, plan: BatchPlan) -> StepResult:
+        t = self.clock()
+        between = float("nan") if self._left is None else max(0.0, t - self._left - self._idle_since)
         measured = self.real.execute(plan)
         self.plans.append(replace(plan, requests=tuple(replace(r, layout=None, new_slots=None, input_tokens=None)
                                                        for r in plan.requests)))
         row = {"step": plan.step, "batch": len(plan.requests), "tokens": plan.num_tokens,
                "prefill": any(r.is_prefill for r in plan.requests), **_columns("measured", measured)}
-        self.rows.append({**row, **_columns("predicted", step_cost(plan, self.profile, self.model))})
+        self.rows.append({**row, **_columns("predicted", step_cost(plan, self.profile, self.model)),
+                          **({"host_between_s": between} if self.host_gaps else {})})
+        self._left, self._idle_since = self.clock(), 0.0
         return measured
 
 
@@ -223,7 +239,7 @@ def validate_fleet(scenario, source: str, make_real, out: Path, progress: bool =
     out.mkdir(parents=True, exist_ok=True)
 
     def paired(setup):
-        return PairedExecutor(make_real(setup), setup.profile, setup.model, idle=False)
+        return PairedExecutor(make_real(setup), setup.profile, setup.model, idle=False, host_gaps=False)
 
     measured = simulate_fleet(scenario, source, paired, progress)
     simulated = simulate_fleet(scenario, source, None, progress)

@@ -89,3 +89,32 @@ def test_a_schedule_that_differs_is_refused(tmp_path):
     other.write_text(FLEET.replace("seed = 5", "seed = 6"))
     with pytest.raises(PlanMismatch):
         rebuild_plans(other, steps)
+
+
+
+def test_host_time_between_steps_leaves_out_idling(tmp_path):
+    """Each step's host_between_s is the wall time since the previous step's call returned, less the idling in
+    between; the first step has none. A fake clock makes the times exact."""
+    now = [0.0]
+
+    class Real(Noisy):
+        def execute(self, plan):
+            now[0] += 0.5  # the step itself: not host time between steps
+            return super().execute(plan)
+
+        def idle(self, seconds):
+            now[0] += seconds
+
+    path = tmp_path / "s.toml"
+    path.write_text(TOML)
+    _, plans = _measured(path, noisy=False)
+    setup = prepare(load_scenario(path))
+    paired = PairedExecutor(Real(setup, 0), setup.profile, setup.model, clock=lambda: now[0])
+    paired.execute(plans[0])
+    now[0] += 0.25  # host work
+    paired.idle(2.0)  # a gap between arrivals
+    now[0] += 0.125  # more host work
+    paired.execute(plans[1])
+    paired.execute(plans[2])
+    got = [r["host_between_s"] for r in paired.rows]
+    assert np.isnan(got[0]) and got[1:] == [0.375, 0.0]

@@ -259,6 +259,7 @@ VALIDATION_VERBS = {
     "rebuild-plans": ("plans", "a run's plans.pkl rebuilt from its steps.parquet (the measured schedule replayed)"),
     "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
     "rescore": ("rescore", "a granisim validate run judged again with the current cost model and a profile"),
+    "refit": ("refit", "engine corrections fitted on several machines' runs, every policy pooled (a profile)"),
 }
 
 

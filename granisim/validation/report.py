@@ -189,20 +189,26 @@ def main(argv: list[str] | None = None) -> None:
         pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)
         _plot(pd.concat(frames), args.out / "h200.png")
     if args.profile_out:  # the base profile + the fit on all workloads, as a profile of its own
-        base_file = Path(args.profile) if args.profile.endswith(".json") else PROFILE_DIR / f"{args.profile}.json"
-        doc = json.loads(base_file.read_text())
-        doc["name"] = args.profile_out.stem
-        doc["notes"] += (f" Engine-calibrated ({args.profile_out.stem}): plus the real engine's per-key corrections and "
-                         f"host overhead fitted on the validation run of {source.date} (reports/validation/README.md); "
-                         f"use it to predict the GraniKV engine itself.")
-        for name, v in report["fit_all"].items():
-            doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
-                                         "source": {"kind": "measured", "date": source.date, "command": source.command,
-                                                    "note": source.note}}
-        doc["coefficients"].update(kept)
-        doc["coefficients"]["host.overlap"] = ENGINE_HOST_OVERLAP
-        doc["coefficients"]["host.duplex"] = ENGINE_HOST_DUPLEX
-        args.profile_out.write_text(json.dumps(doc, indent=2) + "\n")
+        write_engine_profile(args.profile, report["fit_all"], source, args.profile_out, kept,
+                             f"the validation run of {source.date}")
+
+
+def write_engine_profile(base: str, values: dict, source: Source, out: Path, kept: dict, fitted_on: str) -> None:
+    """Write the profile ``base`` (a name or a .json path) plus the engine corrections ``values`` (each with
+    ``source``) and the ``kept`` coefficients, as the profile ``out`` (named by its stem)."""
+    base_file = Path(base) if base.endswith(".json") else PROFILE_DIR / f"{base}.json"
+    doc = json.loads(base_file.read_text())
+    doc["name"] = out.stem
+    doc["notes"] += (f" Engine-calibrated ({out.stem}): plus the real engine's per-key corrections and host overhead "
+                     f"fitted on {fitted_on} (reports/validation/README.md); use it to predict the GraniKV engine itself.")
+    for name, v in values.items():
+        doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
+                                     "source": {"kind": "measured", "date": source.date, "command": source.command,
+                                                "note": source.note}}
+    doc["coefficients"].update(kept)
+    doc["coefficients"]["host.overlap"] = ENGINE_HOST_OVERLAP
+    doc["coefficients"]["host.duplex"] = ENGINE_HOST_DUPLEX
+    out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def _load(run: Path, policy: str = "granikv", model: str = "llama-3.1-8b"):

@@ -174,3 +174,45 @@ def test_rescore_reproduces_the_report_and_follows_the_profile(tmp_path, capsys)
     assert json.loads((tmp_path / "r.json").read_text())[0]["step_errors"] == rep["step_errors"]
     assert main(["validation", "rescore", str(tmp_path)]) == 2  # no run there, no scenario beside it
     assert "no" in capsys.readouterr().err
+
+
+def test_refit_pools_every_policy_of_the_runs_it_is_given(tmp_path, capsys):
+    """`granisim validation refit` fits one profile on every policy's units of the runs left after --except,
+    the held-out workload in none: its coefficients are engine_fit's over exactly those units re-priced, and
+    the profile loads. Planted bug: --except ignored (every run pooled) fails the unit list and the values."""
+    import shutil
+
+    from granisim.calibration.engine_fit import fit
+    from granisim.config.hardware import get_profile
+    from granisim.validation.clock_term import run_units
+    from granisim.validation.gpu_runs import unit_name
+    from granisim.validation.validate import reprice
+
+    raw = tmp_path / "raw"
+    for pol, seed_dir in (("granikv", "runX1"), ("token", "runX1"), ("granikv", "runY1")):
+        (tmp_path / f"{seed_dir}_{pol}").mkdir()
+        rep, out = _tiny_validation(tmp_path / f"{seed_dir}_{pol}", pol, idle=False)
+        dest = raw / seed_dir / "h200_run"
+        dest.mkdir(parents=True, exist_ok=True)
+        for w in ("control_short", "arxiv_replay_500"):  # the second is held out of every fit
+            name = unit_name(w, pol, "llama-3.1-8b")
+            (dest / f"validation_{name}.json").write_text(json.dumps(rep))
+            shutil.copytree(out, dest / name)
+    prof = tmp_path / "fitted.json"
+    assert main(["validation", "refit", str(raw / "runX1"), str(raw / "runY1"), "--except", str(raw / "runY1"),
+                 "--out", str(prof)]) == 0
+    assert "fitted on 2 units of 1 runs" in capsys.readouterr().out
+    base = get_profile("h200")
+    frames = [reprice(s, p, base, prepare_model()) for u, s, p, m in run_units(raw / "runX1") if "arxiv" not in u]
+    want = fit(frames, 2048, prepare_model().num_layers)
+    got = get_profile(str(prof))
+    assert {k: got.coefficients[k].value for k in want} == pytest.approx(want)
+    assert got.coefficients["attn.decode.shared_reread"].value == get_profile("h200-engine").coefficients[
+        "attn.decode.shared_reread"].value
+    assert main(["validation", "refit", str(tmp_path / "nowhere"), "--out", str(prof)]) == 2
+
+
+def prepare_model():
+    from granisim.config.models import get_model
+
+    return get_model("llama-3.1-8b")

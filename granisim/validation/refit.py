@@ -1,0 +1,79 @@
+"""Engine corrections fitted on several machines' runs at once, every policy of one model pooled.
+
+    granisim validation refit RUN [RUN ...] --out PROFILE.json [--model llama-3.1-8b] [--base h200]
+        [--keep-from h200-engine] [--except RUN ...]
+
+``granisim validation report --profile-out`` fits one run's units of one policy; this pools the units of
+every policy found in the runs (folders holding ``h200_run/`` or the units), all on ``--model``, into one
+fit (granisim.calibration.engine_fit: the same keys, the same form), so that a profile can be fitted on
+some machines and judged on another: ``--except`` drops runs from the list, e.g. each machine in turn for a
+leave-one-machine-out check (``granisim validation report OTHER --check-profile PROFILE.json``). Held-out
+workloads (VALIDATION's ``held_out``) join no fit. The profile is ``--base`` plus the fit, with the
+coefficients that other fits own (``report.KEEP``, from ``--keep-from``) and the engine's host-tier
+constants. Nothing here needs a GPU; a bad folder or a run without units is one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from granisim.calibration.engine_fit import fit
+from granisim.config.hardware import PROFILE_DIR, Source, get_profile
+from granisim.config.models import get_model
+from granisim.validation.clock_term import run_units
+from granisim.validation.report import KEEP, _kept, held_out, write_engine_profile
+from granisim.validation.validate import reprice
+
+GRAPH_MAX = 2048  # the validation runs' CUDA-graph limit (gpu_runs: every run so far)
+
+
+def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str]]:
+    """(engine-correction values, units fitted): every non-held-out unit of ``model`` in ``runs``, each
+    re-priced with ``base`` plus ``keep`` (the coefficients the fit leaves alone)."""
+    prof = replace(base, coefficients={**base.coefficients, **keep})
+    m = get_model(model)
+    frames, names = [], []
+    for run in runs:
+        for unit, steps, plans, unit_model in run_units(run):
+            if unit_model != model or held_out(unit.split("/", 1)[1]):
+                continue
+            frames.append(reprice(steps, plans, prof, m))
+            names.append(unit)
+    if not frames:
+        raise ValueError(f"no validation units of {model} outside the held-out workloads under "
+                         f"{', '.join(map(str, runs))}")
+    return fit(frames, GRAPH_MAX, m.num_layers), names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="granisim validation refit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--out", type=Path, required=True, help="the profile to write (.json)")
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--base", default="h200", help="the microbenchmark profile the corrections go on")
+    ap.add_argument("--keep-from", default="h200-engine", help="take the coefficients other fits own from it")
+    ap.add_argument("--except", dest="skip", type=Path, nargs="*", default=[], help="leave these runs out")
+    args = ap.parse_args(argv)
+    if args.out.suffix != ".json":
+        raise ValueError(f"--out {args.out}: a profile is a .json file")
+    for run in args.runs:
+        if not run.is_dir():
+            raise ValueError(f"{run}: no such run folder")
+    skip = {p.resolve() for p in args.skip}
+    runs = [r for r in args.runs if r.resolve() not in skip]
+    base, kept_from = get_profile(args.base), get_profile(args.keep_from)
+    keep = {k: kept_from.coefficients[k] for k in KEEP if k in kept_from.coefficients}
+    values, units = pooled_fit(runs, args.model, base, keep)
+    cmd = "granisim validation refit " + " ".join(map(str, runs)) + f" --model {args.model} --base {args.base}"
+    source = Source("measured", date=datetime.now(timezone.utc).date().isoformat(), command=cmd,
+                    note=f"granisim.calibration.engine_fit pooled over {len(units)} units: {', '.join(units)}")
+    kept = _kept(Path(args.keep_from) if args.keep_from.endswith(".json") else PROFILE_DIR / f"{args.keep_from}.json")
+    write_engine_profile(args.base, values, source, args.out, kept, f"{len(units)} units of {len(runs)} runs")
+    print(f"{args.out}: engine corrections fitted on {len(units)} units of {len(runs)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,7 +10,7 @@ from operator import not_
 import numpy as np
 
 from granisim.config.coefficients import LINEAR_KNOTS
-from granisim.core.contract import BatchPlan, StepResult
+from granisim.core.contract import BatchPlan, StepResult, step_result
 from granisim.core.planned import columns
 
 from .correction import storage_class
@@ -177,7 +177,7 @@ class StepPricing:
                 attn_decode = float(attn_decode)
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
-            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts))), None
+            return step_result(total, dict(zip(BREAKDOWN_KEYS, parts))), None
         if n <= SHORT_BLOCK and self.form != 2 and not self.engine:  # the block below, on floats
             return self._short_block(n, n_req, n_dec, tok, host_tok, inv_priv, shared_eff, len(passes),
                                      (linear, lm_head, attn_prefill, prefix, merge, kv_write), kv_copy)
@@ -205,7 +205,7 @@ class StepPricing:
             attn_decode = float(dec[0])
             parts = (linear, lm_head, attn_prefill, attn_decode, prefix, merge, kv_write, kv_copy, overhead)
             total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
-            return StepResult(total, dict(zip(BREAKDOWN_KEYS, parts))), None
+            return step_result(total, dict(zip(BREAKDOWN_KEYS, parts))), None
         # decode fast-forward
         host = self._host(n_req, host_tok + n_dec * np.arange(n), len(passes))  # a token a step more
         steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write
@@ -276,4 +276,4 @@ class StepBlock:
         linear, lm_head, attn_prefill, prefix, merge, kv_write = self.fixed
         breakdown = dict(zip(BREAKDOWN_KEYS, (linear * k, lm_head * k, attn_prefill * k, float(add(dec)),
                                               prefix * k, merge * k, kv_write * k, self.kv_copy, float(add(host)))))
-        return StepResult(total, breakdown, step_durations=tuple(durations))
+        return step_result(total, breakdown, None, tuple(durations))

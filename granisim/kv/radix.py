@@ -66,6 +66,18 @@ class MatchResult:
         return out[::-1]
 
 
+_MATCH_NODE, _MATCH_LENGTH = MatchResult.node.__set__, MatchResult.length.__set__
+
+
+def match_result(node: RadixNode, length: int) -> MatchResult:
+    """``MatchResult(node, length)`` (an equal object) without the frozen ``__init__`` (two or three
+    matches per request)."""
+    o = object.__new__(MatchResult)
+    _MATCH_NODE(o, node)
+    _MATCH_LENGTH(o, length)
+    return o
+
+
 def path_to(node: RadixNode) -> list[RadixNode]:
     return MatchResult(node, 0).path()
 
@@ -163,7 +175,7 @@ class RadixIndex:
                 break
         if node.lock_ref == 0 and node in self._leaves:  # only the deepest node can be a leaf
             self._offer(node)
-        return MatchResult(node, pos)
+        return match_result(node, pos)
 
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str) -> tuple[RadixNode, int]:
         """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).

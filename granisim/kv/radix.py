@@ -45,7 +45,7 @@ class RadixNode:
         self.run: tuple[np.ndarray, bool] | None = None
 
     def __len__(self) -> int:
-        return int(self.key.size)
+        return self.key.size  # a Python int already
 
     def __repr__(self) -> str:
         return f"RadixNode(id={self.id}, len={len(self)}, pool={self.pool}, lock={self.lock_ref})"

@@ -214,7 +214,6 @@ class StepPricing:
         block = StepBlock(steps, dec, host, (linear, lm_head, attn_prefill, prefix, merge, kv_write), kv_copy)
         return block.first(n), block
 
-
     def _short_block(self, n: int, n_req: int, n_dec: int, tok: int, host_tok: int, inv_priv: float,
                      shared_eff: float, passes: int, fixed: tuple, kv_copy: float) -> tuple[StepResult, StepBlock]:
         """The form-1 fast-forward block of ``step_block`` without engine scaling, step by step on

@@ -82,13 +82,12 @@ class ColdPool:
         if n == 0:
             return
         idx = s - self.slot_start if self.slot_start else s
-        try:
-            if _min(idx) < 0:  # ids above the pool fail the gather below (an int64 max is a slow reduction)
-                raise IndexError
+        if _min(idx) < 0:  # a negative index would wrap around to a slot of this pool
+            raise self._not_in_pool(s)
+        try:  # an id above the pool fails the gather (_is_free has one flag per slot; an int64 max is slow)
             already = self._is_free[idx]
         except IndexError:
-            bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
-            raise ValueError(f"{self.name}: slot id {int(bad)} is not in this pool") from None
+            raise self._not_in_pool(s) from None
         if _count(already):  # count_nonzero: a fraction of logical_or.reduce's time on bools
             raise ValueError(f"{self.name}: slot id {int(s[already][0])} is already free (double free)")
         if n > 1:
@@ -103,6 +102,10 @@ class ColdPool:
         self._is_free[idx] = True
         self._stack[self._top : self._top + n] = s[::-1]
         self._top += n
+
+    def _not_in_pool(self, s: np.ndarray) -> ValueError:
+        bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
+        return ValueError(f"{self.name}: slot id {int(bad)} is not in this pool")
 
     def _order(self, n: int) -> np.ndarray:
         """``np.arange(n, dtype=np.int32)``, a view of one kept arange (scratch, never written)."""

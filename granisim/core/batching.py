@@ -13,7 +13,7 @@ from collections.abc import Callable
 from itertools import repeat
 from dataclasses import dataclass, replace
 
-from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup
+from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, batch_plan
 from granisim.core.planned import PlannedRequests
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
@@ -125,8 +125,8 @@ class BatchBuilder:
                                            group_of, shared_of, n_decode=nd)
                 else:
                     reqs = PlannedRequests(list(rids), ctx, [1] * nd, [False] * nd, group_of, shared_of, n_decode=nd)
-        plan = BatchPlan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups),
-                         tuple(alloc.take_copies()), transfers=tuple(alloc.take_transfers()))
+        plan = batch_plan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups), tuple(alloc.take_copies()),
+                          transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:
             plan = self._cheapest_step(plan, private)
         return plan

@@ -101,11 +101,32 @@ class BatchPlan:
         return sum(r.num_new for r in self.requests)
 
 
+_PLAN_SET = tuple(BatchPlan.__dict__[f].__set__ for f in ("step", "policy", "page_size", "requests", "groups",
+                                                           "copies", "num_steps", "transfers"))
+
+
+def batch_plan(step: int, policy: str, page_size: int, requests, groups: tuple = (), copies: tuple = (),
+               num_steps: int = 1, transfers: tuple = ()) -> BatchPlan:
+    """``BatchPlan(...)`` (an equal object), built as :func:`planned_request` builds its object: the
+    batch builder makes one per plan and ``with_steps`` one or two per fast-forwarded plan."""
+    o = _new(BatchPlan)
+    a, b, c, d, e, f, g, h = _PLAN_SET
+    a(o, step)
+    b(o, policy)
+    c(o, page_size)
+    d(o, requests)
+    e(o, groups)
+    f(o, copies)
+    g(o, num_steps)
+    h(o, transfers)
+    return o
+
+
 def with_steps(plan: BatchPlan, num_steps: int) -> BatchPlan:
     """``dataclasses.replace(plan, num_steps=num_steps)``, without its per-field introspection (the
     serving loop makes one or two per fast-forwarded plan)."""
-    return BatchPlan(plan.step, plan.policy, plan.page_size, plan.requests, plan.groups, plan.copies, num_steps,
-                     plan.transfers)
+    return batch_plan(plan.step, plan.policy, plan.page_size, plan.requests, plan.groups, plan.copies, num_steps,
+                      plan.transfers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +135,23 @@ class StepResult:
     breakdown: Mapping[str, float] = field(default_factory=dict)  # seconds per cost key
     next_tokens: Mapping[int, int] | None = None  # rid -> sampled token (real engine); None: synthetic
     step_durations: tuple[float, ...] | None = None  # per step when num_steps > 1
+
+
+_RESULT_SET = tuple(StepResult.__dict__[f].__set__ for f in ("duration_s", "breakdown", "next_tokens",
+                                                              "step_durations"))
+
+
+def step_result(duration_s: float, breakdown: Mapping[str, float], next_tokens: Mapping[int, int] | None = None,
+                step_durations: tuple[float, ...] | None = None) -> StepResult:
+    """``StepResult(...)`` (an equal object) without the frozen ``__init__``: the cost model makes one
+    per plan priced."""
+    o = _new(StepResult)
+    a, b, c, d = _RESULT_SET
+    a(o, duration_s)
+    b(o, breakdown)
+    c(o, next_tokens)
+    d(o, step_durations)
+    return o
 
 
 class Executor(Protocol):

@@ -49,6 +49,12 @@ class SuffixStream:
     it that were never read (rejected on arrival, say). A suffix read again after it was
     dropped, or read after a later one, is redrawn from the generator state saved every
     ``MARK_EVERY`` requests. Values never depend on the order of reads.
+
+    The generator draws the suffixes of ``MARK_EVERY`` requests in one call (a chunk: from one mark
+    to the next) and hands each request a copy of its part. The bit generator keeps the unused half
+    of a 64-bit draw between calls and bounded integers take one 32-bit draw each (with Lemire's
+    rejection), so the chunk holds the tokens of drawing its requests one call each; one call
+    instead of 64 is what saves time (most of a small draw is the call's own overhead).
     """
 
     MARK_EVERY = 64
@@ -57,8 +63,9 @@ class SuffixStream:
         self._gen = gen
         self._lengths = lengths
         self._vocab = vocab
-        self._next = 0  # the request whose suffix the generator draws next
+        self._next = 0  # the request whose suffix is handed out next (the generator is at its chunk's end)
         self._marks: dict[int, dict] = {}  # request index (multiple of MARK_EVERY) -> generator state
+        self._chunk: tuple[int, np.ndarray, list[int]] | None = None  # (first request, tokens, offsets)
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -74,16 +81,27 @@ class SuffixStream:
         i = self._next
         if i % self.MARK_EVERY == 0:
             self._marks[i] = self._gen.bit_generator.state
+            self._chunk = self._draw_chunk(self._gen, i)
         self._next += 1
-        return self._gen.integers(0, self._vocab, int(self._lengths[i]), dtype=PROMPT_DTYPE)
+        return self._part(self._chunk, i)
+
+    def _draw_chunk(self, gen: np.random.Generator, start: int) -> tuple[int, np.ndarray, list[int]]:
+        """The suffixes of requests ``start .. start + MARK_EVERY`` (fewer at the end) in one draw."""
+        lens = self._lengths[start : start + self.MARK_EVERY]
+        offsets = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).tolist()
+        return start, gen.integers(0, self._vocab, offsets[-1], dtype=PROMPT_DTYPE), offsets
+
+    @staticmethod
+    def _part(chunk: tuple[int, np.ndarray, list[int]], i: int) -> np.ndarray:
+        start, tokens, offsets = chunk
+        k = i - start
+        return tokens[offsets[k] : offsets[k + 1]].copy()  # its own array: held only while its request is
 
     def _redraw(self, i: int) -> np.ndarray:
         start = i - i % self.MARK_EVERY
         gen = np.random.Generator(type(self._gen.bit_generator)())
         gen.bit_generator.state = self._marks[start]
-        for j in range(start, i):
-            gen.integers(0, self._vocab, int(self._lengths[j]), dtype=PROMPT_DTYPE)
-        return gen.integers(0, self._vocab, int(self._lengths[i]), dtype=PROMPT_DTYPE)
+        return self._part(self._draw_chunk(gen, start), i)
 
 
 class LazySuffix:

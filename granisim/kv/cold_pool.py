@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 SLOT_DTYPE = np.int64
-# ndarray.min / max / any without their Python wrappers (free_slots runs once per freed run)
-_min, _max, _any = np.minimum.reduce, np.maximum.reduce, np.logical_or.reduce
+# ndarray.min without its Python wrapper, and a count of True values (free_slots runs once per freed run)
+_min, _count = np.minimum.reduce, np.count_nonzero
 
 
 class ColdPool:
@@ -82,11 +82,13 @@ class ColdPool:
         if n == 0:
             return
         idx = s - self.slot_start if self.slot_start else s
-        if _min(idx) < 0 or _max(idx) >= self.capacity:
-            bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
-            raise ValueError(f"{self.name}: slot id {int(bad)} is not in this pool")
-        already = self._is_free[idx]
-        if _any(already):
+        if _min(idx) < 0:  # a negative index would wrap around to a slot of this pool
+            raise self._not_in_pool(s)
+        try:  # an id above the pool fails the gather (_is_free has one flag per slot; an int64 max is slow)
+            already = self._is_free[idx]
+        except IndexError:
+            raise self._not_in_pool(s) from None
+        if _count(already):  # count_nonzero: a fraction of logical_or.reduce's time on bools
             raise ValueError(f"{self.name}: slot id {int(s[already][0])} is already free (double free)")
         if n > 1:
             # each position writes its index; a repeated id keeps only its last writer's index
@@ -95,11 +97,15 @@ class ColdPool:
             stamp = self._stamp
             stamp[idx] = order
             repeated = stamp[idx] != order
-            if _any(repeated):
+            if _count(repeated):
                 raise ValueError(f"{self.name}: slot id {int(s[repeated][0])} appears twice in one free")
         self._is_free[idx] = True
         self._stack[self._top : self._top + n] = s[::-1]
         self._top += n
+
+    def _not_in_pool(self, s: np.ndarray) -> ValueError:
+        bad = s[(s < self.slot_start) | (s >= self.slot_start + self.capacity)][0]
+        return ValueError(f"{self.name}: slot id {int(bad)} is not in this pool")
 
     def _order(self, n: int) -> np.ndarray:
         """``np.arange(n, dtype=np.int32)``, a view of one kept arange (scratch, never written)."""

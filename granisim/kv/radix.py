@@ -45,7 +45,7 @@ class RadixNode:
         self.run: tuple[np.ndarray, bool] | None = None
 
     def __len__(self) -> int:
-        return int(self.key.size)
+        return self.key.size  # a Python int already
 
     def __repr__(self) -> str:
         return f"RadixNode(id={self.id}, len={len(self)}, pool={self.pool}, lock={self.lock_ref})"
@@ -64,6 +64,18 @@ class MatchResult:
             out.append(n)
             n = n.parent
         return out[::-1]
+
+
+_MATCH_NODE, _MATCH_LENGTH = MatchResult.node.__set__, MatchResult.length.__set__
+
+
+def match_result(node: RadixNode, length: int) -> MatchResult:
+    """``MatchResult(node, length)`` (an equal object) without the frozen ``__init__`` (two or three
+    matches per request)."""
+    o = object.__new__(MatchResult)
+    _MATCH_NODE(o, node)
+    _MATCH_LENGTH(o, length)
+    return o
 
 
 def path_to(node: RadixNode) -> list[RadixNode]:
@@ -163,7 +175,7 @@ class RadixIndex:
                 break
         if node.lock_ref == 0 and node in self._leaves:  # only the deepest node can be a leaf
             self._offer(node)
-        return MatchResult(node, pos)
+        return match_result(node, pos)
 
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str) -> tuple[RadixNode, int]:
         """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).

@@ -147,3 +147,34 @@ def test_planned_request_builds_an_equal_frozen_request():
         assert got == want and dataclasses.astuple(got) == dataclasses.astuple(want)
         with pytest.raises(dataclasses.FrozenInstanceError):
             got.num_new = 2
+
+
+def test_fast_constructors_build_equal_frozen_objects():
+    """``batch_plan``, ``step_result`` and the radix index's ``match_result`` give the dataclasses' own
+    objects: equal, the same fields in order, still frozen. Planted bug this catches: two of
+    batch_plan's setters swapped (copies and groups)."""
+    import dataclasses
+
+    from granisim.core.contract import (BatchPlan, PlannedRequest, PrefixGroup, StepResult, batch_plan, step_result,
+                                        with_steps)
+    from granisim.kv.hot_pool import KVCopy
+    from granisim.kv.radix import MatchResult, RadixIndex, match_result
+
+    reqs = (PlannedRequest(1, 10, 1, False), PlannedRequest(2, 0, 64, True))
+    group = PrefixGroup(7, 8, "cold", "paged", (0,), 4)
+    for args in [(3, "granikv", 1, reqs), (4, "paged", 16, reqs, (group,), (KVCopy(0, 64, 16),), 5, ("t",))]:
+        got, want = batch_plan(*args), BatchPlan(*args)
+        assert got == want and dataclasses.astuple(got) == dataclasses.astuple(want)
+        assert with_steps(got, 9) == dataclasses.replace(want, num_steps=9)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.num_steps = 2
+    for args in [(0.5, {"linear": 0.25}), (1.5, {"a": 1.0}, {3: 4}, (0.5, 1.0))]:
+        got, want = step_result(*args), StepResult(*args)
+        assert got == want and dataclasses.astuple(got) == dataclasses.astuple(want)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.duration_s = 2.0
+    root = RadixIndex().root
+    got, want = match_result(root, 5), MatchResult(root, 5)
+    assert got == want and (got.node, got.length) == (root, 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.length = 1

@@ -187,3 +187,38 @@ def test_first_steps_of_a_block_are_the_plan_priced_for_them(seed, profile):
         direct = step_cost(with_steps(plan, k), hw, LLAMA)
         assert block.first(k) == direct and ex.execute(with_steps(plan, k)) == direct
         assert direct.step_durations == whole.step_durations[:k]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_a_short_block_on_floats_is_the_block_on_arrays(seed, monkeypatch):
+    """Fast-forward blocks of up to SHORT_BLOCK steps are priced step by step on floats
+    (``StepPricing._short_block``, form 1 without engine scaling): the result and the block's
+    per-step parts equal the array expressions' bit for bit (SHORT_BLOCK = 0 forces them), grouped
+    or not, with KV copies or not. Shown to catch planted bugs: the KV copies
+    added to every step, and the host time's per-pass term left out."""
+    from granisim.costmodel import cost_tables
+    from granisim.kv.hot_pool import KVCopy
+
+    rng = random.Random(seed)
+    hw = get_profile("a100-80gb")
+    reqs = tuple(r for r in random_requests(rng, rng.randrange(2, 40), groups=3) if not r.is_prefill)
+    reqs = reqs or (PlannedRequest(0, 5, 1, False),)
+    groups = ()
+    if seed % 2:
+        reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
+    copies = (KVCopy(0, 64, 16),) if seed % 3 == 0 else ()
+    tables = cost_tables(hw, LLAMA)
+    # a100-80gb prices no host overhead per token or per pass: give it h200-engine's, so the host terms count
+    engine = cost_tables(get_profile("h200-engine"), LLAMA)
+    for k in ("step_overhead", "overhead_req", "overhead_tok", "overhead_pass"):
+        monkeypatch.setattr(tables, k, getattr(engine, k))  # the tables are cached: put back after the test
+    for n in sorted({2, 3, rng.randrange(2, step_module.SHORT_BLOCK + 1), step_module.SHORT_BLOCK}):
+        plan = BatchPlan(5, "granikv", 1, columns(reqs), groups, copies, num_steps=n)
+        short, sblock = tables.step_block(plan)
+        with monkeypatch.context() as m:
+            m.setattr(step_module, "SHORT_BLOCK", 0)
+            want, wblock = tables.step_block(plan)
+        assert short == want
+        for part in ("steps", "dec", "host"):
+            assert getattr(sblock, part).tolist() == getattr(wblock, part).tolist()
+        assert sblock.fixed == wblock.fixed and sblock.kv_copy == wblock.kv_copy

@@ -102,3 +102,16 @@ def test_repeated_id_in_one_free_raises_and_changes_nothing():
     assert snapshot(pool) == before
     pool.free_slots(live)
     assert pool.free == 10
+
+
+def test_ids_below_or_above_the_pool_are_not_in_it_even_when_every_slot_is_taken():
+    """An id below ``slot_start`` must not wrap around to a live slot's index (numpy reads a
+    negative index from the end), nor one above the pool pass. Shown to catch a planted bug: the
+    check for ids below the pool removed (the id below then frees a live slot's flag)."""
+    pool = ColdPool(10, slot_start=20)
+    pool.allocate(10)
+    before = snapshot(pool)
+    for bad in (15, 19, 0, -3, 30, 31, 2**40):
+        with pytest.raises(ValueError, match=rf"{bad}.*not in this pool"):
+            pool.free_slots(np.array([bad]))
+        assert snapshot(pool) == before

@@ -167,16 +167,10 @@ def test_first_steps_of_a_block_are_the_plan_priced_for_them(seed, profile):
     from granisim.core.contract import with_steps
     from granisim.costmodel import cost_tables
     from granisim.costmodel.executor import CostExecutor
-    from granisim.kv.hot_pool import KVCopy
 
     rng = random.Random(seed)
     hw = get_profile(profile)
-    reqs = tuple(r for r in random_requests(rng, rng.randrange(2, 40), groups=3) if not r.is_prefill)
-    reqs = reqs or (PlannedRequest(0, 5, 1, False),)
-    groups = ()
-    if seed % 2:
-        reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
-    copies = (KVCopy(0, 64, 16),) if seed % 3 == 0 else ()
+    reqs, groups, copies = _decode_batch(rng, seed)
     n = rng.randrange(3, 40)
     plan = BatchPlan(5, "granikv", 1, columns(reqs), groups, copies, num_steps=n)
     whole, block = cost_tables(hw, LLAMA).step_block(plan)
@@ -197,16 +191,10 @@ def test_a_short_block_on_floats_is_the_block_on_arrays(seed, monkeypatch):
     or not, with KV copies or not. Shown to catch planted bugs: the KV copies
     added to every step, and the host time's per-pass term left out."""
     from granisim.costmodel import cost_tables
-    from granisim.kv.hot_pool import KVCopy
 
     rng = random.Random(seed)
     hw = get_profile("a100-80gb")
-    reqs = tuple(r for r in random_requests(rng, rng.randrange(2, 40), groups=3) if not r.is_prefill)
-    reqs = reqs or (PlannedRequest(0, 5, 1, False),)
-    groups = ()
-    if seed % 2:
-        reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
-    copies = (KVCopy(0, 64, 16),) if seed % 3 == 0 else ()
+    reqs, groups, copies = _decode_batch(rng, seed)
     tables = cost_tables(hw, LLAMA)
     # a100-80gb prices no host overhead per token or per pass: give it h200-engine's, so the host terms count
     engine = cost_tables(get_profile("h200-engine"), LLAMA)
@@ -222,3 +210,16 @@ def test_a_short_block_on_floats_is_the_block_on_arrays(seed, monkeypatch):
         for part in ("steps", "dec", "host"):
             assert getattr(sblock, part).tolist() == getattr(wblock, part).tolist()
         assert sblock.fixed == wblock.fixed and sblock.kv_copy == wblock.kv_copy
+
+
+def _decode_batch(rng, seed):
+    """A random decode batch of 1-39 requests: grouped for odd seeds, with a KV copy for seeds divisible by 3."""
+    from granisim.kv.hot_pool import KVCopy
+
+    reqs = tuple(r for r in random_requests(rng, rng.randrange(2, 40), groups=3) if not r.is_prefill)
+    reqs = reqs or (PlannedRequest(0, 5, 1, False),)
+    groups = ()
+    if seed % 2:
+        reqs, groups = grouped(reqs, ("paged", "cascade", "dense"))
+    copies = (KVCopy(0, 64, 16),) if seed % 3 == 0 else ()
+    return reqs, groups, copies

@@ -23,7 +23,7 @@ from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import PROFILE_DIR, Source, get_profile
 from granisim.config.models import get_model
 from granisim.validation.clock_term import run_units
-from granisim.validation.report import KEEP, _kept, held_out, write_engine_profile
+from granisim.validation.report import KEEP, held_out, kept_coefficients, write_engine_profile
 from granisim.validation.validate import reprice
 
 GRAPH_MAX = 2048  # the validation runs' CUDA-graph limit (gpu_runs: every run so far)
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "granisim validation refit " + " ".join(map(str, runs)) + f" --model {args.model} --base {args.base}"
     source = Source("measured", date=datetime.now(timezone.utc).date().isoformat(), command=cmd,
                     note=f"granisim.calibration.engine_fit pooled over {len(units)} units: {', '.join(units)}")
-    kept = _kept(Path(args.keep_from) if args.keep_from.endswith(".json") else PROFILE_DIR / f"{args.keep_from}.json")
+    keep_file = Path(args.keep_from) if args.keep_from.endswith(".json") else PROFILE_DIR / f"{args.keep_from}.json"
+    kept = kept_coefficients(keep_file)
     write_engine_profile(args.base, values, source, args.out, kept, f"{len(units)} units of {len(runs)} runs")
     print(f"{args.out}: engine corrections fitted on {len(units)} units of {len(runs)} runs")
     return 0

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
               "held_out": [n for n in names if held_out(n)]}  # units kept out of every fit, judged on their own
     setups = {n: _setup(n, run_requests(args.run / n, n, args.requests), args.profile) for n in names}
     base = {n: reprice(steps[n], plans[n], setups[n].profile, setups[n].model) for n in names}
-    kept = _kept(args.profile_out)
+    kept = kept_coefficients(args.profile_out)
     pooled = [base[n] for n in fitted]
     for run in args.fit_runs:
         more_names, more_steps, more_plans = _load(run, args.policy, args.model)
@@ -229,7 +229,7 @@ def _load(run: Path, policy: str = "granikv", model: str = "llama-3.1-8b"):
     return names, steps, plans
 
 
-def _kept(profile_out: Path | None) -> dict:
+def kept_coefficients(profile_out: Path | None) -> dict:
     """Coefficients of an existing --profile-out that the grid fits (engine_vs_sim.py --fit) put there."""
     if profile_out is None or not profile_out.exists():
         return {}

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{run}: no such run folder")
     skip = {p.resolve() for p in args.skip}
     runs = [r for r in args.runs if r.resolve() not in skip]
+    if not runs:
+        raise ValueError(f"--except {' '.join(map(str, args.skip))}: leaves none of the runs to fit on")
     base, kept_from = get_profile(args.base), get_profile(args.keep_from)
     keep = {k: kept_from.coefficients[k] for k in KEEP if k in kept_from.coefficients}
     values, units = pooled_fit(runs, args.model, base, keep)

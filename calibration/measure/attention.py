@@ -206,12 +206,13 @@ def s_extend_order(run):
     for pt in pts:  # every order of a point back to back: they see the same clock
         for order in ORDERS:
             rows += _extend_points(run, [pt], "extend_order", "extend_order.csv", ragged=True, order=order)
-    base = {(r["L"], r["q_lens"]): r["median_us"] for r in rows if r["order"] == "in_order"}
-    print("   cached  q_lens               in_order us  " + "  ".join(f"{o:>12s}" for o in ORDERS if o != "in_order"))
-    for key, us in base.items():
-        ratios = [next((r["median_us"] / us for r in rows if (r["L"], r["q_lens"]) == key and r["order"] == o), float("nan"))
-                  for o in ORDERS if o != "in_order"]
-        print(f"   {key[0]:6d}  {key[1]:20s} {us:11.1f}  " + "  ".join(f"{x:12.3f}" for x in ratios), flush=True)
+    us = {(r["L"], r["q_lens"], r["order"]): r["median_us"] for r in rows}
+    others = [o for o in ORDERS if o != "in_order"]
+    print("   cached  q_lens               in_order us  " + "  ".join(f"{o:>12s}" for o in others))
+    for (c, q, o), base in us.items():
+        if o == "in_order":
+            ratios = [us.get((c, q, other), float("nan")) / base for other in others]
+            print(f"   {c:6d}  {q:20s} {base:11.1f}  " + "  ".join(f"{x:12.3f}" for x in ratios), flush=True)
 
 
 def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False, order: str | None = None) -> list:

@@ -20,6 +20,7 @@ import platform
 from pathlib import Path
 
 import torch
+import triton
 
 from granisim.config.models import get_model
 
@@ -45,6 +46,10 @@ def _time(fn) -> dict:
     fn()
     replay, _ = graph_of(fn)
     return bench(replay)
+
+
+def _share(v: float | None) -> str:
+    return f"{100 * v:5.1f}%" if v is not None else "   -  "
 
 
 def point(name: str, K: int, N: int, M: int, dtype, configs, copy_gbs: float | None) -> dict:
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ceil = ceilings() if CUDA else {}
     copy = ceil.get("copy_GBps")
     doc = {"gpu": torch.cuda.get_device_name() if CUDA else platform.processor() or "cpu",
-           "torch": torch.__version__, "triton": __import__("triton").__version__, "python": platform.python_version(),
+           "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "interpret": os.environ.get("TRITON_INTERPRET") == "1", "ceilings": ceil, "rows": []}
     shapes = [(m, g) for m in args.models for g in gemms(m)] if not args.smoke else [("smoke", ("tiny", 64, 48))]
     configs = CONFIGS if not args.smoke else [dict(block_n=32, block_k=32, num_warps=4)]
@@ -102,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             r["model"] = model
             doc["rows"].append(r)
             b = r["skinny"]
-            fl = lambda v: f"{100 * v:5.1f}%" if v is not None else "   -  "
             print(f"{model:14s} {name:8s} {M:4d} {r['torch']['median_us']:9.1f} {r['torch_TBps']:5.2f} "
-                  f"{fl(r['torch_of_floor'])} {b['median_us']:9.1f} {r['skinny_TBps']:5.2f} {fl(r['skinny_of_floor'])} "
+                  f"{_share(r['torch_of_floor'])} {b['median_us']:9.1f} {r['skinny_TBps']:5.2f} {_share(r['skinny_of_floor'])} "
                   f"{r['speedup']:7.2f}  n{b['block_n']} k{b['block_k']} w{b['num_warps']} s{b['splits']}", flush=True)
             (args.out / "skinny_gemm.json").write_text(json.dumps(doc, indent=1) + "\n")  # kept as it grows
     return 0

@@ -6,7 +6,7 @@ Both executors — :class:`granisim.costmodel.executor.CostExecutor` (predicted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol
 
 import numpy as np
@@ -45,9 +45,15 @@ class PlannedRequest:
 
 
 _new = object.__new__
-# the slot setters of PlannedRequest's fields, in field order (bypass the frozen __setattr__)
-PLANNED_SETTERS = _SET = tuple(PlannedRequest.__dict__[f].__set__ for f in ("rid", "context_len", "num_new", "is_prefill", "group",
-                                                          "shared_len", "new_slots", "input_tokens", "layout"))
+
+
+def slot_setters(cls) -> tuple:
+    """The slot setters of a frozen slots dataclass's fields, in field order (they bypass the frozen
+    ``__setattr__``): the fast constructors below set every field through them."""
+    return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
+
+
+PLANNED_SETTERS = _SET = slot_setters(PlannedRequest)
 
 
 def planned_request(rid: int, context_len: int, num_new: int, is_prefill: bool, group: int = -1,
@@ -101,8 +107,7 @@ class BatchPlan:
         return sum(r.num_new for r in self.requests)
 
 
-_PLAN_SET = tuple(BatchPlan.__dict__[f].__set__ for f in ("step", "policy", "page_size", "requests", "groups",
-                                                           "copies", "num_steps", "transfers"))
+_PLAN_SET = slot_setters(BatchPlan)
 
 
 def batch_plan(step: int, policy: str, page_size: int, requests, groups: tuple = (), copies: tuple = (),
@@ -137,8 +142,7 @@ class StepResult:
     step_durations: tuple[float, ...] | None = None  # per step when num_steps > 1
 
 
-_RESULT_SET = tuple(StepResult.__dict__[f].__set__ for f in ("duration_s", "breakdown", "next_tokens",
-                                                              "step_durations"))
+_RESULT_SET = slot_setters(StepResult)
 
 
 def step_result(duration_s: float, breakdown: Mapping[str, float], next_tokens: Mapping[int, int] | None = None,

@@ -184,6 +184,7 @@ def test_refit_pools_every_policy_of_the_runs_it_is_given(tmp_path, capsys):
 
     from granisim.calibration.engine_fit import fit
     from granisim.config.hardware import get_profile
+    from granisim.config.models import get_model
     from granisim.validation.clock_term import run_units
     from granisim.validation.gpu_runs import unit_name
     from granisim.validation.validate import reprice
@@ -203,16 +204,12 @@ def test_refit_pools_every_policy_of_the_runs_it_is_given(tmp_path, capsys):
                  "--out", str(prof)]) == 0
     assert "fitted on 2 units of 1 runs" in capsys.readouterr().out
     base = get_profile("h200")
-    frames = [reprice(s, p, base, prepare_model()) for u, s, p, m in run_units(raw / "runX1") if "arxiv" not in u]
-    want = fit(frames, 2048, prepare_model().num_layers)
+    llama = get_model("llama-3.1-8b")
+    frames = [reprice(s, p, base, llama) for u, s, p, m in run_units(raw / "runX1") if "arxiv" not in u]
+    want = fit(frames, 2048, llama.num_layers)
     got = get_profile(str(prof))
     assert {k: got.coefficients[k].value for k in want} == pytest.approx(want)
     assert got.coefficients["attn.decode.shared_reread"].value == get_profile("h200-engine").coefficients[
         "attn.decode.shared_reread"].value
     assert main(["validation", "refit", str(tmp_path / "nowhere"), "--out", str(prof)]) == 2
 
-
-def prepare_model():
-    from granisim.config.models import get_model
-
-    return get_model("llama-3.1-8b")

@@ -95,11 +95,14 @@ class PendingTimes:
         return len(self._heap) + (len(self._sorted) - self._next if self._sorted is not None else 0)
 
 
-def _urgent_timeout(env: simpy.Environment, delay: float, value=None) -> simpy.Event:
-    ev = simpy.Event(env)
-    ev._ok, ev._value = True, value  # what simpy.Timeout sets; we only change the priority
-    env.schedule(ev, URGENT, delay)
-    return ev
+class UrgentTimeout(simpy.Event):
+    """A timeout processed before every NORMAL event of the same time. Built the way SimPy builds its own
+    ``simpy.Timeout`` (an ``Event`` subclass born triggered, scheduled at a delay), with URGENT priority."""
+
+    def __init__(self, env: simpy.Environment, delay: float, value=None):
+        super().__init__(env)
+        self._ok, self._value = True, value  # the Event protocol's "triggered and ok" state, as Timeout sets it
+        env.schedule(self, URGENT, delay)
 
 
 class ServingLoop:
@@ -173,7 +176,7 @@ class ServingLoop:
         """Deliver requests at their arrival times (URGENT: before a step ending then is planned)."""
         while len(queue):
             spec = queue.pop()
-            yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
+            yield UrgentTimeout(self.env, max(0.0, spec.arrival_s - self.env.now))
             self._pending.pop()
             self.submit(spec)
 

@@ -19,7 +19,7 @@ import simpy
 from tqdm import tqdm
 
 from granisim.core.request import RequestRecord
-from granisim.core.serving_loop import _urgent_timeout
+from granisim.core.serving_loop import UrgentTimeout
 from granisim.core.workload import ArrivalQueue, Workload
 from granisim.fleet.replica import Replica, ReplicaSpec
 from granisim.fleet.routers import Router, initial_state, reads_only_up
@@ -101,7 +101,7 @@ class FleetLoop:
     def _arrivals(self, queue: ArrivalQueue):
         while len(queue):
             spec = queue.pop()
-            yield _urgent_timeout(self.env, max(0.0, spec.arrival_s - self.env.now))
+            yield UrgentTimeout(self.env, max(0.0, spec.arrival_s - self.env.now))
             self._route(spec)
 
     def _fault(self, f):

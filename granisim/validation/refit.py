@@ -23,10 +23,8 @@ from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import PROFILE_DIR, Source, get_profile
 from granisim.config.models import get_model
 from granisim.validation.clock_term import run_units
-from granisim.validation.report import KEEP, held_out, kept_coefficients, write_engine_profile
+from granisim.validation.report import KEEP, graph_limit, held_out, kept_coefficients, write_engine_profile
 from granisim.validation.validate import reprice
-
-GRAPH_MAX = 2048  # the validation runs' CUDA-graph limit (gpu_runs: every run so far)
 
 
 def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str]]:
@@ -34,17 +32,24 @@ def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str
     re-priced with ``base`` plus ``keep`` (the coefficients the fit leaves alone)."""
     prof = replace(base, coefficients={**base.coefficients, **keep})
     m = get_model(model)
-    frames, names = [], []
+    frames, names, limits = [], [], {}
     for run in runs:
+        fitted = {}
         for unit, steps, plans, unit_model in run_units(run):
             if unit_model != model or held_out(unit.split("/", 1)[1]):
                 continue
             frames.append(reprice(steps, plans, prof, m))
             names.append(unit)
+            fitted[unit.split("/", 1)[1]] = steps
+        if fitted:
+            limits[run] = graph_limit(run / "h200_run" if (run / "h200_run").is_dir() else run, list(fitted), fitted)
     if not frames:
         raise ValueError(f"no validation units of {model} outside the held-out workloads under "
                          f"{', '.join(map(str, runs))}")
-    return fit(frames, GRAPH_MAX, m.num_layers), names
+    if len(set(limits.values())) != 1:  # the fit prices eager and graph-replayed steps apart
+        raise ValueError("the runs had different CUDA-graph limits (" +
+                         ", ".join(f"{r}: {g}" for r, g in limits.items()) + "); refit runs of one limit at a time")
+    return fit(frames, limits.popitem()[1], m.num_layers), names
 
 
 def main(argv: list[str] | None = None) -> int:

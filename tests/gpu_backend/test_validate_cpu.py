@@ -179,7 +179,8 @@ def test_rescore_reproduces_the_report_and_follows_the_profile(tmp_path, capsys)
 def test_refit_pools_every_policy_of_the_runs_it_is_given(tmp_path, capsys):
     """`granisim validation refit` fits one profile on every policy's units of the runs left after --except,
     the held-out workload in none: its coefficients are engine_fit's over exactly those units re-priced, and
-    the profile loads. Planted bug: --except ignored (every run pooled) fails the unit list and the values."""
+    the profile loads, the fit uses the runs' own CUDA-graph limit, and runs of different limits are refused.
+    Planted bug: --except ignored (every run pooled) fails the unit list and the values."""
     import shutil
 
     from granisim.calibration.engine_fit import fit
@@ -206,10 +207,16 @@ def test_refit_pools_every_policy_of_the_runs_it_is_given(tmp_path, capsys):
     base = get_profile("h200")
     llama = get_model("llama-3.1-8b")
     frames = [reprice(s, p, base, llama) for u, s, p, m in run_units(raw / "runX1") if "arxiv" not in u]
-    want = fit(frames, 2048, llama.num_layers)
+    want = fit(frames, 0, llama.num_layers)  # the run's own graph limit: a CPU run replays no graphs
     got = get_profile(str(prof))
     assert {k: got.coefficients[k].value for k in want} == pytest.approx(want)
     assert got.coefficients["attn.decode.shared_reread"].value == get_profile("h200-engine").coefficients[
         "attn.decode.shared_reread"].value
     assert main(["validation", "refit", str(tmp_path / "nowhere"), "--out", str(prof)]) == 2
+    for js in (raw / "runY1" / "h200_run").glob("validation_*.json"):  # runY1 as if replayed under graphs
+        doc = json.loads(js.read_text())
+        js.write_text(json.dumps({**doc, "executor": {**(doc.get("executor") or {}), "graph_max_rows": 2048}}))
+    capsys.readouterr()
+    assert main(["validation", "refit", str(raw / "runX1"), str(raw / "runY1"), "--out", str(prof)]) == 2
+    assert "different CUDA-graph limits" in capsys.readouterr().err
 

@@ -8,7 +8,9 @@ are classed as decode (no prefill work) or prefill by the step's new tokens (``-
 <= 2048, more: the engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
 the prefill attention launch spans them all). Per unit and class: the steps, the measured seconds, and
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
-the whole; below 1: the profile is optimistic). Nothing here needs a GPU. A missing folder or a run
+the whole; below 1: the profile is optimistic); where the run recorded it, the median of the serving loop's own
+host time before a step (``host_between_ms``: the same code on every machine, so the host's speed). Nothing here
+needs a GPU. A missing folder or a run
 without units raises ValueError: one line and exit 2 from the CLI.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from granisim.costmodel.operators import BREAKDOWN_KEYS
 from granisim.validation.clock_term import run_units
 from granisim.validation.validate import reprice
 
+HOST = "host_between_ms"  # median per step, where the run's steps carry host_between_s (not a ratio)
 EDGES = (512, 2048)  # the default token bins' upper edges: <= 512, <= 2048, > 2048 (the engine's eager limit)
 
 
@@ -60,17 +63,22 @@ def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS) -> pd.DataFra
         for k in parts:
             m = float(g[f"measured_{k}"].sum())
             r[k] = float(g[f"predicted_{k}"].sum() / m) if m > 0 else float("nan")
+        if "host_between_s" in g:  # the serving loop's own host time before a step: the host's speed that minute
+            r[HOST] = float(g["host_between_s"].median() * 1e3)
         rows.append(r)
     return pd.DataFrame(rows)
 
 
 def format_table(unit: str, table: pd.DataFrame) -> str:
-    parts = [c for c in table.columns if c not in ("class", "steps", "measured_s", "total")]
-    out = [f"{unit}", "", "| steps | n | measured s | total | " + " | ".join(parts) + " |",
-           "|---|---:|---:|---:|" + "---:|" * len(parts)]
+    parts = [c for c in table.columns if c not in ("class", "steps", "measured_s", "total", HOST)]
+    host = HOST in table.columns
+    head = "| steps | n | measured s | total | " + " | ".join(parts) + " |" + (f" {HOST} |" if host else "")
+    out = [f"{unit}", "", head,
+           "|---|---:|---:|---:|" + "---:|" * (len(parts) + host)]
     for r in table.to_dict(orient="records"):
         cells = " | ".join("-" if math.isnan(r[p]) else f"{r[p]:.3f}" for p in parts)
-        out.append(f"| {r['class']} | {r['steps']} | {r['measured_s']:.2f} | {r['total']:.3f} | {cells} |")
+        more = f" {r[HOST]:.3f} |" if host else ""
+        out.append(f"| {r['class']} | {r['steps']} | {r['measured_s']:.2f} | {r['total']:.3f} | {cells} |{more}")
     return "\n".join(out)
 
 

@@ -36,6 +36,18 @@ def test_a_class_ratio_is_of_sums_not_a_mean_of_ratios():
     assert row["total"] == pytest.approx(1.0) and row["linear"] == pytest.approx(1.0)
     assert np.isnan(row["attn_prefill"])
     assert t.set_index("class").loc["decode", "total"] == pytest.approx(2.0)
+    assert "host_between_ms" not in t  # a run from before the loop timed its own host work
+
+
+def test_the_loops_host_time_is_a_median_per_class_and_not_a_part():
+    steps = pd.DataFrame({"tokens": [16, 16, 16, 4096], "measured_s": [0.01] * 4, "predicted_s": [0.01] * 4,
+                          "measured_linear": [0.01] * 4, "predicted_linear": [0.02] * 4,
+                          "host_between_s": [1e-4, 9e-4, 2e-4, 5e-3]})
+    t = class_table(steps, [_plan(0, 16)] * 3 + [_plan(1, 0)]).set_index("class")
+    assert t.loc["decode", "host_between_ms"] == pytest.approx(0.2)
+    assert t.loc["prefill > 2048 tokens, 1 req", "host_between_ms"] == pytest.approx(5.0)
+    from granisim.validation.step_parts import format_table
+    assert format_table("u", t.reset_index()).splitlines()[2].endswith("| total | linear | host_between_ms |")
 
 
 def test_missing_run_folder_is_one_line_and_exit_2(tmp_path, capsys):

@@ -59,9 +59,14 @@ def amplitudes(sustained: Path) -> tuple[float, float]:
     return float(big["load_vs_cold"]), float(attn["load_vs_cold"])
 
 
+def units_folder(run: Path) -> Path:
+    """Where a run folder keeps its units: its h200_run/ when it has one, else the folder itself."""
+    return run / "h200_run" if (run / "h200_run").is_dir() else run
+
+
 def run_units(run: Path):
     """(unit name, steps, plans, model) of every unit in a run folder."""
-    h200 = run / "h200_run" if (run / "h200_run").is_dir() else run
+    h200 = units_folder(run)
     found = {}
     for js in sorted(h200.glob("validation_*.json")):
         parsed = split_unit(js.stem[len("validation_"):])

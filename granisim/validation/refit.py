@@ -22,7 +22,7 @@ from pathlib import Path
 from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import PROFILE_DIR, Source, get_profile
 from granisim.config.models import get_model
-from granisim.validation.clock_term import run_units
+from granisim.validation.clock_term import run_units, units_folder
 from granisim.validation.report import KEEP, graph_limit, held_out, kept_coefficients, write_engine_profile
 from granisim.validation.validate import reprice
 
@@ -42,7 +42,7 @@ def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str
             names.append(unit)
             fitted[unit.split("/", 1)[1]] = steps
         if fitted:
-            limits[run] = graph_limit(run / "h200_run" if (run / "h200_run").is_dir() else run, list(fitted), fitted)
+            limits[run] = graph_limit(units_folder(run), list(fitted), fitted)
     if not frames:
         raise ValueError(f"no validation units of {model} outside the held-out workloads under "
                          f"{', '.join(map(str, runs))}")

@@ -10,8 +10,7 @@ the prefill attention launch spans them all). Per unit and class: the steps, the
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
 the whole; below 1: the profile is optimistic); where the run recorded it, the median of the serving loop's own
 host time before a step (``host_between_ms``: the same code on every machine, so the host's speed). Nothing here
-needs a GPU. A missing folder or a run
-without units raises ValueError: one line and exit 2 from the CLI.
+needs a GPU. A missing folder or a run without units raises ValueError: one line and exit 2 from the CLI.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Resumable: every finished unit writes one JSON under --out; units already presen
 skipped, so a device call that stops early loses only the unit in flight.
 
     granisim validation gpu-run speedup --out $OUT --done DONE --budget-s 480
-    granisim validation gpu-run validate --out $OUT --budget-s 480 [--models llama-3.1-8b,qwen-2.5-14b]
+    granisim validation gpu-run validate --out $OUT --budget-s 480 [--models llama-3.1-8b qwen-2.5-14b]
         [--policies granikv token paged16] [--no-idle] [--log-gpu]
     granisim validation gpu-run speedup --out $OUT --profile h200-engine --policies granikv-auto token paged16
 
@@ -229,8 +229,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="validate: the executor's CUDA-graph limit (default: the executor's; outputs get _gN)")
     ap.add_argument("--policies", nargs="*", default=list(POLICIES),
                     help="policies, NAME or NAME-DISPATCH (e.g. granikv-auto); default: granikv token paged16")
-    ap.add_argument("--models", type=_models, default=list(MODELS),
-                    help=f"validate: models, comma-separated (default {','.join(MODELS)}; the first runs first)")
+    ap.add_argument("--models", type=_models, nargs="+",
+                    help=f"validate: models, space- or comma-separated (default {' '.join(MODELS)}; the first runs "
+                         "first)")
     ap.add_argument("--no-idle", action="store_true",
                     help="validate: run steps back to back instead of waiting out the gaps between arrivals "
                          "(outputs get a _noidle suffix)")
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="log clocks, power and temperature (read-only nvidia-smi, every 100 ms) to OUT/gpu_log.csv")
     ap.add_argument("--reps", type=int, default=1, help="speedup: passes over the grid (rep r > 0 adds _repR)")
     args = ap.parse_args(argv)
+    args.models = [m for names in args.models for m in names] if args.models else list(MODELS)
     if args.requests is None and args.what == "speedup":
         args.requests = 64
     args.out.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ def test_every_policy_and_model_and_resume(tmp_path, fake_engine):
     assert rep["workload"] == "control_short" and rep["held_out"] is False and rep["executor"]["graph_max_rows"]
     fake_engine.clear()
     G.main(["validate", "--out", str(out), "--only", "control_short", "azure_replay", "--requests", "5",
-            "--models", "llama-3.1-8b,qwen-2.5-14b"])
+            "--models", "llama-3.1-8b", "qwen-2.5-14b"])  # the same models, space-separated
     assert fake_engine == []  # resumed: nothing left to run
 
 

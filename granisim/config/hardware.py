@@ -38,6 +38,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -287,6 +288,22 @@ def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
 
 def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def with_values(profile: HardwareProfile, values: Mapping[str, float], where: str = "--set") -> HardwareProfile:
+    """``profile`` with some coefficients set by hand (a what-if), each checked against its rule like a profile
+    file's; their source says they were set, from which profile. A bad name or value is a ProfileError naming
+    ``where``."""
+    rules = {**COEFFICIENTS, **{k: v[:2] for k, v in OPTIONAL_COEFFICIENTS.items()}}
+    coefs = dict(profile.coefficients)
+    for name, value in values.items():
+        if name not in rules:
+            raise _fail(where, name, value, "unknown coefficient (granisim profile show PROFILE lists them)")
+        unit, rule = rules[name]
+        _check_value(where, name, value, rule)
+        coefs[name] = Coefficient(float(value), unit, Source("extrapolated", from_=f"profile {profile.name}",
+                                                             how=f"set by hand ({where})"))
+    return replace(profile, coefficients=MappingProxyType(coefs))
 
 
 @lru_cache(maxsize=None)

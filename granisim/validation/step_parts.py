@@ -1,7 +1,7 @@
 """Which steps and which parts a profile misprices: predicted / measured time summed by step class.
 
     granisim validation step-parts RAW/validation/runJ1 [RUN ...] [--profile h200-engine] [--unit NAME ...]
-        [--bins 512,2048] [--out step_parts.json]
+        [--bins 512,2048] [--set COEFFICIENT=VALUE ...] [--out step_parts.json]
 
 Every unit of the runs (all policies and models found) is re-priced step by step with PROFILE; its steps
 are classed as decode (no prefill work) or prefill by the step's new tokens (``--bins``; by default <= 512,
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from granisim.config.hardware import get_profile
+from granisim.config.hardware import get_profile, with_values
 from granisim.config.models import get_model
 from granisim.costmodel.operators import BREAKDOWN_KEYS
 from granisim.validation.clock_term import run_units
@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--unit", nargs="+", help="only these units (e.g. arxiv_replay_500_granikv_qwen-2.5-14b)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="price with these coefficients of the profile replaced (a what-if, e.g. "
+                         "attn.decode.shared_reread=0.7)")
     ap.add_argument("--bins", default=",".join(map(str, EDGES)),
                     help="prefill steps' token bins, their upper edges ascending (default 512,2048)")
     args = ap.parse_args(argv)
@@ -96,11 +99,20 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048") from None
     if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] < 1:
         raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048")
+    values = {}
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        try:
+            values[name] = float(value) if eq else None
+        except ValueError:
+            values[name] = None
+        if values[name] is None:
+            raise ValueError(f"--set {item!r}: give NAME=VALUE with a number, e.g. attn.decode.shared_reread=0.7")
     for run in args.runs:
         if not run.is_dir():
             raise ValueError(f"{run}: no such run folder")
-    prof = get_profile(args.profile)
-    doc = {"profile": args.profile, "units": {}}
+    prof = with_values(get_profile(args.profile), values) if values else get_profile(args.profile)
+    doc = {"profile": args.profile, **({"set": values} if values else {}), "units": {}}
     for unit, steps, plans, model in (u for run in args.runs for u in run_units(run)):
         if args.unit and unit.split("/", 1)[1] not in args.unit:
             continue

@@ -68,3 +68,19 @@ def test_token_bins_from_their_edges():
     assert step_class(5000, 2, bins)[1] == "prefill <= 6144 tokens, 2 req"
     assert step_class(9000, 1, bins)[1] == "prefill > 6144 tokens, 1 req"
     assert step_class(9000, 1)[1] == "prefill > 2048 tokens, 1 req"  # the default bins
+
+
+def test_set_prices_with_a_coefficient_replaced_and_checks_it(tmp_path, capsys):
+    """--set NAME=VALUE is checked like a profile file's value (planted: no rule check lets 2.0 through)."""
+    from granisim.config.hardware import get_profile, with_values
+
+    base = get_profile("h200-engine")
+    what_if = with_values(base, {"attn.decode.shared_reread": 0.7})
+    assert what_if["attn.decode.shared_reread"] == 0.7 and base["attn.decode.shared_reread"] == 0.6
+    assert what_if["hbm_bandwidth"] == base["hbm_bandwidth"]
+    assert "set by hand" in what_if.coefficients["attn.decode.shared_reread"].source.describe()
+    for bad, why in (("attn.decode.shared_reread=2", "must be in (0, 1]"), ("no.such.thing=1", "unknown coefficient"),
+                     ("attn.decode.shared_reread", "NAME=VALUE"), ("attn.decode.shared_reread=x", "NAME=VALUE")):
+        assert main(["validation", "step-parts", str(tmp_path), "--set", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1, err

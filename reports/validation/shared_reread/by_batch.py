@@ -42,8 +42,8 @@ def decode_rows(runs: list[Path]) -> pd.DataFrame:
             a, b = reprice(steps, plans, base, m), reprice(steps, plans, one, m)
             dec = ~a.prefill.astype(bool)
             out.append(pd.DataFrame({"unit": unit, "model": model, "batch": a.batch[dec],
-                                     "measured": a.measured_attn_decode[dec], "at_shipped": a.predicted_attn_decode[dec],
-                                     "at_one": b.predicted_attn_decode[dec]}))
+                                     "measured": a.measured_attn_decode[dec],
+                                     "at_shipped": a.predicted_attn_decode[dec], "at_one": b.predicted_attn_decode[dec]}))
     if not out:
         raise SystemExit(f"error: no token or paged16 units of {', '.join(WORKLOADS)} under the runs given")
     return pd.concat(out, ignore_index=True)

@@ -101,13 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048")
     values = {}
     for item in args.set:
-        name, eq, value = item.partition("=")
+        name, _, value = item.partition("=")
         try:
-            values[name] = float(value) if eq else None
+            values[name] = float(value)
         except ValueError:
-            values[name] = None
-        if values[name] is None:
-            raise ValueError(f"--set {item!r}: give NAME=VALUE with a number, e.g. attn.decode.shared_reread=0.7")
+            raise ValueError(f"--set {item!r}: give NAME=VALUE with a number, e.g. attn.decode.shared_reread=0.7") \
+                from None
     for run in args.runs:
         if not run.is_dir():
             raise ValueError(f"{run}: no such run folder")

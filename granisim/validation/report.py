@@ -55,7 +55,7 @@ def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int
     path = workload_dir / "measured_requests.parquet"
     if not path.exists():
         if given is None:
-            raise SystemExit(f"error: {path}: missing, and no --requests given (the request count of the run)")
+            raise ValueError(f"{path}: missing, and no --requests given (the request count of the run)")
         return given
     wl = VALIDATION[(split_unit(base) or (base,))[0]]["workload"]
     if wl.get("turns", 1) > 1:  # num_requests counts sessions (first turns); every turn is a request of its own
@@ -64,7 +64,7 @@ def run_requests(workload_dir: Path, base: str, given: int | None = None) -> int
         n = len(pd.read_parquet(path, columns=["rid"]))
     asked = min(wl["num_requests"], given) if given is not None else n
     if asked != n:
-        raise SystemExit(f"error: {path}: the run measured {n} requests, --requests {given} would simulate {asked}; "
+        raise ValueError(f"{path}: the run measured {n} requests, --requests {given} would simulate {asked}; "
                          "leave --requests out to use the run's own count")
     return n
 
@@ -83,11 +83,11 @@ def graph_limit(run: Path, names: list[str], steps: dict[str, pd.DataFrame]) -> 
         tokens = steps[n]["tokens"]
         match = [g for g in (512, 2048) if int((tokens > g).sum()) == stats.get("eager_steps")]
         if len(match) != 1:
-            raise SystemExit(f"error: {path}: executor.graph_max_rows missing, and eager_steps = "
+            raise ValueError(f"{path}: executor.graph_max_rows missing, and eager_steps = "
                              f"{stats.get('eager_steps')} fits {len(match)} of the known limits (512, 2048)")
         limits.add(match[0])
     if len(limits) != 1:
-        raise SystemExit(f"error: {run}: workloads ran with different graph limits {sorted(limits)}")
+        raise ValueError(f"{run}: workloads ran with different graph limits {sorted(limits)}")
     return limits.pop()
 
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     names, steps, plans = _load(args.run, args.policy, args.model)
     fitted = [n for n in names if not held_out(n)]
     if not fitted:
-        raise SystemExit(f"error: {args.run}: no unit of {args.policy} on {args.model} outside the held-out workloads "
+        raise ValueError(f"{args.run}: no unit of {args.policy} on {args.model} outside the held-out workloads "
                          f"({', '.join(HELD_OUT)}) to fit on")
     limit = graph_limit(args.run, names, steps)
     raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.fit_runs:
         more_names, more_steps, more_plans = _load(run, args.policy, args.model)
         if graph_limit(run, more_names, more_steps) != limit:
-            raise SystemExit(f"error: {run}: another CUDA-graph limit than {args.run}'s ({limit} rows): "
+            raise ValueError(f"{run}: another CUDA-graph limit than {args.run}'s ({limit} rows): "
                              "its steps cannot join one fit")
         s0 = setups[names[0]]  # one profile and model for every unit of the policy and model
         pooled += [reprice(more_steps[n], more_plans[n], s0.profile, s0.model) for n in more_names if not held_out(n)]

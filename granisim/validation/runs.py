@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             measured.setdefault(base, []).append(vals)
     for w, by_run in sizes.items():  # one prediction per workload: its runs must be of one size
         if len(set(by_run.values())) > 1:
-            raise SystemExit(f"error: {w}: the runs measured different request counts ({by_run}); "
+            raise ValueError(f"{w}: the runs measured different request counts ({by_run}); "
                              "pass --runs with runs of one size")
     setups = {w: _setup(w, next(iter(sizes[w].values())), args.profile) for w in measured}
     predicted = {w: _simulated(st) for w, st in setups.items()}

@@ -24,9 +24,9 @@ def test_the_request_count_is_the_runs_own(tmp_path):
 
 def test_a_requests_option_that_disagrees_with_the_run_is_an_error(tmp_path):
     d = _measured(tmp_path / "control_short", 96)
-    with pytest.raises(SystemExit, match=r"measured_requests.parquet: the run measured 96 requests, --requests 64"):
+    with pytest.raises(ValueError, match=r"measured_requests.parquet: the run measured 96 requests, --requests 64"):
         V.run_requests(d, "control_short", 64)
-    with pytest.raises(SystemExit, match="missing, and no --requests given"):
+    with pytest.raises(ValueError, match="missing, and no --requests given"):
         V.run_requests(tmp_path / "azure_replay", "azure_replay")
     assert V.run_requests(tmp_path / "azure_replay", "azure_replay", 12) == 12  # no record: the option stands
 
@@ -50,7 +50,7 @@ def test_the_graph_limit_is_the_runs_own(tmp_path):
     steps = _run_stats(tmp_path / "c", {"eager_steps": 2}, tokens)
     assert V.graph_limit(tmp_path / "c", ["control_short"], steps) == 2048
     steps = _run_stats(tmp_path / "d", {"eager_steps": 3}, tokens)
-    with pytest.raises(SystemExit, match=r"validation_control_short.json: executor.graph_max_rows missing"):
+    with pytest.raises(ValueError, match=r"validation_control_short.json: executor.graph_max_rows missing"):
         V.graph_limit(tmp_path / "d", ["control_short"], steps)
 
 

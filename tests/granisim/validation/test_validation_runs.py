@@ -61,5 +61,5 @@ def test_runs_of_different_sizes_are_not_set_beside_one_prediction(tmp_path, mon
         (tmp_path / name / "azure_replay").mkdir()
         pd.DataFrame({"rid": range(n)}).to_parquet(tmp_path / name / "azure_replay" / "measured_requests.parquet")
     monkeypatch.setattr(sys, "argv", ["validation_runs.py", str(tmp_path), "--out", str(tmp_path / "t")])
-    with pytest.raises(SystemExit, match="different request counts"):
+    with pytest.raises(ValueError, match="different request counts"):
         V.main()

@@ -6,11 +6,12 @@ Both executors — :class:`granisim.costmodel.executor.CostExecutor` (predicted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
 import numpy as np
 
+from granisim.frozen import slot_setters
 from granisim.kv.host_tier import KVTransfer
 from granisim.kv.hot_pool import KVCopy
 from granisim.kv.layout import RequestLayout
@@ -45,12 +46,6 @@ class PlannedRequest:
 
 
 _new = object.__new__
-
-
-def slot_setters(cls) -> tuple:
-    """The slot setters of a frozen slots dataclass's fields, in field order (they bypass the frozen
-    ``__setattr__``): the fast constructors below set every field through them."""
-    return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
 
 
 PLANNED_SETTERS = _SET = slot_setters(PlannedRequest)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from granisim.frozen import slot_setters
+
 TOKEN_DTYPE = np.int64
 
 
@@ -66,7 +68,7 @@ class MatchResult:
         return out[::-1]
 
 
-_MATCH_NODE, _MATCH_LENGTH = MatchResult.node.__set__, MatchResult.length.__set__
+_MATCH_NODE, _MATCH_LENGTH = slot_setters(MatchResult)
 
 
 def match_result(node: RadixNode, length: int) -> MatchResult:

@@ -36,11 +36,12 @@ def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str
     for run in runs:
         fitted = {}
         for unit, steps, plans, unit_model in run_units(run):
-            if unit_model != model or held_out(unit.split("/", 1)[1]):
+            name = unit.split("/", 1)[1]
+            if unit_model != model or held_out(name):
                 continue
             frames.append(reprice(steps, plans, prof, m))
             names.append(unit)
-            fitted[unit.split("/", 1)[1]] = steps
+            fitted[name] = steps
         if fitted:
             limits[run] = graph_limit(units_folder(run), list(fitted), fitted)
     if not frames:

@@ -1,12 +1,13 @@
 """Which steps and which parts a profile misprices: predicted / measured time summed by step class.
 
     granisim validation step-parts RAW/validation/runJ1 [RUN ...] [--profile h200-engine] [--unit NAME ...]
-        [--bins 512,2048] [--set COEFFICIENT=VALUE ...] [--out step_parts.json]
+        [--bins 512,2048] [--decode-bins 4,8,16,32,64] [--pool] [--set COEFFICIENT=VALUE ...] [--out step_parts.json]
 
 Every unit of the runs (all policies and models found) is re-priced step by step with PROFILE; its steps
 are classed as decode (no prefill work) or prefill by the step's new tokens (``--bins``; by default <= 512,
 <= 2048, more: the engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
-the prefill attention launch spans them all). Per unit and class: the steps, the measured seconds, and
+the prefill attention launch spans them all); with ``--decode-bins``, decode steps also by their batch (requests
+decoding). ``--pool`` adds one table per model and policy over all the units' steps together. Per unit and class: the steps, the measured seconds, and
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
 the whole; below 1: the profile is optimistic); where the run recorded it, the median of the serving loop's own
 host time before a step (``host_between_ms``: the same code on every machine, so the host's speed). Nothing here
@@ -26,6 +27,7 @@ from granisim.config.hardware import get_profile, with_values
 from granisim.config.models import get_model
 from granisim.costmodel.operators import BREAKDOWN_KEYS
 from granisim.validation.clock_term import run_units
+from granisim.validation.gpu_runs import split_unit
 from granisim.validation.validate import reprice
 
 HOST = "host_between_ms"  # median per step, where the run's steps carry host_between_s (not a ratio)
@@ -40,20 +42,31 @@ def token_bins(edges=EDGES) -> tuple[tuple[float, str], ...]:
 TOKEN_BINS = token_bins()
 
 
-def step_class(tokens: int, prefill_requests: int, bins=TOKEN_BINS) -> tuple[tuple[int, int], str]:
-    """(sort key, label): 'decode', or 'prefill <bin> tokens, <n> req' (n capped at '4+') (pure)."""
+def step_class(tokens: int, prefill_requests: int, bins=TOKEN_BINS, batch: int = 0,
+               decode_edges: tuple[int, ...] = ()) -> tuple[tuple[int, int], str]:
+    """(sort key, label): 'decode' (with ``decode_edges``: 'decode, <lo>-<hi> req' by the step's ``batch``, the
+    last bin open), or 'prefill <bin> tokens, <n> req' (n capped at '4+') (pure)."""
     if prefill_requests == 0:
-        return (0, 0), "decode"
+        if not decode_edges:
+            return (0, 0), "decode"
+        lo = 1
+        for i, hi in enumerate(decode_edges):
+            if batch <= hi:
+                return (0, i), f"decode, {lo}-{hi} req"
+            lo = hi + 1
+        return (0, len(decode_edges)), f"decode, > {decode_edges[-1]} req"
     i, label = next((i, label) for i, (hi, label) in enumerate(bins) if tokens <= hi)
     n = min(prefill_requests, 4)
     return (i + 1, n), f"prefill {label} tokens, {n if n < 4 else '4+'} req"
 
 
-def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS) -> pd.DataFrame:
-    """Per step class of one unit's re-priced ``steps`` (and their ``plans``): steps, measured seconds,
-    and predicted / measured of the total and of each part (NaN where the class measured none of it)."""
+def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS, decode_edges: tuple[int, ...] = ()) -> pd.DataFrame:
+    """Per step class of re-priced ``steps`` (and their ``plans``): steps, measured seconds, and predicted /
+    measured of the total and of each part (NaN where the class measured none of it)."""
     n_pf = [sum(1 for r in p.requests if r.is_prefill) for p in plans]
-    cls = pd.Series([step_class(int(t), n, bins) for t, n in zip(steps["tokens"], n_pf)], index=steps.index)
+    batch = steps["batch"] if decode_edges else pd.Series(0, index=steps.index)
+    cls = pd.Series([step_class(int(t), n, bins, int(b), decode_edges)
+                     for t, n, b in zip(steps["tokens"], n_pf, batch)], index=steps.index)
     parts = [k for k in BREAKDOWN_KEYS if f"measured_{k}" in steps and f"predicted_{k}" in steps]
     rows = []
     for (_, c), g in steps.groupby(cls, sort=True):
@@ -81,6 +94,17 @@ def format_table(unit: str, table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def _edges(flag: str, text: str, what: str) -> tuple[int, ...]:
+    """Ascending whole numbers >= 1 from 'a,b,c', or ValueError naming the flag and value."""
+    try:
+        edges = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        edges = ()
+    if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] < 1:
+        raise ValueError(f"{flag} {text!r}: give ascending whole numbers of {what}")
+    return edges
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="granisim validation step-parts", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
@@ -92,13 +116,12 @@ def main(argv: list[str] | None = None) -> None:
                          "attn.decode.shared_reread=0.7)")
     ap.add_argument("--bins", default=",".join(map(str, EDGES)),
                     help="prefill steps' token bins, their upper edges ascending (default 512,2048)")
+    ap.add_argument("--decode-bins", default="",
+                    help="decode steps' batch bins, their upper edges ascending (e.g. 4,8,16,32,64; default: one class)")
+    ap.add_argument("--pool", action="store_true", help="also one table per model and policy, all units' steps pooled")
     args = ap.parse_args(argv)
-    try:
-        edges = tuple(int(x) for x in args.bins.split(","))
-    except ValueError:
-        raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048") from None
-    if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] < 1:
-        raise ValueError(f"--bins {args.bins!r}: give ascending whole numbers of tokens, e.g. 512,2048")
+    edges = _edges("--bins", args.bins, "tokens, e.g. 512,2048")
+    decode_edges = _edges("--decode-bins", args.decode_bins, "requests, e.g. 4,8,16,32,64") if args.decode_bins else ()
     values = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -112,15 +135,28 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"{run}: no such run folder")
     prof = with_values(get_profile(args.profile), values) if values else get_profile(args.profile)
     doc = {"profile": args.profile, **({"set": values} if values else {}), "units": {}}
+    pools: dict[str, list] = {}  # "model policy" -> [(re-priced steps, plans)] of its units
     for unit, steps, plans, model in (u for run in args.runs for u in run_units(run)):
-        if args.unit and unit.split("/", 1)[1] not in args.unit:
+        name = unit.split("/", 1)[1]
+        if args.unit and name not in args.unit:
             continue
-        table = class_table(reprice(steps, plans, prof, get_model(model)), plans, token_bins(edges))
+        priced = reprice(steps, plans, prof, get_model(model))
+        table = class_table(priced, plans, token_bins(edges), decode_edges)
         doc["units"][unit] = table.to_dict(orient="records")
         print(format_table(unit, table) + "\n")
+        if args.pool:
+            policy = (split_unit(name) or (None, "?", None))[1]
+            pools.setdefault(f"{model} {policy}", []).append((priced, plans))
     if not doc["units"]:
         raise ValueError(f"no validation units under {', '.join(map(str, args.runs))}"
                          + (f" named {', '.join(args.unit)}" if args.unit else ""))
+    if args.pool:
+        doc["pooled"] = {}
+        for key, parts in sorted(pools.items()):
+            table = class_table(pd.concat([s for s, _ in parts], ignore_index=True), [p for _, ps in parts for p in ps],
+                                token_bins(edges), decode_edges)
+            doc["pooled"][key] = {"units": len(parts), "classes": table.to_dict(orient="records")}
+            print(format_table(f"pooled: {key} ({len(parts)} units)", table) + "\n")
     if args.out:
         args.out.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
 

@@ -84,3 +84,36 @@ def test_set_prices_with_a_coefficient_replaced_and_checks_it(tmp_path, capsys):
         assert main(["validation", "step-parts", str(tmp_path), "--set", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert why in err and len(err.splitlines()) == 1, err
+
+
+def test_decode_steps_are_classed_by_batch_when_asked():
+    edges = (4, 8, 64)
+    assert step_class(3, 0, batch=3, decode_edges=edges)[1] == "decode, 1-4 req"
+    assert step_class(5, 0, batch=5, decode_edges=edges)[1] == "decode, 5-8 req"
+    assert step_class(64, 0, batch=64, decode_edges=edges)[1] == "decode, 9-64 req"
+    assert step_class(65, 0, batch=65, decode_edges=edges)[1] == "decode, > 64 req"
+    assert step_class(600, 2, batch=9, decode_edges=edges)[1] == "prefill <= 2048 tokens, 2 req"  # prefill: by tokens
+    keys = [step_class(b, 0, batch=b, decode_edges=edges)[0] for b in (65, 1, 9, 6)]
+    assert sorted(keys) == [(0, 0), (0, 1), (0, 2), (0, 3)]  # decode bins ahead of prefill, in batch order
+
+
+def test_decode_bins_split_the_decode_class_by_each_steps_batch():
+    """Two decode steps of 2 and 40 requests: one class each, with its own ratio (a bin read off the tokens, or
+    every step in the first bin, fails); without bins they share 'decode'. Pooling two units' steps is the same
+    table over their concatenation: ratios of sums."""
+    steps = pd.DataFrame({"tokens": [2, 40, 40], "batch": [2, 40, 40], "measured_s": [1.0, 2.0, 6.0],
+                          "predicted_s": [1.5, 3.0, 5.0]})
+    plans = [_plan(0, 2), _plan(0, 40), _plan(0, 40)]
+    t = class_table(steps, plans, decode_edges=(4, 32)).set_index("class")
+    assert t.loc["decode, 1-4 req", "total"] == pytest.approx(1.5)
+    assert t.loc["decode, > 32 req", "total"] == pytest.approx(1.0) and t.loc["decode, > 32 req", "steps"] == 2
+    assert list(class_table(steps, plans)["class"]) == ["decode"]
+    pooled = class_table(pd.concat([steps.iloc[:2], steps.iloc[2:]], ignore_index=True), plans, decode_edges=(4, 32))
+    assert pooled.set_index("class").loc["decode, > 32 req", "total"] == pytest.approx(8.0 / 8.0)
+
+
+@pytest.mark.parametrize("flag,value", [("--decode-bins", "8,4"), ("--decode-bins", "x"), ("--bins", "0,512")])
+def test_bad_bins_are_one_line_and_exit_2(tmp_path, capsys, flag, value):
+    assert main(["validation", "step-parts", str(tmp_path), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {flag} {value!r}: give ascending whole numbers") and "\n" not in err

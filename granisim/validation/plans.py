@@ -6,6 +6,7 @@ Plans pickled before the package layout changed name their classes by the old mo
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -22,7 +23,27 @@ class _Unpickler(pickle.Unpickler):
 
 def load_plans(path: Path) -> list:
     with open(path, "rb") as f:
-        return _Unpickler(f).load()
+        plans = _Unpickler(f).load()
+    for plan in plans:
+        _fill_defaults(plan)
+    return plans
+
+
+def _fill_defaults(obj) -> None:
+    """Give a plan pickled before a field existed (e.g. ``BatchPlan.transfers``) that field's default, and so
+    for its requests and groups: an unpickled slotted dataclass leaves a slot its state lacks unset."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        if not hasattr(obj, f.name):
+            if f.default is not dataclasses.MISSING:
+                object.__setattr__(obj, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                object.__setattr__(obj, f.name, f.default_factory())
+        value = getattr(obj, f.name, None)
+        if isinstance(value, tuple):
+            for item in value:
+                _fill_defaults(item)
 
 
 # ---- plans rebuilt from a run's per-step records --------------------------------------------------

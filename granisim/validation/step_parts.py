@@ -7,7 +7,8 @@ Every unit of the runs (all policies and models found) is re-priced step by step
 are classed as decode (no prefill work) or prefill by the step's new tokens (``--bins``; by default <= 512,
 <= 2048, more: the engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
 the prefill attention launch spans them all); with ``--decode-bins``, decode steps also by their batch (requests
-decoding). ``--pool`` adds one table per model and policy over all the units' steps together. Per unit and class: the steps, the measured seconds, and
+decoding). ``--pool`` adds one table per model and policy over all the units' steps together (``--pool machine``:
+per machine, model and policy). Per unit and class: the steps, the measured seconds, and
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
 the whole; below 1: the profile is optimistic); where the run recorded it, the median of the serving loop's own
 host time before a step (``host_between_ms``: the same code on every machine, so the host's speed). Nothing here
@@ -118,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="prefill steps' token bins, their upper edges ascending (default 512,2048)")
     ap.add_argument("--decode-bins", default="",
                     help="decode steps' batch bins, their upper edges ascending (e.g. 4,8,16,32,64; default: one class)")
-    ap.add_argument("--pool", action="store_true", help="also one table per model and policy, all units' steps pooled")
+    ap.add_argument("--pool", nargs="?", const="policy", choices=("policy", "machine"),
+                    help="also one table per model and policy (or per machine, model and policy: --pool machine), "
+                         "the units' steps pooled")
     args = ap.parse_args(argv)
     edges = _edges("--bins", args.bins, "tokens, e.g. 512,2048")
     decode_edges = _edges("--decode-bins", args.decode_bins, "requests, e.g. 4,8,16,32,64") if args.decode_bins else ()
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         print(format_table(unit, table) + "\n")
         if args.pool:
             policy = (split_unit(name) or (None, "?", None))[1]
-            pools.setdefault(f"{model} {policy}", []).append((priced, plans))
+            key = f"{model} {policy}" if args.pool == "policy" else f"{unit.split('/', 1)[0]} {model} {policy}"
+            pools.setdefault(key, []).append((priced, plans))
     if not doc["units"]:
         raise ValueError(f"no validation units under {', '.join(map(str, args.runs))}"
                          + (f" named {', '.join(args.unit)}" if args.unit else ""))

@@ -117,3 +117,34 @@ def test_bad_bins_are_one_line_and_exit_2(tmp_path, capsys, flag, value):
     assert main(["validation", "step-parts", str(tmp_path), flag, value]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {flag} {value!r}: give ascending whole numbers") and "\n" not in err
+
+
+def test_pool_sums_the_units_steps_per_model_and_policy_or_per_machine(tmp_path, monkeypatch, capsys):
+    """Three units (two machines, two policies): --pool gives one table per model and policy over its units'
+    steps (token's two units pooled: ratio of the sums), --pool machine one per machine too. Planted bugs caught:
+    pooling by the unit (three tables under --pool), or the machine key under the default."""
+    import json
+
+    import granisim.validation.step_parts as sp
+
+    def unit(pred, meas):
+        return (pd.DataFrame({"tokens": [8], "batch": [8], "measured_s": [meas], "predicted_s": [pred]}), [_plan(0, 8)])
+
+    found = {"runA": [("multi_agent_16k_token_llama-3.1-8b", *unit(1.0, 2.0)),
+                      ("multi_agent_16k_granikv_llama-3.1-8b", *unit(1.0, 1.0))],
+             "runB": [("multi_agent_16k_token_llama-3.1-8b", *unit(4.0, 2.0))]}
+    monkeypatch.setattr(sp, "run_units", lambda run: ((f"{run.name}/{n}", s, p, "llama-3.1-8b") for n, s, p in found[run.name]))
+    monkeypatch.setattr(sp, "reprice", lambda steps, plans, prof, model: steps)
+    runs = [tmp_path / "runA", tmp_path / "runB"]
+    for r in runs:
+        r.mkdir()
+    out = tmp_path / "parts.json"
+    assert main(["validation", "step-parts", *map(str, runs), "--pool", "--out", str(out)]) == 0
+    pooled = json.loads(out.read_text())["pooled"]
+    assert sorted(pooled) == ["llama-3.1-8b granikv", "llama-3.1-8b token"]
+    tok = pooled["llama-3.1-8b token"]
+    assert tok["units"] == 2 and tok["classes"][0]["total"] == pytest.approx(5.0 / 4.0)
+    assert main(["validation", "step-parts", *map(str, runs), "--pool", "machine", "--out", str(out)]) == 0
+    assert sorted(json.loads(out.read_text())["pooled"]) == [
+        "runA llama-3.1-8b granikv", "runA llama-3.1-8b token", "runB llama-3.1-8b token"]
+    assert "pooled: llama-3.1-8b token (2 units)" in capsys.readouterr().out

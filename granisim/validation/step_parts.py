@@ -10,7 +10,8 @@ the prefill attention launch spans them all); with ``--decode-bins``, decode ste
 decoding). ``--pool`` adds one table per model and policy over all the units' steps together (``--pool machine``:
 per machine, model and policy). Per unit and class: the steps, the measured seconds, and
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
-the whole; below 1: the profile is optimistic); where the run recorded it, the median of the serving loop's own
+the whole; below 1: the profile is optimistic), and the median over its steps of |predicted / measured - 1|
+(``step_err_p50``); where the run recorded it, the median of the serving loop's own
 host time before a step (``host_between_ms``: the same code on every machine, so the host's speed). Nothing here
 needs a GPU. A missing folder or a run without units raises ValueError: one line and exit 2 from the CLI.
 """
@@ -32,6 +33,7 @@ from granisim.validation.gpu_runs import split_unit
 from granisim.validation.validate import reprice
 
 HOST = "host_between_ms"  # median per step, where the run's steps carry host_between_s (not a ratio)
+STEP_ERR = "step_err_p50"  # median over the class's steps of |predicted / measured - 1| (the report's per-step median)
 EDGES = (512, 2048)  # the default token bins' upper edges: <= 512, <= 2048, > 2048 (the engine's eager limit)
 
 
@@ -72,7 +74,8 @@ def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS, decode_edges:
     rows = []
     for (_, c), g in steps.groupby(cls, sort=True):
         r = {"class": c, "steps": int(len(g)), "measured_s": float(g["measured_s"].sum()),
-             "total": float(g["predicted_s"].sum() / g["measured_s"].sum())}
+             "total": float(g["predicted_s"].sum() / g["measured_s"].sum()),
+             STEP_ERR: float((g["predicted_s"] / g["measured_s"] - 1.0).abs().median())}
         for k in parts:
             m = float(g[f"measured_{k}"].sum())
             r[k] = float(g[f"predicted_{k}"].sum() / m) if m > 0 else float("nan")
@@ -83,15 +86,16 @@ def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS, decode_edges:
 
 
 def format_table(unit: str, table: pd.DataFrame) -> str:
-    parts = [c for c in table.columns if c not in ("class", "steps", "measured_s", "total", HOST)]
+    parts = [c for c in table.columns if c not in ("class", "steps", "measured_s", "total", STEP_ERR, HOST)]
     host = HOST in table.columns
-    head = "| steps | n | measured s | total | " + " | ".join(parts) + " |" + (f" {HOST} |" if host else "")
+    head = f"| steps | n | measured s | total | {STEP_ERR} | " + " | ".join(parts) + " |" + (f" {HOST} |" if host else "")
     out = [f"{unit}", "", head,
-           "|---|---:|---:|---:|" + "---:|" * (len(parts) + host)]
+           "|---|---:|---:|---:|---:|" + "---:|" * (len(parts) + host)]
     for r in table.to_dict(orient="records"):
         cells = " | ".join("-" if math.isnan(r[p]) else f"{r[p]:.3f}" for p in parts)
         more = f" {r[HOST]:.3f} |" if host else ""
-        out.append(f"| {r['class']} | {r['steps']} | {r['measured_s']:.2f} | {r['total']:.3f} | {cells} |{more}")
+        out.append(f"| {r['class']} | {r['steps']} | {r['measured_s']:.2f} | {r['total']:.3f} | {r[STEP_ERR]:.3f} | "
+                   f"{cells} |{more}")
     return "\n".join(out)
 
 

@@ -47,7 +47,7 @@ def test_the_loops_host_time_is_a_median_per_class_and_not_a_part():
     assert t.loc["decode", "host_between_ms"] == pytest.approx(0.2)
     assert t.loc["prefill > 2048 tokens, 1 req", "host_between_ms"] == pytest.approx(5.0)
     from granisim.validation.step_parts import format_table
-    assert format_table("u", t.reset_index()).splitlines()[2].endswith("| total | linear | host_between_ms |")
+    assert format_table("u", t.reset_index()).splitlines()[2].endswith("| total | step_err_p50 | linear | host_between_ms |")
 
 
 def test_missing_run_folder_is_one_line_and_exit_2(tmp_path, capsys):
@@ -148,3 +148,11 @@ def test_pool_sums_the_units_steps_per_model_and_policy_or_per_machine(tmp_path,
     assert sorted(json.loads(out.read_text())["pooled"]) == [
         "runA llama-3.1-8b granikv", "runA llama-3.1-8b token", "runB llama-3.1-8b token"]
     assert "pooled: llama-3.1-8b token (2 units)" in capsys.readouterr().out
+
+
+def test_a_class_step_error_is_the_median_of_its_steps_errors():
+    """|predicted / measured - 1| of 0.1, 0.2 and 0.9 (one step under): 0.2, as the report's per-step median;
+    the mean (0.4) or the signed median (+0.1) would fail."""
+    steps = pd.DataFrame({"tokens": [8] * 3, "measured_s": [1.0, 1.0, 1.0], "predicted_s": [1.1, 0.8, 1.9]})
+    t = class_table(steps, [_plan(0, 8)] * 3)
+    assert t.loc[0, "step_err_p50"] == pytest.approx(0.2)

@@ -1,0 +1,61 @@
+"""`gpu_backend.bench.goals`: the kernel issue's goal rows from the committed GPU reports (no GPU)."""
+import json
+
+import pytest
+
+from gpu_backend.bench import goals
+
+
+def _kernels(cascade_x, dense_vs, extend_tflops):
+    return {"sections": {
+        "ceilings": {"gemm_TFLOPs": 800.0, "copy_GBps": 4000.0},
+        "cascade": {"rows": [{"L": L, "x_floor": 9.0, "graph": {"x_floor": x}} for L, x in cascade_x]},
+        "dense": {"rows": [{"M_eff": m, "vs_sdpa": v} for m, v in dense_vs]},
+        "extend": {"rows": [{"L": L, "TFLOPs": t} for L, t in extend_tflops]}}}
+
+
+def test_kernel_rows_judge_every_point_of_their_range():
+    """A cascade point under 4K tokens and a dense point below M_sat are outside the goals' ranges; inside, the
+    worst point decides (cascade: its max over floor, graph time where timed; dense: its min against SDPA)."""
+    rows = {r["name"].split(",")[0].split(" (")[0]: r for r in goals.kernel_rows(_kernels(
+        [(1024, 5.0), (4096, 1.2), (16384, 1.29)], [(64, 0.2), (128, 1.1), (1024, 1.0)], [(4096, 500.0)]), 128.0)}
+    casc = rows["cascade prefix pass"]
+    assert casc["measured"]["max"] == pytest.approx(1.29) and casc["measured"]["points"] == 2 and casc["met"]
+    dense = rows["dense pass vs torch SDPA where dispatched"]
+    assert dense["measured"]["min"] == pytest.approx(1.0) and dense["met"]
+    ext = rows["extend over cached prefixes"]
+    assert ext["measured"]["median"] == pytest.approx(500.0 / 800.0) and ext["met"]
+    assert rows["peer: FlashInfer cascade / decode on the same problems"]["met"] is False
+    worse = goals.kernel_rows(_kernels([(4096, 1.31)], [(256, 0.99)], [(8192, 400.0)]), 128.0)
+    assert [r["met"] for r in worse[:3]] == [False, False, False]
+
+
+def test_engine_rows_take_the_lowest_point_of_the_grid_mean_over_repetitions():
+    def unit(g, t, p):
+        return {"granikv": g, "token": t, "paged16": p}
+
+    sp = {"points": [
+        {"lp": 16384, "k": 4, "units": unit({"0": {"throughput_rps": 6.0}}, {"0": {"throughput_rps": 4.0}},
+                                            {"0": {"throughput_rps": 5.0}})},
+        {"lp": 1024, "k": 1, "units": unit({"0": {"throughput_rps": 9.0}, "1": {"throughput_rps": 11.0}},
+                                           {"0": {"throughput_rps": 10.0}, "1": {"throughput_rps": 10.0}},
+                                           {"0": {"throughput_rps": 9.0}, "1": {"throughput_rps": 10.0}})}]}
+    rows = goals.engine_rows(sp)
+    assert rows[0]["measured"] == pytest.approx(1.5) and rows[1]["measured"] == pytest.approx(1.2)
+    low = rows[2]
+    assert low["measured"] == pytest.approx(1.0) and low["met"]  # token at 1K: (0.9 + 1.1) / 2, not rep 0's 0.9
+    assert "against token" in low["note"]
+    assert all(r["measured"] is None and r["met"] is False for r in rows[3:])
+
+
+def test_summaries_from_the_committed_reports(tmp_path):
+    """Both files are written from the committed reports; each row names its source; the decode step's floor parts
+    are the weights and the four 16K prefixes at the run's copy rate (3.76 and 2.01 ms)."""
+    assert goals.main(["--kernels", str(tmp_path / "k.json"), "--engine", str(tmp_path / "e.json")]) == 0
+    k, e = (json.loads((tmp_path / f).read_text()) for f in ("k.json", "e.json"))
+    for doc in (k, e):
+        assert doc["rows"] and all({"name", "measured", "goal", "met", "source"} <= set(r) for r in doc["rows"])
+        assert all(any(r["source"].startswith(s) for s in doc["measured_in"]) or r["source"] == "none" for r in doc["rows"])
+    step = k["rows"][0]
+    assert "weights 3.76 + prefix KV 2.01" in step["goal"]
+    assert step["met"] == (step["measured"] <= 9.2)

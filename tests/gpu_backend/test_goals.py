@@ -59,3 +59,23 @@ def test_summaries_from_the_committed_reports(tmp_path):
     step = k["rows"][0]
     assert "weights 3.76 + prefix KV 2.01" in step["goal"]
     assert step["met"] == (step["measured"] <= 9.2)
+
+
+def test_paper_rows_take_each_repetitions_ratio_and_need_three():
+    """Ratios within each repetition (a machine drift between repetitions cancels), their mean against the goal,
+    met only with n >= 3; a repetition missing its baseline is left out; no units: rows without a measurement."""
+    def u(pol, rep, rps, lp=16384):
+        return {"lp": lp, "policy": pol, "rep": rep, "throughput_rps": rps}
+
+    units = [u("granikv", 0, 6.0), u("token", 0, 3.0), u("granikv", 1, 8.8), u("token", 1, 4.0),
+             u("granikv", 2, 5.2), u("token", 2, 2.0), u("paged16", 0, 3.0), u("paged16", 1, 4.4)]
+    rows = {r["name"]: r for r in goals.paper_rows(units, "reports/engine/paper_setting")}
+    tok = rows["paper's setting, L_p = 16K, k = 4: granikv / token throughput"]
+    assert tok["measured"] == {"min": pytest.approx(2.0), "mean": pytest.approx(6.8 / 3), "max": pytest.approx(2.6),
+                               "points": 3}  # pooled sums would give 20.0 / 9.0 = 2.22
+    assert tok["met"] is True
+    pg = rows["paper's setting, L_p = 16K, k = 4: granikv / paged16 throughput"]
+    assert pg["measured"]["points"] == 2 and pg["met"] is False  # 2.0 and 2.0 >= 1.8, but only two repetitions
+    assert rows["paper's setting, L_p = 4K, k = 4: granikv / token throughput"]["met"] is None
+    none = goals.paper_rows([], "x")
+    assert [r["measured"] for r in none] == [None] * 4 and [r["met"] for r in none] == [False, False, None, None]

@@ -89,3 +89,46 @@ def test_tp_units_run_the_replica(tmp_path, fake_engine, monkeypatch):
     assert seen == [("control_short_granikv_llama-3.1-8b_tp2", 2)] and not fake_engine
     rep = json.loads((out / "validation_control_short_granikv_llama-3.1-8b_tp2.json").read_text())
     assert rep["executor"] == {"tp": 2} and rep["workload"] == "control_short"
+
+
+def test_the_papers_setting_is_15x_granikvs_capacity_with_sharegpt_like_outputs():
+    """Each PAPER_RATES rate is 1.5x granikv's simulated throughput at saturation on h200 (the issue's "1.5x the
+    simulated capacity"), and the outputs average about 250 tokens (ShareGPT's mean)."""
+    from granisim.core.metrics import requests_frame, summarize
+    from granisim.experiments.run import prepare, simulate
+
+    for lp, rate in G.PAPER_RATES.items():
+        sc = G.paper_scenario("granikv", lp, "h200")
+        res = simulate(prepare(sc.with_changes(**{"workload.rate": 1000.0})), progress=False)
+        cap = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)["throughput_rps"]
+        assert rate / cap == pytest.approx(1.5, abs=0.05), lp
+        res = simulate(prepare(sc), progress=False)
+        assert requests_frame(res.records).output_len.mean() == pytest.approx(250, abs=5)
+        assert sc.workload.num_requests == 200 and sc.workload.roles == 4 and sc.workload.prefix_len == lp
+
+
+def test_paper_units_alternate_policies_within_each_repetition_and_resume(tmp_path, fake_engine, monkeypatch):
+    """Units paper_lp{L}_{policy}_rep{r}: every policy of a repetition before the next repetition; a second call
+    skips what is written; a prefix length outside PAPER_RATES is one ValueError. Planted bug caught: the loops
+    nested policy-outermost (all repetitions of granikv first)."""
+    import granisim.experiments.run as R
+
+    run = []
+    real = R.simulate
+    monkeypatch.setattr(R, "simulate", lambda setup, ex=None, progress=False:
+                        run.append(setup.scenario.policy.name) or real(setup, progress=False))
+    monkeypatch.setattr(G, "_warm_up", lambda profile, graphs: None)
+    G.main(["paper", "--out", str(tmp_path), "--only", "4096", "--reps", "2", "--requests", "6",
+            "--policies", "granikv", "token"])
+    assert run == ["granikv", "token", "granikv", "token"]
+    names = sorted(p.stem for p in tmp_path.glob("paper_*.json"))
+    assert names == [f"paper_lp4096_{p}_rep{r}" for p in ("granikv", "token") for r in (0, 1)]
+    unit = json.loads((tmp_path / "paper_lp4096_token_rep1.json").read_text())
+    assert unit["policy"] == "token" and unit["rep"] == 1 and unit["rate"] == G.PAPER_RATES[4096]
+    assert unit["throughput_rps"] > 0 and "mean_batch" in unit
+    run.clear()
+    G.main(["paper", "--out", str(tmp_path), "--only", "4096", "--reps", "2", "--requests", "6",
+            "--policies", "granikv", "token"])
+    assert run == []
+    with pytest.raises(ValueError, match="--only 1000: the paper's setting is defined at L_p = 4096, 16384"):
+        G.main(["paper", "--out", str(tmp_path), "--only", "1000"])

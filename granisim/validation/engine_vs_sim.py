@@ -56,15 +56,17 @@ def fit_reread(points: dict, profile_json: Path, requests: int, run: Path) -> No
     doc = json.loads(profile_json.read_text())
     units = [(lp, k, pol, u[pol][0]["decode_breakdown_ms_p50"]["attn_decode"]) for (lp, k), u in sorted(points.items())
              for pol in ("token", "paged16") if 0 in u.get(pol, {})]
-    losses = {}
+    losses, priced = {}, {}  # priced[v]: each unit's simulated attn_decode median at value v
     with tempfile.TemporaryDirectory(dir=profile_json.parent) as tmp:  # beside it: its tables resolve alike
         for v in REREAD_VALUES:
             doc["coefficients"][REREAD] = {"value": v, "unit": unit_of(REREAD), "source": SOURCE}
             path = Path(tmp) / f"reread={v:g}.json"  # a new path: profiles are cached by path
             path.write_text(json.dumps(doc))
-            err = [np.log(simulated(pol, lp, k, requests, str(path))["t_attn_decode"] / m) for lp, k, pol, m in units]
+            priced[v] = [simulated(pol, lp, k, requests, str(path))["t_attn_decode"] for lp, k, pol, _ in units]
+            err = [np.log(t / m) for t, (*_, m) in zip(priced[v], units)]
             losses[v] = float(np.sqrt(np.mean(np.square(err))))
             print(f"{REREAD} = {v:g}: rms log error of attn_decode medians {losses[v]:.3f}", flush=True)
+    print(per_unit_values(units, priced))
     best = min(losses, key=losses.get)
     doc["coefficients"][REREAD] = {"value": best, "unit": unit_of(REREAD), "source": {
         **SOURCE, "command": f"python scripts/engine_vs_sim.py {run} --fit {profile_json.name}",
@@ -73,6 +75,19 @@ def fit_reread(points: dict, profile_json: Path, requests: int, run: Path) -> No
                 f"{losses[best]:.3f} (at 1.0: {losses[1.0]:.3f}); in sample"}}
     profile_json.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {REREAD} = {best} into {profile_json}")
+
+
+def per_unit_values(units: list[tuple], priced: dict) -> str:
+    """A table: per grid unit, the measured decode-attention median and the REREAD value at which the simulated one
+    equals it (linear between the values tried; '-' outside their range): where a single value cannot hold."""
+    vs = sorted(priced)
+    lines = [f"| L_p | k | policy | attn_decode ms measured | {REREAD} that prices it |", "|---|---|---|---|---|"]
+    for i, (lp, k, pol, m) in enumerate(units):
+        ts = np.array([priced[v][i] for v in vs])
+        ok = ts[0] <= m <= ts[-1] and np.all(np.diff(ts) >= 0)
+        lines.append(f"| {lp} | {k} | {pol} | {m:.3f} | {float(np.interp(m, ts, vs)):.2f} |" if ok
+                     else f"| {lp} | {k} | {pol} | {m:.3f} | - |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -69,8 +69,17 @@ validation() {
     $G validation report "$RAW/validation/runR1/h200_run" --policy $pol --out "$V/runs/runR1/$pol" \
       --check-profile "$SHIPPED" >/dev/null
   done
+  local d name pol model r
+  for d in "$V"/runs/run{S1,T1,U1,V1}/*/; do   # machines S-V: one report folder per policy (and model)
+    name=$(basename "$d"); pol=${name%%-*}; model=llama-3.1-8b
+    [[ $name == *-* ]] && model=${name#*-}
+    r=$(basename "$(dirname "$d")")
+    need "$RAW/validation/$r/h200_run"
+    $G validation report "$RAW/validation/$r/h200_run" --policy "$pol" --model "$model" --out "${d%/}" \
+      --check-profile "$SHIPPED" >/dev/null
+  done
   $G validation step-parts "$RAW/validation/runJ1" "$RAW/validation/runK1" --out "$V/step_parts.json" >/dev/null
-  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1,N1,R1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
+  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1,N1,R1,S1,T1,U1,V1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
     --out "$V/summary.json" --table "$V/summary.md" >/dev/null
   P=validation/runI1/idle_pairs  # relative to RAW: the paths the JSON records
   (here=$PWD && cd "$RAW" && $G validation idle-effect --idle $P/idle-{b,c,d} --no-idle $P/noidle-{a,b,c,d} \

@@ -8,7 +8,8 @@
 #       skipped. CALL_S: seconds this call may take (default 540, inside a 10-minute limit). No unit starts
 #       unless the longest one (~180 s) still fits.
 # Priority order: the sustained-load benchmark, then each of $MODELS (default: llama-3.1-8b qwen-2.5-14b) under each
-# of $POLICIES (default: granikv token paged16), every workload each (reports/validation/README.md, "Next GPU run").
+# of $POLICIES (default: granikv token paged16), every workload each, or those named in $ONLY (space-separated
+# VALIDATION names; reports/validation/README.md, "Next GPU run").
 # Read-only on the GPU: the clock/power log only queries nvidia-smi; no clock or power setting is changed.
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [DONE] [CALL_S]}
@@ -32,7 +33,7 @@ for model in ${MODELS:-llama-3.1-8b qwen-2.5-14b}; do
     if [ "$b" -le 0 ]; then echo "call budget used; run again with DONE holding this call's JSON files"; exit 0; fi
     set -o pipefail
     python3 -m granisim.validation.gpu_runs validate --out "$OUT" ${DONE:+--done "$DONE"} --budget-s "$b" \
-      --models "$model" --policies "$policy" --log-gpu 2>&1 | tee "$OUT/last_pass.log" || exit 1
+      --models "$model" --policies "$policy" ${ONLY:+--only $ONLY} --log-gpu 2>&1 | tee "$OUT/last_pass.log" || exit 1
     if grep -q "budget reached" "$OUT/last_pass.log"; then
       echo "call budget used; run again with DONE holding this call's JSON files"; exit 0
     fi

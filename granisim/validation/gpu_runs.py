@@ -149,23 +149,30 @@ def _warm_up(profile: str, graphs: bool) -> None:
     print(f"warm-up: {time.time() - t:.1f} s", flush=True)
 
 
+def _pending(units, args, graphs: bool):
+    """The ``(name, ...)`` units not yet done under --out or --done, in order, until --budget-s has passed; the
+    kernels are warmed up once, before the first unit that runs."""
+    t0, warm = time.time(), False
+    for unit in units:
+        if _done(unit[0], args.out, args.done):
+            continue
+        if time.time() - t0 > args.budget_s:
+            print(f"budget reached; stopping before {unit[0]}")
+            return
+        if not warm:
+            _warm_up(args.profile, graphs)
+            warm = True
+        yield unit
+
+
 def speedup(args) -> None:
     from granisim.core.metrics import requests_frame, summarize
 
-    t0 = time.time()
     grid = [tuple(int(x) for x in p.split(",")) for p in args.only] if args.only else SPEEDUP_GRID
-    warm = False
-    for rep, lp, k, pol in ((r, lp, k, p) for r in range(args.reps) for lp, k in grid for p in args.policies):
-        name = (f"speedup_lp{lp}_k{k}_{pol}" + ("_eager" if args.eager else "") + ("_gc" if args.gc_in_steps else "")
-                + (f"_rep{rep}" if rep else ""))
-        if _done(name, args.out, args.done):
-            continue
-        if time.time() - t0 > args.budget_s:
-            print(f"budget reached; stopping before {name}")
-            return
-        if not warm:
-            _warm_up(args.profile, not args.eager)
-            warm = True
+    units = ((f"speedup_lp{lp}_k{k}_{pol}" + ("_eager" if args.eager else "") + ("_gc" if args.gc_in_steps else "")
+              + (f"_rep{r}" if r else ""), lp, k, pol)
+             for r in range(args.reps) for lp, k in grid for pol in args.policies)
+    for name, lp, k, pol in _pending(units, args, not args.eager):
         ex = res = None  # the last unit's KV buffers and graphs go before the next unit's are made
         t = time.time()
         ex, res = _burst(pol, lp, k, args.requests, args.profile, not args.eager, not args.gc_in_steps)
@@ -189,23 +196,13 @@ def paper(args) -> None:
     from granisim.core.metrics import requests_frame, summarize
     from granisim.experiments.run import prepare, simulate
 
-    t0 = time.time()
     lps = [int(x) for x in args.only] if args.only else sorted(PAPER_RATES, reverse=True)
     unknown = [lp for lp in lps if lp not in PAPER_RATES]
     if unknown:
         raise ValueError(f"--only {unknown[0]}: the paper's setting is defined at L_p = "
                          f"{', '.join(map(str, sorted(PAPER_RATES)))}")
-    warm = False
-    for rep, lp, pol in ((r, lp, p) for r in range(args.reps) for lp in lps for p in args.policies):
-        name = f"paper_lp{lp}_{pol}_rep{rep}"
-        if _done(name, args.out, args.done):
-            continue
-        if time.time() - t0 > args.budget_s:
-            print(f"budget reached; stopping before {name}")
-            return
-        if not warm:
-            _warm_up(args.profile, True)
-            warm = True
+    units = ((f"paper_lp{lp}_{pol}_rep{r}", r, lp, pol) for r in range(args.reps) for lp in lps for pol in args.policies)
+    for name, rep, lp, pol in _pending(units, args, True):
         ex = res = None
         t = time.time()
         setup = prepare(paper_scenario(pol, lp, args.profile, args.requests))

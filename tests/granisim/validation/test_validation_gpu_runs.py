@@ -132,3 +132,34 @@ def test_paper_units_alternate_policies_within_each_repetition_and_resume(tmp_pa
     assert run == []
     with pytest.raises(ValueError, match="--only 1000: the paper's setting is defined at L_p = 4096, 16384"):
         G.main(["paper", "--out", str(tmp_path), "--only", "1000"])
+
+
+def test_speedup_units_are_named_by_point_policy_and_repetition_and_resume(tmp_path, monkeypatch):
+    """speedup_lp{L}_k{k}_{policy}[_rep{r}]: repetition 0 has no suffix; a second call runs nothing; with a budget of
+    0 no unit starts. The engine is the cost model here (its executor stats faked)."""
+    from granisim.experiments.run import prepare, simulate
+
+    ran = []
+
+    class Ex:
+        def stats(self):
+            return {"graph_max_rows": 2048}
+
+    def burst(pol, lp, k, requests, profile, graphs, hold_gc=True):
+        ran.append((pol, lp, k))
+        return Ex(), simulate(prepare(G.burst_scenario(pol, lp, k, requests, profile)), progress=False)
+
+    monkeypatch.setattr(G, "_burst", burst)
+    monkeypatch.setattr(G, "_warm_up", lambda profile, graphs: None)
+    args = ["speedup", "--out", str(tmp_path), "--only", "1024,4", "--requests", "4", "--policies", "granikv", "token",
+            "--reps", "2"]
+    G.main(args)
+    assert ran == [("granikv", 1024, 4), ("token", 1024, 4)] * 2
+    assert sorted(p.name for p in tmp_path.glob("speedup_*.json")) == [
+        "speedup_lp1024_k4_granikv.json", "speedup_lp1024_k4_granikv_rep1.json",
+        "speedup_lp1024_k4_token.json", "speedup_lp1024_k4_token_rep1.json"]
+    ran.clear()
+    G.main(args)
+    assert ran == []
+    G.main(["speedup", "--out", str(tmp_path / "b"), "--only", "1024,4", "--requests", "4", "--budget-s", "0"])
+    assert ran == [] and not list((tmp_path / "b").glob("speedup_*.json"))

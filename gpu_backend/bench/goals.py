@@ -47,7 +47,7 @@ def prefix_kv_bytes(model, prefix_len: int, roles: int) -> int:
     return roles * prefix_len * model.kv_bytes_per_token
 
 
-def decode_step_rows(speedups: dict, copy_gbs: float, m_sat: float) -> list[dict]:
+def decode_step_rows(speedups: dict, copy_gbs: float) -> list[dict]:
     from granisim.config.models import get_model
 
     lp, k = DECODE_POINT
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels, gemms, speedups = (json.loads(p.read_text()) for p in (KERNELS, GEMMS, SPEEDUPS))
     m_sat = float(get_profile("h200")["m_sat"])
     copy_gbs = kernels["sections"]["ceilings"]["copy_GBps"]
-    krows = decode_step_rows(speedups, copy_gbs, m_sat) + [gemm_row(gemms)] + kernel_rows(kernels, m_sat)
+    krows = decode_step_rows(speedups, copy_gbs) + [gemm_row(gemms)] + kernel_rows(kernels, m_sat)
     units = [json.loads(f.read_text()) for f in sorted(args.paper.glob("paper_*.json"))] if args.paper.is_dir() else []
     erows = engine_rows(speedups) + paper_rows(units, _rel(args.paper))
     runs = {_rel(KERNELS): kernels["meta"], _rel(SPEEDUPS): {"run": speedups["run"], "commit": speedups["commit"]},

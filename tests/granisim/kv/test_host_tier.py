@@ -211,6 +211,22 @@ def test_bad_host_tier_input_exits_2(tmp_path):
     assert "Traceback" not in out.stderr and f"{f}: field policy.host_tier = 'slabs'" in out.stderr
 
 
+@pytest.mark.parametrize("gb", [1e300, 2 ** 31, 9e3])
+def test_a_host_tier_past_what_the_simulator_tracks_is_one_line(gb):
+    """Host memory for more than MAX_HOST_TOKENS tokens (here 9 TB of Llama-3.1-8B's 131 KB a token, or values
+    whose token count overflows to inf) is refused at setup naming the field, instead of an allocation of its slot
+    bookkeeping failing (119 TiB at 2^31 GB) or a NaN token count."""
+    from granisim.experiments.run import MAX_HOST_TOKENS, prepare
+
+    sc = parse_scenario_file_data({"hardware": {"host_kv_gb": gb}}, "f.toml")
+    with pytest.raises(ScenarioError) as err:
+        prepare(sc, "f.toml")
+    msg = str(err.value)
+    assert msg.startswith(f"f.toml: field hardware.host_kv_gb = {float(gb)}") and str(MAX_HOST_TOKENS) in msg
+    assert "\n" not in msg
+    prepare(parse_scenario_file_data({"hardware": {"host_kv_gb": 8e3}}, "f.toml"), "f.toml")  # 61M tokens: fits
+
+
 def test_tier_off_dumps_as_before():
     sc = parse_scenario_file_data({"hardware": {"host_kv_gb": 0.0}}, "f.toml")
     d = sc.model_dump()

@@ -260,6 +260,7 @@ VALIDATION_VERBS = {
     "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
     "rescore": ("rescore", "a granisim validate run judged again with the current cost model and a profile"),
     "refit": ("refit", "engine corrections fitted on several machines' runs, every policy pooled (a profile)"),
+    "judge": ("judge", "a candidate profile judged on every unit of several runs, beside another summary"),
 }
 
 

@@ -64,15 +64,20 @@ def units_folder(run: Path) -> Path:
     return run / "h200_run" if (run / "h200_run").is_dir() else run
 
 
-def run_units(run: Path):
-    """(unit name, steps, plans, model) of every unit in a run folder."""
-    h200 = units_folder(run)
+def policy_models(run: Path) -> list[tuple[str, str]]:
+    """The (policy, model) pairs with units in a run folder, in the order of their validation_*.json names."""
     found = {}
-    for js in sorted(h200.glob("validation_*.json")):
+    for js in sorted(units_folder(run).glob("validation_*.json")):
         parsed = split_unit(js.stem[len("validation_"):])
         if parsed is not None:
             found.setdefault((parsed[1], parsed[2]), None)
-    for policy, model in found:
+    return list(found)
+
+
+def run_units(run: Path):
+    """(unit name, steps, plans, model) of every unit in a run folder."""
+    h200 = units_folder(run)
+    for policy, model in policy_models(run):
         names, steps, plans = _load(h200, policy, model)
         for n in names:
             yield f"{run.name}/{n}", steps[n], plans[n], model

@@ -124,6 +124,30 @@ def mape(recs: list[dict]) -> list[dict]:
 TABLE_METRICS = ("step_median", "throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 
 
+def glance_table(recs: list[dict]) -> str:
+    """Markdown: per model and workload, per policy, how many of its runs (one a machine folder) meet every
+    target, of those judged ("2 / 3"; '-': none ran it) (pure)."""
+    runs: dict[tuple, dict] = {}
+    for r in recs:
+        if r["metric"] in TABLE_METRICS and r["met"] is not None:
+            key = (r["model"], r["workload"], r["policy"], r["machine"])
+            runs[key] = runs.get(key, True) and r["met"]
+    cells: dict[tuple, list[int]] = {}
+    for (model, workload, policy, _), ok in runs.items():
+        c = cells.setdefault((model, workload, policy), [0, 0])
+        c[0] += ok
+        c[1] += 1
+    policies = [p for p in ("granikv", "token", "paged16") if any(k[2] == p for k in cells)]
+    policies += sorted({k[2] for k in cells} - set(policies))
+    order = {w: i for i, w in enumerate(VALIDATION)}
+    lines = ["| model | workload | " + " | ".join(policies) + " |", "| --- | --- | " + " | ".join(["---:"] * len(policies)) + " |"]
+    for model, workload in sorted({k[:2] for k in cells}, key=lambda k: (k[0], order.get(k[1], 99), k[1])):
+        row = [f"{cells[(model, workload, p)][0]} / {cells[(model, workload, p)][1]}" if (model, workload, p) in cells
+               else "-" for p in policies]
+        lines.append(f"| {model} | {workload}{' (held out)' if workload in HELD_OUT else ''} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def signed_table(recs: list[dict]) -> str:
     """Markdown: one row per machine, model, workload and policy; signed errors ((predicted - measured) /
     measured; the per-step median is of |error|), target misses in bold; then the counts met (pure)."""
@@ -188,7 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"targets": TARGETS, "records": recs, "mape": mape(recs)}, indent=1) + "\n")
     if args.table:
-        args.table.write_text(signed_table(recs))
+        args.table.write_text("Runs that meet every target, of the runs of each workload, policy and model (one run a "
+                              "machine; machine D ran twice, D1 and D2):\n\n"
+                              + glance_table(recs) + "\n" + signed_table(recs))
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}
     print(f"{args.out}: {len(recs)} records, {len(units)} runs of a workload")
 

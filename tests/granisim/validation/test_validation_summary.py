@@ -72,3 +72,21 @@ def test_the_table_gives_signed_errors_and_bolds_the_misses():
     token = next(line for line in text.splitlines() if "| token |" in line)
     assert "| 2.0% |" in token and "**-7.0%**" in token and "+4.0%" in token
     assert "1 of 2 workload-policy-model runs meet every target; 3 of 4 target checks are met." in text
+
+
+def test_the_glance_table_counts_machines_whose_run_meets_every_target():
+    """azure_replay under token on three machines: X meets every target, Y misses one of two checks, Z meets its
+    one: "2 / 3". A policy no machine ran is '-'. Planted bug caught: a run counted as met when any of its checks
+    is (Y would count: 3 / 3)."""
+    def rec(machine, metric, err, policy="token", workload="azure_replay"):
+        base = {"workload": workload, "policy": policy, "model": "llama-3.1-8b", "machine": machine,
+                "held_out": False}
+        return S._record(base, metric, 1.0, 1.0 + err, abs(err))
+
+    recs = [rec("runX", "tpot_p50_s", 0.01), rec("runX", "ttft_p99_s", 0.02), rec("runY", "tpot_p50_s", 0.01),
+            rec("runY", "ttft_p99_s", 0.2), rec("runZ", "tpot_p50_s", 0.0),
+            rec("runX", "tpot_p50_s", 0.01, policy="granikv", workload="control_short")]
+    lines = S.glance_table(recs).splitlines()
+    assert lines[0] == "| model | workload | granikv | token |"
+    assert "| llama-3.1-8b | control_short | 1 / 1 | - |" in lines
+    assert "| llama-3.1-8b | azure_replay | - | 2 / 3 |" in lines

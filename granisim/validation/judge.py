@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from granisim.validation.clock_term import policy_models, units_folder
-from granisim.validation.summary import TARGETS, report_records, signed_table
+from granisim.validation.summary import TARGETS, report_records, tables
 
 
 def _report(job: tuple[str, str, str, str, str]) -> str:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"{args.out}: no report could be written")
     recs = report_records(reports)
     (args.out / "summary.json").write_text(json.dumps({"targets": TARGETS, "records": recs}, indent=1) + "\n")
-    table = signed_table(recs)
+    table = tables(recs)
     (args.out / "summary.md").write_text(table)
     print(table.strip().splitlines()[-1])
     if against is not None:

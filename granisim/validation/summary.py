@@ -127,7 +127,7 @@ TABLE_METRICS = ("step_median", "throughput_rps", "tpot_p50_s", "tpot_p99_s", "t
 def glance_table(recs: list[dict]) -> str:
     """Markdown: per model and workload, per policy, how many of its runs (one a machine folder) meet every
     target, of those judged ("2 / 3"; '-': none ran it) (pure)."""
-    runs: dict[tuple, dict] = {}
+    runs: dict[tuple, bool] = {}
     for r in recs:
         if r["metric"] in TABLE_METRICS and r["met"] is not None:
             key = (r["model"], r["workload"], r["policy"], r["machine"])
@@ -184,6 +184,12 @@ def signed_table(recs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tables(recs: list[dict]) -> str:
+    """summary.md: the runs meeting every target per workload, policy and model, then every run's errors."""
+    return ("Runs that meet every target, of the runs of each workload, policy and model:\n\n" + glance_table(recs)
+            + "\n" + signed_table(recs))
+
+
 def _fail(msg: str):
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
@@ -212,9 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"targets": TARGETS, "records": recs, "mape": mape(recs)}, indent=1) + "\n")
     if args.table:
-        args.table.write_text("Runs that meet every target, of the runs of each workload, policy and model (one run a "
-                              "machine; machine D ran twice, D1 and D2):\n\n"
-                              + glance_table(recs) + "\n" + signed_table(recs))
+        args.table.write_text(tables(recs))
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}
     print(f"{args.out}: {len(recs)} records, {len(units)} runs of a workload")
 

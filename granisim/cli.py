@@ -261,6 +261,7 @@ VALIDATION_VERBS = {
     "rescore": ("rescore", "a granisim validate run judged again with the current cost model and a profile"),
     "refit": ("refit", "engine corrections fitted on several machines' runs, every policy pooled (a profile)"),
     "judge": ("judge", "a candidate profile judged on every unit of several runs, beside another summary"),
+    "host-probe": ("host_probe", "the host's speed: CPU time a plan of the simulator's loop on a fixed workload"),
 }
 
 

@@ -217,6 +217,12 @@ def paper(args) -> None:
         print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
 
 
+def host_probe() -> dict:
+    from granisim.validation.host_probe import probe
+
+    return probe()
+
+
 def validate_all(args) -> None:
     from gpu_backend.executor import for_setup as gpu_executor
     from granisim.experiments.run import prepare
@@ -236,6 +242,7 @@ def validate_all(args) -> None:
                 if time.time() - t0 > args.budget_s:
                     print(f"budget reached; stopping before {unit}", flush=True)
                     return
+                host = host_probe()  # the host's speed this minute, before the unit (validation/host_probe.py)
                 t, started = time.time(), datetime.now().isoformat(timespec="milliseconds")
                 sc = validation_scenario(name, args.requests, args.profile, pol, model)
                 setup = prepare(sc.with_changes(**{"hardware.tp": args.tp}) if args.tp > 1 else sc)
@@ -252,7 +259,7 @@ def validate_all(args) -> None:
                     rep = validate(setup, ex, args.out / unit, progress=False, idle=not args.no_idle)
                     rep["executor"] = ex.stats()
                 # local start/end times: the unit's window in OUT/gpu_log.csv (--log-gpu; gpu_log.log_summary)
-                rep.update(workload=name, held_out=name in HELD_OUT, wall_s=time.time() - t,
+                rep.update(workload=name, held_out=name in HELD_OUT, wall_s=time.time() - t, host_probe=host,
                            started_local=started, ended_local=datetime.now().isoformat(timespec="milliseconds"))
                 (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2))
                 print(unit, f"{time.time() - t:.0f} s", json.dumps(rep["step_errors"]["total"]), flush=True)

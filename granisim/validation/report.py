@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         mreq = args.run / n / "measured_requests.parquet"
         report["workloads"][n] = {"steps": int(len(base[n])), "executor": raw[n].get("executor"),
                                   "held_out": held_out(n), "idle": raw[n].get("idle"),
+                                  "host_probe": raw[n].get("host_probe"),
                                   "at_run_time": {"step_errors": raw[n]["step_errors"], "end_to_end": measured},
                                   "microbenchmark_profile": {"step_errors": step_errors(base[n]),
                                                              **_e2e(setup, measured, mreq)}}

@@ -82,7 +82,8 @@ def report_records(paths: list[Path]) -> list[dict]:
             wl, pol, model = unit
             base = {"workload": wl, "policy": pol, "model": model, "machine": _machine_of_dir(run_dir),
                     "variant": f"profile:{Path(chk['profile']).stem}", "held_out": wl in HELD_OUT,
-                    "idle": w.get("idle"), "date": rep["run"].get("date")}
+                    "idle": w.get("idle"), "date": rep["run"].get("date"),
+                    **({"host_probe_us": w["host_probe"]["us_per_plan"]} if w.get("host_probe") else {})}
             out += _unit_records(base, chk["step_errors"], chk["end_to_end"], chk.get("percentile_errors", {}))
     return out
 

@@ -21,6 +21,8 @@ def fake_engine(monkeypatch):
     fake.for_setup = lambda setup, device, **kw: Ex()
     monkeypatch.setitem(sys.modules, "gpu_backend.executor", fake)
     monkeypatch.setattr(G, "_free_gpu", lambda: None)
+    probes = iter(range(1000))  # a host probe a unit, each its own figure
+    monkeypatch.setattr(G, "host_probe", lambda: {"us_per_plan": float(next(probes))})
 
     def validate(setup, ex, out, progress=False, idle=True):
         calls.append((out.name, setup.scenario.policy.name, setup.scenario.model.name,
@@ -45,6 +47,8 @@ def test_every_policy_and_model_and_resume(tmp_path, fake_engine):
     assert all(c[3] == 5 and c[4] is True for c in fake_engine)
     rep = json.loads((out / f"validation_{want[0][0]}.json").read_text())
     assert rep["workload"] == "control_short" and rep["held_out"] is False and rep["executor"]["graph_max_rows"]
+    probed = [json.loads((out / f"validation_{u}.json").read_text())["host_probe"]["us_per_plan"] for u, *_ in want]
+    assert probed == [float(i) for i in range(len(want))]  # probed before every unit, not once a call
     fake_engine.clear()
     G.main(["validate", "--out", str(out), "--only", "control_short", "azure_replay", "--requests", "5",
             "--models", "llama-3.1-8b", "qwen-2.5-14b"])  # the same models, space-separated

@@ -204,6 +204,7 @@ def paper(args) -> None:
     units = ((f"paper_lp{lp}_{pol}_rep{r}", r, lp, pol) for r in range(args.reps) for lp in lps for pol in args.policies)
     for name, rep, lp, pol in _pending(units, args, True):
         ex = res = None
+        host = host_probe()
         t = time.time()
         setup = prepare(paper_scenario(pol, lp, args.profile, args.requests))
         _free_gpu()
@@ -212,7 +213,7 @@ def paper(args) -> None:
         steps = res.steps.frame()
         s = summarize(requests_frame(res.records), steps, res.end_s)
         s.update(lp=lp, policy=pol, rep=rep, rate=PAPER_RATES[lp], wall_s=time.time() - t, executor=ex.stats(),
-                 mean_batch=float(steps.batch.mean()))
+                 mean_batch=float(steps.batch.mean()), host_probe=host)
         (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
         print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
 

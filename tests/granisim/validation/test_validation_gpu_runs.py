@@ -129,7 +129,7 @@ def test_paper_units_alternate_policies_within_each_repetition_and_resume(tmp_pa
     assert names == [f"paper_lp4096_{p}_rep{r}" for p in ("granikv", "token") for r in (0, 1)]
     unit = json.loads((tmp_path / "paper_lp4096_token_rep1.json").read_text())
     assert unit["policy"] == "token" and unit["rep"] == 1 and unit["rate"] == G.PAPER_RATES[4096]
-    assert unit["throughput_rps"] > 0 and "mean_batch" in unit
+    assert unit["throughput_rps"] > 0 and "mean_batch" in unit and "us_per_plan" in unit["host_probe"]
     run.clear()
     G.main(["paper", "--out", str(tmp_path), "--only", "4096", "--reps", "2", "--requests", "6",
             "--policies", "granikv", "token"])

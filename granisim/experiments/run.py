@@ -17,6 +17,7 @@ from granisim.config.models import ModelShape, get_model, kv_budget_tokens
 from granisim.config.replica import replica_m_sat, replica_shard
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.workload import load_trace
+from granisim.kv.host_tier import host_tier_config
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,6 @@ class Setup:
     trace: pd.DataFrame
     path_chooser: Callable[[int, int, str], str] | None
     step_pricer: Callable[[object], float] | None = None  # dispatch = "auto": predicted seconds of a plan
-
-
-MAX_HOST_TOKENS = 1 << 26  # host-tier slots the simulator tracks (13 bytes of bookkeeping each): 8.8 TB of Llama-3.1-8B KV
 
 
 def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
@@ -53,12 +51,10 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
             f"{source}: field hardware.kv_budget_tokens = {hw.kv_budget_tokens}: a KV cache of that many tokens "
             f"needs {hw.kv_budget_tokens * model.kv_bytes_per_token / 1e9:.0f} GB, more than the "
             f"{profile.memory_bytes / 1e9:.0f} GB of {profile.name}")
-    host_tokens = hw.host_kv_gb * 1e9 / model.kv_bytes_per_token
-    if not host_tokens < MAX_HOST_TOKENS:  # also inf: a value near the float maximum overflows
-        raise ScenarioError(
-            f"{source}: field hardware.host_kv_gb = {hw.host_kv_gb}: a host tier of {host_tokens:.3g} tokens; the "
-            f"simulator keeps 13 bytes of bookkeeping per host token, so at most {MAX_HOST_TOKENS} tokens "
-            f"({MAX_HOST_TOKENS * model.kv_bytes_per_token / 1e9:.0f} GB of {model.name}'s KV)")
+    try:  # the allocator builds the tier later: a tier it cannot track is the scenario's error, said now
+        host_tier_config(scenario, model)
+    except ValueError as err:
+        raise ScenarioError(f"{source}: {err}") from None
     if budget <= 0:
         # blame the field that made it so: the weights alone do not fit, or the reserve takes the rest
         weights_fit = profile.memory_bytes * hw.mem_fraction > model.weight_bytes

@@ -36,7 +36,8 @@ from granisim.kv.cold_pool import ColdPool
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode, path_to
 from granisim.kv.sequence import path_slots, run_starts
 
-__all__ = ["HOST_MODES", "HOST_EVICTIONS", "HostTierConfig", "HostTier", "KVTransfer", "host_tier_config"]
+__all__ = ["HOST_MODES", "HOST_EVICTIONS", "MAX_HOST_TOKENS", "HostTierConfig", "HostTier", "KVTransfer",
+           "host_tier_config"]
 
 HOST_MODES = ("slabs", "slabs+pages")
 HOST_EVICTIONS = ("lru", "next_use")
@@ -79,12 +80,22 @@ class HostTierConfig:
             raise ValueError(f"host tier mode/eviction {self.mode!r}/{self.eviction!r} unknown")
 
 
+MAX_HOST_TOKENS = 1 << 26  # host-tier slots the simulator tracks (13 bytes of bookkeeping each): 8.8 TB of Llama-3.1-8B KV
+
+
 def host_tier_config(scenario, model) -> HostTierConfig | None:
-    """The tier of a scenario (None when ``hardware.host_kv_gb`` is 0: no tier)."""
+    """The tier of a scenario (None when ``hardware.host_kv_gb`` is 0: no tier). ValueError naming the field when
+    the host holds more than MAX_HOST_TOKENS tokens of ``model``'s KV."""
     gb = getattr(scenario.hardware, "host_kv_gb", 0.0)
     if not gb:
         return None
     per_token = model.kv_bytes_per_token
+    tokens = gb * 1e9 / per_token
+    if not tokens < MAX_HOST_TOKENS:  # also inf: a value near the float maximum overflows
+        raise ValueError(
+            f"field hardware.host_kv_gb = {gb}: a host tier of {tokens:.3g} tokens; the simulator keeps 13 bytes of "
+            f"bookkeeping per host token, so at most {MAX_HOST_TOKENS} tokens "
+            f"({MAX_HOST_TOKENS * per_token / 1e9:.0f} GB of {model.name}'s KV)")
     cap = int(gb * 1e9 // per_token)
     if cap < 1:
         return None

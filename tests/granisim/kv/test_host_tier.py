@@ -216,7 +216,8 @@ def test_a_host_tier_past_what_the_simulator_tracks_is_one_line(gb):
     """Host memory for more than MAX_HOST_TOKENS tokens (here 9 TB of Llama-3.1-8B's 131 KB a token, or values
     whose token count overflows to inf) is refused at setup naming the field, instead of an allocation of its slot
     bookkeeping failing (119 TiB at 2^31 GB) or a NaN token count."""
-    from granisim.experiments.run import MAX_HOST_TOKENS, prepare
+    from granisim.experiments.run import prepare
+    from granisim.kv.host_tier import MAX_HOST_TOKENS
 
     sc = parse_scenario_file_data({"hardware": {"host_kv_gb": gb}}, "f.toml")
     with pytest.raises(ScenarioError) as err:

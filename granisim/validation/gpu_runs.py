@@ -23,6 +23,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from granisim.validation.host_probe import probe as host_probe  # the host's speed, before each unit
+
 ROOT = Path(__file__).resolve().parents[2]
 
 POLICIES = ("granikv", "token", "paged16")
@@ -216,12 +218,6 @@ def paper(args) -> None:
                  mean_batch=float(steps.batch.mean()), host_probe=host)
         (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
         print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
-
-
-def host_probe() -> dict:
-    from granisim.validation.host_probe import probe
-
-    return probe()
 
 
 def validate_all(args) -> None:

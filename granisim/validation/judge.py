@@ -16,10 +16,11 @@ import argparse
 import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 from granisim.validation.clock_term import policy_models, units_folder
-from granisim.validation.summary import TARGETS, report_records, tables
+from granisim.validation.summary import TARGETS, report_records, run_checks, tables
 
 
 def _report(job: tuple[str, str, str, str, str]) -> str:
@@ -34,19 +35,10 @@ def _report(job: tuple[str, str, str, str, str]) -> str:
     return ""
 
 
-def runs_by_key(records: list[dict]) -> dict[tuple, list[bool]]:
-    """(machine, model, workload, policy) -> the met flags of its target checks (pure)."""
-    out: dict[tuple, list[bool]] = {}
-    for r in records:
-        if r.get("target") is not None and r.get("met") is not None:
-            out.setdefault((r["machine"], r["model"], r["workload"], r["policy"]), []).append(bool(r["met"]))
-    return out
-
-
 def compare(candidate: list[dict], against: list[dict]) -> dict:
     """Over the runs both judged: runs meeting every target and checks met under each, and the runs that only one
     passes (pure)."""
-    a, b = runs_by_key(candidate), runs_by_key(against)
+    a, b = run_checks(candidate), run_checks(against)
     both = sorted(set(a) & set(b))
     return {"runs": len(both),
             "candidate": {"runs_met": sum(all(a[k]) for k in both), "checks_met": sum(sum(a[k]) for k in both),
@@ -103,15 +95,9 @@ def main(argv: list[str] | None = None) -> None:
             if not (out / "h200.json").exists():
                 jobs.append((str(units_folder(run)), policy, model, str(out), args.profile))
     print(f"{len(jobs)} reports to write ({args.jobs} at a time)", flush=True)
-    if args.jobs == 1:
-        results = map(_report, jobs)
-    else:
-        pool = ProcessPoolExecutor(args.jobs)
-        results = pool.map(_report, jobs)
-    for job, why in zip(jobs, results):
-        print(f"{job[3]}: " + (f"skipped: {why}" if why else "done"), flush=True)
-    if args.jobs > 1:
-        pool.shutdown()
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+        for job, why in zip(jobs, (pool.map if pool else map)(_report, jobs)):
+            print(f"{job[3]}: " + (f"skipped: {why}" if why else "done"), flush=True)
     reports = sorted(args.out.glob("*/*/h200.json"))
     if not reports:
         raise ValueError(f"{args.out}: no report could be written")

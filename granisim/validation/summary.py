@@ -125,18 +125,22 @@ def mape(recs: list[dict]) -> list[dict]:
 TABLE_METRICS = ("step_median", "throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 
 
+def run_checks(recs: list[dict]) -> dict[tuple, list[bool]]:
+    """(machine, model, workload, policy) -> the met flags of its target checks (pure)."""
+    out: dict[tuple, list[bool]] = {}
+    for r in recs:
+        if r.get("target") is not None and r.get("met") is not None:
+            out.setdefault((r["machine"], r["model"], r["workload"], r["policy"]), []).append(bool(r["met"]))
+    return out
+
+
 def glance_table(recs: list[dict]) -> str:
     """Markdown: per model and workload, per policy, how many of its runs (one a machine folder) meet every
     target, of those judged ("2 / 3"; '-': none ran it) (pure)."""
-    runs: dict[tuple, bool] = {}
-    for r in recs:
-        if r["metric"] in TABLE_METRICS and r["met"] is not None:
-            key = (r["model"], r["workload"], r["policy"], r["machine"])
-            runs[key] = runs.get(key, True) and r["met"]
     cells: dict[tuple, list[int]] = {}
-    for (model, workload, policy, _), ok in runs.items():
+    for (_, model, workload, policy), met in run_checks(recs).items():
         c = cells.setdefault((model, workload, policy), [0, 0])
-        c[0] += ok
+        c[0] += all(met)
         c[1] += 1
     policies = [p for p in ("granikv", "token", "paged16") if any(k[2] == p for k in cells)]
     policies += sorted({k[2] for k in cells} - set(policies))

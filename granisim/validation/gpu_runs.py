@@ -217,6 +217,7 @@ def paper(args) -> None:
         s.update(lp=lp, policy=pol, rep=rep, rate=PAPER_RATES[lp], wall_s=time.time() - t, executor=ex.stats(),
                  mean_batch=float(steps.batch.mean()), host_probe=host)
         (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
+        steps.to_parquet(args.out / f"{name}_steps.parquet", index=False)  # per-step parts, for the cost model
         print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
 
 

@@ -262,6 +262,7 @@ VALIDATION_VERBS = {
     "refit": ("refit", "engine corrections fitted on several machines' runs, every policy pooled (a profile)"),
     "judge": ("judge", "a candidate profile judged on every unit of several runs, beside another summary"),
     "host-probe": ("host_probe", "the host's speed: CPU time a plan of the simulator's loop on a fixed workload"),
+    "paper-setting": ("paper_setting", "the paper's setting on the real engine against the simulator's prediction"),
 }
 
 

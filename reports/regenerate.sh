@@ -7,6 +7,7 @@
 #   RAW/validation/runA1/h200_run ... RAW/validation/runE1/h200_run, runG1, runH1, runI1 (granisim validation gpu-run
 #   validate; runI1/idle_pairs: the idle-effect runs)
 #   RAW/engine/speedup_2048                                            (granisim validation gpu-run speedup)
+#   RAW/engine/paper_setting                                           (granisim validation gpu-run paper)
 #   RAW/fleet_validation/machineL/16384_hot_aware ...                  (reports/fleet/run_fleet_validation.sh)
 # The engine fits of each run go to RAW/validation/fits/. Nothing here needs a GPU. The validation part runs
 # about 30 reports of 20-60 s each on one core (each re-prices and re-simulates three workloads);
@@ -70,7 +71,7 @@ validation() {
       --check-profile "$SHIPPED" >/dev/null
   done
   local d name pol model r
-  for d in "$V"/runs/run{S1,T1,U1,V1}/*/; do   # machines S-V: one report folder per policy (and model)
+  for d in "$V"/runs/run{S1,T1,U1,V1,W1}/*/; do   # machines S-W: one report folder per policy (and model)
     name=$(basename "$d"); pol=${name%%-*}; model=llama-3.1-8b
     [[ $name == *-* ]] && model=${name#*-}
     r=$(basename "$(dirname "$d")")
@@ -79,7 +80,7 @@ validation() {
       --check-profile "$SHIPPED" >/dev/null
   done
   $G validation step-parts "$RAW/validation/runJ1" "$RAW/validation/runK1" --out "$V/step_parts.json" >/dev/null
-  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1,N1,R1,S1,T1,U1,V1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
+  $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1,N1,R1,S1,T1,U1,V1,W1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
     --out "$V/summary.json" --table "$V/summary.md" >/dev/null
   P=validation/runI1/idle_pairs  # relative to RAW: the paths the JSON records
   (here=$PWD && cd "$RAW" && $G validation idle-effect --idle $P/idle-{b,c,d} --no-idle $P/noidle-{a,b,c,d} \
@@ -99,7 +100,11 @@ engine() {
   $G validation speedups "$RAW/engine/speedup_2048" --out reports/engine/speedups >/dev/null
   $G validation engine-vs-sim "$RAW/engine/speedup_2048" --profiles h200,h200-engine \
     --out reports/engine/sim_vs_measured >/dev/null
-  echo "wrote reports/engine/speedups.{json,_table.md}, reports/engine/sim_vs_measured.{json,md}"
+  need "$RAW/engine/paper_setting"
+  local P=reports/engine/paper_setting
+  $G validation paper-setting "$RAW/engine/paper_setting" --sensitivity 0.98 0.99 1.01 1.02 \
+    --out $P/sim_vs_measured.json --table $P/sim_vs_measured.md >/dev/null
+  echo "wrote reports/engine/speedups.{json,_table.md}, reports/engine/sim_vs_measured.{json,md}, $P/sim_vs_measured.{json,md}"
 }
 
 fleet() {

@@ -1,7 +1,7 @@
 """Engine corrections fitted on several machines' runs at once, every policy of one model pooled.
 
     granisim validation refit RUN [RUN ...] --out PROFILE.json [--model llama-3.1-8b] [--base h200]
-        [--keep-from h200-engine] [--except RUN ...]
+        [--keep-from h200-engine] [--except RUN ...] [--only PREFIX ...]
 
 ``granisim validation report --profile-out`` fits one run's units of one policy; this pools the units of
 every policy found in the runs (folders holding ``h200_run/`` or the units), all on ``--model``, into one
@@ -10,7 +10,9 @@ some machines and judged on another: ``--except`` drops runs from the list, e.g.
 leave-one-machine-out check (``granisim validation report OTHER --check-profile PROFILE.json``). Held-out
 workloads (VALIDATION's ``held_out``) join no fit. The profile is ``--base`` plus the fit, with the
 coefficients that other fits own (``report.KEEP``, from ``--keep-from``) and the engine's host-tier
-constants. Nothing here needs a GPU; a bad folder or a run without units is one line and exit 2.
+constants. ``--only PREFIX ...`` (e.g. ``engine.eager.linear``) refits just the coefficients named so: the profile
+is ``--keep-from`` with those replaced by the pooled fit's values, everything else as it was. Nothing here needs a
+GPU; a bad folder or a run without units is one line and exit 2.
 """
 from __future__ import annotations
 
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="h200", help="the microbenchmark profile the corrections go on")
     ap.add_argument("--keep-from", default="h200-engine", help="take the coefficients other fits own from it")
     ap.add_argument("--except", dest="skip", type=Path, nargs="*", default=[], help="leave these runs out")
+    ap.add_argument("--only", nargs="+", metavar="PREFIX",
+                    help="refit only the coefficients whose names start so; the rest from --keep-from")
     args = ap.parse_args(argv)
     if args.out.suffix != ".json":
         raise ValueError(f"--out {args.out}: a profile is a .json file")
@@ -78,10 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     source = Source("measured", date=datetime.now(timezone.utc).date().isoformat(), command=cmd,
                     note=f"granisim.calibration.engine_fit pooled over {len(units)} units: {', '.join(units)}")
     keep_file = Path(args.keep_from) if args.keep_from.endswith(".json") else PROFILE_DIR / f"{args.keep_from}.json"
-    kept = kept_coefficients(keep_file)
-    write_engine_profile(args.base, values, source, args.out, kept, f"{len(units)} units of {len(runs)} runs")
-    print(f"{args.out}: engine corrections fitted on {len(units)} units of {len(runs)} runs")
+    fitted_on = f"{len(units)} units of {len(runs)} runs"
+    if args.only:
+        only = only_values(values, args.only)
+        source = replace(source, command=source.command + " --only " + " ".join(args.only))
+        write_engine_profile(str(keep_file), only, source, args.out, {}, fitted_on)
+        print(f"{args.out}: {', '.join(sorted(only))} refitted on {fitted_on}; the rest as in {args.keep_from}")
+        return 0
+    write_engine_profile(args.base, values, source, args.out, kept_coefficients(keep_file), fitted_on)
+    print(f"{args.out}: engine corrections fitted on {fitted_on}")
     return 0
+
+
+def only_values(values: dict[str, float], prefixes: list[str]) -> dict[str, float]:
+    """The fitted values whose names start with one of ``prefixes`` (``engine.eager.linear`` takes its scale,
+    offset and floor); ValueError for a prefix that names none (pure)."""
+    out = {k: v for k, v in values.items() if any(k.startswith(p) for p in prefixes)}
+    for p in prefixes:
+        if not any(k.startswith(p) for k in out):
+            raise ValueError(f"--only {p}: the fit has no coefficient named so (it fits {', '.join(sorted(values))})")
+    return out
 
 
 if __name__ == "__main__":

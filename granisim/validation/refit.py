@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from granisim.calibration.engine_fit import fit
-from granisim.config.hardware import PROFILE_DIR, Source, get_profile
+from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile
 from granisim.config.models import get_model
 from granisim.validation.clock_term import run_units, units_folder
 from granisim.validation.report import KEEP, graph_limit, held_out, kept_coefficients, write_engine_profile
@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r for r in args.runs if r.resolve() not in skip]
     if not runs:
         raise ValueError(f"--except {' '.join(map(str, args.skip))}: leaves none of the runs to fit on")
+    known = [*COEFFICIENTS, *OPTIONAL_COEFFICIENTS]
+    for p in args.only or ():
+        if not any(k.startswith(p) for k in known):
+            raise ValueError(f"--only {p}: no profile coefficient is named so (e.g. engine.eager.linear)")
     base, kept_from = get_profile(args.base), get_profile(args.keep_from)
     keep = {k: kept_from.coefficients[k] for k in KEEP if k in kept_from.coefficients}
     values, units = pooled_fit(runs, args.model, base, keep)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
 from granisim.config.scenario import ScenarioError, load_scenario
+from granisim.experiments.sensitivity import DEFAULT_DELTA
 
 def gpu_executor(setup, device: str):
     """The real engine's executor (gpu_backend); a clear error where torch or a GPU is missing."""
@@ -37,6 +38,9 @@ def cmd_run(args) -> int:
     if args.executor == "gpu":
         make = (fleet_gpu_executors(args.device) if scenario.fleet is not None
                 else (lambda setup: gpu_executor(setup, args.device)))
+    if args.sensitivity is not None and (args.executor == "gpu" or scenario.fleet is not None):
+        raise ScenarioError(f"--sensitivity {args.sensitivity}: for a single-GPU scenario on the cost executor "
+                            f"(not with {'--executor gpu' if args.executor == 'gpu' else 'a [fleet] section'})")
     summary = run_one(scenario, args.scenario, out, make_executor=make)
     if scenario.fleet is not None:
         from granisim.fleet.outputs import fleet_table
@@ -45,6 +49,13 @@ def cmd_run(args) -> int:
     else:
         print(summary_table({scenario.policy.name: summary}))
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
+    if args.sensitivity is not None:
+        from granisim.experiments import sensitivity as sens
+        from granisim.experiments.run import prepare
+
+        table = sens.rows(summary, sens.scaled_summaries(prepare(scenario, args.scenario), args.sensitivity))
+        sens.write(out, table, args.sensitivity)
+        print("\n" + sens.format_table(table, args.sensitivity) + f"\nwrote {out}/sensitivity.json")
     return 0
 
 
@@ -306,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--executor", choices=["cost", "gpu"], default="cost",
                    help="cost: predicted step times (simulator); gpu: measured on the real engine")
     r.add_argument("--device", default="cuda", help="device of the GPU executor (cuda, or cpu for tiny models)")
+    r.add_argument("--sensitivity", nargs="?", const=DEFAULT_DELTA, type=_number(float, 0, True, 0.5), metavar="DELTA",
+                   help="also simulate with every step DELTA slower and faster (default 0.03): how far each metric "
+                        "moves (sensitivity.json)")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("validate", help="predicted vs measured: the scenario on the real engine and the simulator")
     v.add_argument("scenario")

@@ -1,0 +1,96 @@
+"""granisim run --sensitivity: every step's predicted time scaled, and how far each metric moves."""
+import json
+
+import pytest
+
+from granisim.cli import main
+from granisim.core.contract import with_steps
+from granisim.costmodel.executor import CostExecutor
+from granisim.costmodel.scaled import ScaledExecutor
+from granisim.experiments import sensitivity as sens
+from granisim.experiments.run import prepare, simulate
+from granisim.core.metrics import requests_frame, summarize
+from tests.granisim.simhelpers import small
+
+
+def _summary(setup, executor):
+    res = simulate(setup, executor, progress=False)
+    return summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
+
+
+def test_a_burst_served_with_every_step_slower_is_the_same_schedule_stretched():
+    """All requests at once (within 40 us at 1e6/s): nothing arrives mid-run, so the schedule is the same and
+    every time scales (to the arrivals' spread)."""
+    setup = prepare(small(**{"workload.rate": 1e6}))
+    base = _summary(setup, CostExecutor(setup.profile, setup.model))
+    slow = _summary(setup, ScaledExecutor(CostExecutor(setup.profile, setup.model), 1.25))
+    assert slow["steps"] == base["steps"] and slow["completed"] == base["completed"]
+    assert slow["throughput_rps"] == pytest.approx(base["throughput_rps"] / 1.25, rel=1e-4)
+    for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+        assert slow[k] == pytest.approx(base[k] * 1.25, rel=1e-4), k
+
+
+def test_a_fast_forward_block_scales_its_steps_and_parts():
+    setup = prepare(small())
+    inner = CostExecutor(setup.profile, setup.model)
+    from granisim.core.serving_loop import ServingLoop
+
+    loop = ServingLoop(setup, inner, progress=False)
+    seen = []
+    real = inner.execute
+
+    def spy(plan):  # the first fast-forwarded plan of a real run
+        r = real(plan)
+        if plan.num_steps > 1 and not seen:
+            seen.append(plan)
+        return r
+
+    inner.execute = spy
+    loop.run()
+    plan = seen[0]
+    a = CostExecutor(setup.profile, setup.model).execute(plan)
+    b = ScaledExecutor(CostExecutor(setup.profile, setup.model), 2.0).execute(with_steps(plan, plan.num_steps))
+    assert b.duration_s == pytest.approx(2 * a.duration_s)
+    assert b.step_durations == pytest.approx(tuple(2 * d for d in a.step_durations))
+    assert b.breakdown == pytest.approx({k: 2 * v for k, v in a.breakdown.items()})
+    with pytest.raises(ValueError, match="factor 0"):
+        ScaledExecutor(inner, 0)
+
+
+def test_rows_give_each_metric_at_both_factors():
+    base = {"throughput_rps": 4.0, "tpot_p99_s": 0.5, "preemptions": 0}
+    rows = {r["metric"]: r for r in sens.rows(base, {0.97: {**base, "throughput_rps": 4.1, "tpot_p99_s": 0.4},
+                                                     1.03: {**base, "throughput_rps": 3.9, "tpot_p99_s": 0.7}})}
+    assert rows["tpot_p99_s"]["at"]["1.03"]["change"] == pytest.approx(0.4)
+    assert rows["throughput_rps"]["at"]["0.97"]["change"] == pytest.approx(0.025)
+    assert rows["preemptions"]["at"]["1.03"]["change"] is None  # no change of a zero
+    assert "TPOT p99" in sens.format_table(list(rows.values()), 0.03)
+
+
+def test_run_sensitivity_writes_its_table(tmp_path, capsys):
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[workload]\nkind = "multi_agent"\nroles = 2\nprefix_len = 1024\nnum_requests = 30\n'
+                 'rate = 1000.0\nmax_output_len = 32\n')
+    assert main(["run", str(p), "--out", str(tmp_path / "o"), "--sensitivity", "0.1"]) == 0
+    doc = json.loads((tmp_path / "o" / "sensitivity.json").read_text())
+    row = {r["metric"]: r for r in doc["rows"]}["throughput_rps"]
+    assert doc["delta"] == 0.1 and set(row["at"]) == {"0.9", "1.1"}
+    assert row["at"]["1.1"]["value"] < row["predicted"] < row["at"]["0.9"]["value"]
+    assert "sensitivity: every step's time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--sensitivity", "0.7"], "--sensitivity"),
+    (["--sensitivity", "0"], "--sensitivity"),
+])
+def test_bad_sensitivity_is_one_line_exit_2(argv, needle, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "scenarios/multi_agent_16k.toml", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and needle in err[0]
+
+
+def test_sensitivity_of_a_fleet_is_refused_before_the_run(tmp_path, capsys):
+    assert main(["run", "scenarios/fleet_16roles.toml", "--out", str(tmp_path / "o"), "--sensitivity"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[fleet]" in err[0] and not (tmp_path / "o").exists()

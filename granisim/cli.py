@@ -38,9 +38,12 @@ def cmd_run(args) -> int:
     if args.executor == "gpu":
         make = (fleet_gpu_executors(args.device) if scenario.fleet is not None
                 else (lambda setup: gpu_executor(setup, args.device)))
-    if args.sensitivity is not None and (args.executor == "gpu" or scenario.fleet is not None):
-        raise ScenarioError(f"--sensitivity {args.sensitivity}: for a single-GPU scenario on the cost executor "
-                            f"(not with {'--executor gpu' if args.executor == 'gpu' else 'a [fleet] section'})")
+    if args.executor == "gpu" and scenario.hardware.step_time_scale != 1.0:
+        raise ScenarioError(f"{args.scenario}: field hardware.step_time_scale = {scenario.hardware.step_time_scale}: "
+                            f"a what-if on predicted step times; --executor gpu measures them (drop it)")
+    if args.sensitivity is not None and args.executor == "gpu":
+        raise ScenarioError(f"--sensitivity {args.sensitivity}: scales the cost model's step times; "
+                            f"--executor gpu measures them")
     summary = run_one(scenario, args.scenario, out, make_executor=make)
     if scenario.fleet is not None:
         from granisim.fleet.outputs import fleet_table
@@ -51,9 +54,8 @@ def cmd_run(args) -> int:
     print(f"\nwrote {out}/ (requests.parquet, steps.parquet, summary.json, plots, trace.json)")
     if args.sensitivity is not None:
         from granisim.experiments import sensitivity as sens
-        from granisim.experiments.run import prepare
 
-        table = sens.rows(summary, sens.scaled_summaries(prepare(scenario, args.scenario), args.sensitivity))
+        table = sens.rows(summary, sens.scaled_summaries(scenario, args.scenario, args.sensitivity))
         sens.write(out, table, args.sensitivity)
         print("\n" + sens.format_table(table, args.sensitivity) + f"\nwrote {out}/sensitivity.json")
     return 0
@@ -64,6 +66,9 @@ def cmd_validate(args) -> int:
     from granisim.validation.validate import validate
 
     scenario = load_scenario(args.scenario)
+    if scenario.hardware.step_time_scale != 1.0:
+        raise ScenarioError(f"{args.scenario}: field hardware.step_time_scale = {scenario.hardware.step_time_scale}: "
+                            f"a what-if on predicted step times; validate measures them on the GPU (drop it)")
     if scenario.fleet is not None:  # every replica's steps on the one device, taking turns
         from granisim.validation.validate import validate_fleet
 

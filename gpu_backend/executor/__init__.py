@@ -6,6 +6,10 @@ from .model import RandomWeights  # noqa: F401
 
 def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
     """The executor for a prepared scenario (``granisim.experiments.run.prepare``) on ``device``."""
+    scale = setup.scenario.hardware.step_time_scale
+    if scale != 1.0:  # a what-if on predicted times: the real engine measures its own
+        raise ValueError(f"field hardware.step_time_scale = {scale}: scales the cost model's step times; the "
+                         f"real engine measures them (drop it, or use the cost executor)")
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():

@@ -46,10 +46,12 @@ class HardwareCfg(_Strict):
     tp: Literal[1, 2, 4, 8] = 1  # tensor-parallel GPUs per replica (the profile's GPU, tp of them)
     # host memory for evicted KV (granisim/kv/host_tier.py); 0 = no host tier
     host_kv_gb: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # a what-if for sensitivity analysis: every step's predicted time (cost model) times this; 1 = as priced
+    step_time_scale: float = Field(1.0, gt=0, le=10, allow_inf_nan=False)
 
     @model_serializer(mode="wrap")
     def _without_default_tp(self, handler):
-        return _drop_defaults(handler(self), {"tp": 1, "host_kv_gb": 0.0})
+        return _drop_defaults(handler(self), {"tp": 1, "host_kv_gb": 0.0, "step_time_scale": 1.0})
 
 
 def _drop_defaults(data, defaults: dict):
@@ -253,6 +255,7 @@ class Scenario(_Strict):
 def _optional_field(parts: list[str]) -> bool:
     """A field that dumps leave out at its default (hardware.tp, model.expert_*)."""
     return len(parts) == 2 and (parts[0], parts[1]) in (("hardware", "tp"), ("hardware", "host_kv_gb"),
+                                                          ("hardware", "step_time_scale"),
                                                           ("policy", "host_tier"), ("policy", "host_eviction"),
                                                           ("model", "expert_routing"),
                                                           ("model", "expert_zipf_s"),

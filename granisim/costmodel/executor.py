@@ -47,3 +47,16 @@ def _fewer_steps_of(plan: BatchPlan, block: BatchPlan) -> bool:
     return (plan.num_steps < block.num_steps and plan.requests is block.requests and plan.step == block.step
             and plan.groups is block.groups and plan.copies is block.copies and plan.transfers is block.transfers
             and plan.policy == block.policy and plan.page_size == block.page_size)
+
+
+def for_setup(setup):
+    """The cost executor of a prepared scenario: its profile and model, every step's time times the scenario's
+    ``hardware.step_time_scale`` where that is not 1 (a sensitivity what-if, granisim.costmodel.scaled)."""
+    ex = CostExecutor(setup.profile, setup.model)
+    scale = setup.scenario.hardware.step_time_scale
+    if scale == 1.0:
+        return ex
+    from granisim.costmodel.scaled import ScaledExecutor
+
+    return ScaledExecutor(ex, scale)
+

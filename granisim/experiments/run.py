@@ -118,9 +118,9 @@ def simulate(setup: Setup, executor=None, progress: bool = True):
 
         return simulate_setup(setup, executor, progress)
     from granisim.core.serving_loop import ServingLoop
-    from granisim.costmodel.executor import CostExecutor
+    from granisim.costmodel.executor import for_setup
 
-    executor = executor or CostExecutor(setup.profile, setup.model)
+    executor = executor or for_setup(setup)
     return ServingLoop(setup, executor, progress=progress).run()
 
 

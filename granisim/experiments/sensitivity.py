@@ -5,7 +5,7 @@
 The validation runs price single steps within a few percent of the real engine (their per-step target is a 3%
 median), but a schedule can amplify that: a short request decoding beside long prefill chunks, or a queue near
 saturation, turns 2% per step into 10-20% on a tail (reports/engine/paper_setting/). This simulates the scenario
-twice more, with every step's predicted time times 1 - DELTA and 1 + DELTA (:class:`ScaledExecutor`), and
+twice more, with every step's predicted time times 1 - DELTA and 1 + DELTA (``hardware.step_time_scale``), and
 reports each summary metric at both, so that a user sees which of the predictions a few percent of step error
 can move and by how much. Deterministic like the run itself (same seed, same arrivals).
 """
@@ -21,16 +21,17 @@ METRICS = (("throughput_rps", "req/s"), ("output_tok_s", "out tok/s"), ("ttft_p5
 DEFAULT_DELTA = 0.03
 
 
-def scaled_summaries(setup, delta: float) -> dict[float, dict]:
-    """factor -> the run's summary with every step's predicted time times factor (1 - delta, 1 + delta)."""
+def scaled_summaries(scenario, source: str, delta: float) -> dict[float, dict]:
+    """factor -> the summary of ``scenario`` with every step's predicted time times factor (1 - delta, 1 + delta,
+    on top of its own ``hardware.step_time_scale``)."""
     from granisim.core.metrics import requests_frame, summarize
-    from granisim.costmodel.executor import CostExecutor
-    from granisim.costmodel.scaled import ScaledExecutor
-    from granisim.experiments.run import simulate
+    from granisim.experiments.run import prepare, simulate
 
     out = {}
     for f in (1.0 - delta, 1.0 + delta):
-        res = simulate(setup, ScaledExecutor(CostExecutor(setup.profile, setup.model), f), progress=False)
+        setup = prepare(scenario.with_changes(**{"hardware.step_time_scale": scenario.hardware.step_time_scale * f}),
+                        source)
+        res = simulate(setup, progress=False)
         out[f] = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
     return out
 

@@ -52,14 +52,14 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def simulate_scenario(sc: Scenario) -> dict:
     """One full simulation; returns the summary plus breakdown totals and allocator counters."""
     from granisim.core.serving_loop import ServingLoop
-    from granisim.costmodel.executor import CostExecutor
+    from granisim.costmodel.executor import for_setup
     from granisim.core.metrics import requests_frame, summarize
     from granisim.experiments.run import prepare
 
     setup = prepare(sc)
     if sc.fleet is not None:  # N replicas behind a router: the fleet's figures, as `granisim run` gives them
         return _fleet_summary(sc, setup)
-    eng = ServingLoop(setup, CostExecutor(setup.profile, setup.model), progress=False)
+    eng = ServingLoop(setup, for_setup(setup), progress=False)
     res = eng.run()
     steps = res.steps.frame()
     summary = summarize(requests_frame(res.records), steps, res.end_s)

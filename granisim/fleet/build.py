@@ -52,13 +52,13 @@ def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor
     ``router`` (a :class:`granisim.fleet.routers.Router`), if given, replaces the scenario's."""
     from dataclasses import replace
 
-    from granisim.costmodel.executor import CostExecutor
+    from granisim.costmodel.executor import for_setup
     from granisim.fleet.loop import FleetLoop
 
     specs = replica_specs(scenario, source)
     if trace is not None:
         specs = [replace(sp, setup=replace(sp.setup, trace=trace)) for sp in specs]
-    make = make_executor or (lambda setup: CostExecutor(setup.profile, setup.model))
+    make = make_executor or for_setup
     return FleetLoop(specs, fleet_cfg(scenario), make, progress=progress, keep_outputs=keep_outputs,
                      router=router).run()
 

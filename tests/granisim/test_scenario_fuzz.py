@@ -203,7 +203,7 @@ def test_the_fuzz_reaches_valid_runs_and_errors():
 
     seen = {"ok": 0, "small": 0, "error": 0}
 
-    @settings(max_examples=200, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=400, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(doc=documents())
     def count(doc):

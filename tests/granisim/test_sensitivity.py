@@ -5,7 +5,7 @@ import pytest
 
 from granisim.cli import main
 from granisim.core.contract import with_steps
-from granisim.costmodel.executor import CostExecutor
+from granisim.costmodel.executor import CostExecutor, for_setup
 from granisim.costmodel.scaled import ScaledExecutor
 from granisim.experiments import sensitivity as sens
 from granisim.experiments.run import prepare, simulate
@@ -20,14 +20,22 @@ def _summary(setup, executor):
 
 def test_a_burst_served_with_every_step_slower_is_the_same_schedule_stretched():
     """All requests at once (within 40 us at 1e6/s): nothing arrives mid-run, so the schedule is the same and
-    every time scales (to the arrivals' spread)."""
-    setup = prepare(small(**{"workload.rate": 1e6}))
-    base = _summary(setup, CostExecutor(setup.profile, setup.model))
-    slow = _summary(setup, ScaledExecutor(CostExecutor(setup.profile, setup.model), 1.25))
+    every time scales (to the arrivals' spread). hardware.step_time_scale is the scenario's way to ask for it."""
+    burst = small(**{"workload.rate": 1e6})
+    base = _summary(prepare(burst), None)
+    slow = _summary(prepare(burst.with_changes(**{"hardware.step_time_scale": 1.25})), None)
     assert slow["steps"] == base["steps"] and slow["completed"] == base["completed"]
     assert slow["throughput_rps"] == pytest.approx(base["throughput_rps"] / 1.25, rel=1e-4)
     for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
         assert slow[k] == pytest.approx(base[k] * 1.25, rel=1e-4), k
+
+
+def test_the_default_scale_is_the_plain_cost_executor_and_leaves_dumps_alone():
+    setup = prepare(small())
+    assert type(for_setup(setup)) is CostExecutor
+    assert "step_time_scale" not in small().model_dump()["hardware"]  # sweep point ids of old sweeps unchanged
+    scaled = prepare(small(**{"hardware.step_time_scale": 1.1}))
+    assert isinstance(for_setup(scaled), ScaledExecutor) and for_setup(scaled).factor == 1.1
 
 
 def test_a_fast_forward_block_scales_its_steps_and_parts():
@@ -90,7 +98,12 @@ def test_bad_sensitivity_is_one_line_exit_2(argv, needle, capsys):
     assert stop.value.code == 2 and len(err) == 1 and needle in err[0]
 
 
-def test_sensitivity_of_a_fleet_is_refused_before_the_run(tmp_path, capsys):
-    assert main(["run", "scenarios/fleet_16roles.toml", "--out", str(tmp_path / "o"), "--sensitivity"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "[fleet]" in err[0] and not (tmp_path / "o").exists()
+def test_a_scaled_scenario_is_refused_where_steps_are_measured(tmp_path, capsys):
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[hardware]\nstep_time_scale = 1.05\n')
+    for argv in (["run", str(p), "--executor", "gpu", "--out", str(tmp_path / "o")],
+                 ["validate", str(p), "--out", str(tmp_path / "v")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(p) in err[0] and "hardware.step_time_scale = 1.05" in err[0], err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "v").exists()

@@ -161,6 +161,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_capacity(args) -> int:
+    if args.rate is not None and args.sensitivity is not None:
+        raise ScenarioError(f"--sensitivity {args.sensitivity}: for the rate search; with --rate (the fleet's size) "
+                            f"run the search on copies of the scenario with hardware.step_time_scale set")
     if args.rate is not None:  # the fewest replicas that hold this rate (granisim.fleet.capacity)
         from granisim.fleet.capacity import fleet_capacity_cli
 
@@ -366,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--rate", type=POS_FLOAT, help="fleet: the fewest replicas that hold this rate (req/s) instead")
     ca.add_argument("--max-replicas", type=POS_INT, default=16, help="fleet: largest fleet to try (with --rate)")
     ca.add_argument("--routers", help="fleet: routers to search (with --rate; default: the scenario's)")
+    ca.add_argument("--sensitivity", nargs="?", const=DEFAULT_DELTA, type=_number(float, 0, True, 0.5), metavar="DELTA",
+                    help="also search with every step DELTA slower and faster (default 0.03): how far each answer "
+                         "moves (capacity_sensitivity.json)")
     ca.set_defaults(fn=cmd_capacity)
     pa = sub.add_parser("paper", help="the paper's claims in simulation: reports/paper/")
     pa.add_argument("--out", default="reports/paper")

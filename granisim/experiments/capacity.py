@@ -230,4 +230,36 @@ def capacity_cli(args) -> int:
                        max_probes=args.max_probes, workers=args.workers)
     print(capacity_table(results, slo))
     print(f"\nwrote {out}/ (capacity.json, capacity.txt, capacity.png)")
+    if args.sensitivity is not None:
+        d, scale = args.sensitivity, scenario.hardware.step_time_scale
+        scaled = {}
+        for f in (1 - d, 1 + d):
+            print(f"\nevery step x {f:g}:")
+            scaled[f] = capacity(scenario.with_changes(**{"hardware.step_time_scale": scale * f}), policies, slo,
+                                 out / f"steps_x{f:g}", lo=args.lo, hi=args.hi, rel_tol=args.rel_tol,
+                                 max_probes=args.max_probes, workers=args.workers)
+        table = sensitivity_rows(results, scaled)
+        (out / "capacity_sensitivity.json").write_text(json.dumps({"delta": d, "rows": table}, indent=2) + "\n")
+        print("\n" + sensitivity_table(table, d) + f"\nwrote {out}/capacity_sensitivity.json (and steps_x*/)")
     return 0
+
+
+def sensitivity_rows(base: list[CapacityResult], scaled: dict[float, list[CapacityResult]]) -> list[dict]:
+    """Per policy: the highest rate within the SLO as priced and with every step scaled by each factor (pure)."""
+    rows = []
+    for i, r in enumerate(base):
+        at = {f"{f:g}": {"max_rate": res[i].rate, "change": (res[i].rate - r.rate) / r.rate if r.rate else None}
+              for f, res in sorted(scaled.items())}
+        rows.append({"policy": r.policy, "max_rate": r.rate, "at": at})
+    return rows
+
+
+def sensitivity_table(rows: list[dict], delta: float) -> str:
+    factors = list(rows[0]["at"]) if rows else []
+    head = f"{'policy':<10}{'max rate':>11}" + "".join(f"{'steps x' + f:>20}" for f in factors)
+    lines = [f"capacity sensitivity: every step's time x (1 -+ {delta:g})", head, "-" * len(head)]
+    for r in rows:
+        cells = "".join(f"{a['max_rate']:>11.3f}" + (f" ({a['change']:+.1%})" if a["change"] is not None else " " * 9)
+                        for a in r["at"].values())
+        lines.append(f"{r['policy']:<10}{r['max_rate']:>11.3f}{cells}")
+    return "\n".join(lines)

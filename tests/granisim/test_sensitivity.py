@@ -107,3 +107,35 @@ def test_a_scaled_scenario_is_refused_where_steps_are_measured(tmp_path, capsys)
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and str(p) in err[0] and "hardware.step_time_scale = 1.05" in err[0], err
     assert not (tmp_path / "o").exists() and not (tmp_path / "v").exists()
+
+
+def test_capacity_sensitivity_rows_pair_each_policy_with_its_scaled_searches():
+    from granisim.experiments.capacity import CapacityResult, sensitivity_rows, sensitivity_table
+
+    def res(pol, rate):
+        return CapacityResult(policy=pol, rate=rate, upper=rate * 1.02, probes=[])
+
+    rows = sensitivity_rows([res("granikv", 4.0), res("token", 2.0)],
+                            {0.97: [res("granikv", 4.4), res("token", 2.1)], 1.03: [res("granikv", 3.6), res("token", 0.0)]})
+    assert [r["policy"] for r in rows] == ["granikv", "token"]
+    assert rows[0]["at"]["0.97"]["change"] == pytest.approx(0.1) and rows[1]["at"]["1.03"]["change"] == -1.0
+    assert "granikv" in sensitivity_table(rows, 0.03)
+
+
+def test_capacity_sensitivity_searches_again_at_both_factors(tmp_path, capsys):
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[workload]\nkind = "multi_agent"\nroles = 2\nprefix_len = 1024\nnum_requests = 40\n'
+                 'rate = 8.0\nmax_output_len = 32\n')
+    assert main(["capacity", str(p), "--slo", "ttft_p99=0.5s", "--policies", "granikv", "--out", str(tmp_path / "c"),
+                 "--max-probes", "8", "--sensitivity", "0.2"]) == 0
+    doc = json.loads((tmp_path / "c" / "capacity_sensitivity.json").read_text())
+    (row,) = doc["rows"]
+    assert row["at"]["1.2"]["max_rate"] < row["max_rate"] < row["at"]["0.8"]["max_rate"]
+    assert (tmp_path / "c" / "steps_x0.8" / "capacity.json").exists()
+
+
+def test_capacity_sensitivity_with_a_fleet_size_search_is_one_line(capsys):
+    assert main(["capacity", "scenarios/fleet_16roles.toml", "--slo", "ttft_p99=2s", "--rate", "10",
+                 "--sensitivity"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sensitivity" in err[0]

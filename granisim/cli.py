@@ -282,6 +282,7 @@ VALIDATION_VERBS = {
     "judge": ("judge", "a candidate profile judged on every unit of several runs, beside another summary"),
     "host-probe": ("host_probe", "the host's speed: CPU time a plan of the simulator's loop on a fixed workload"),
     "paper-setting": ("paper_setting", "the paper's setting on the real engine against the simulator's prediction"),
+    "sensitivity": ("sensitivity", "how far each validation workload's predictions move with every step -+ 3%"),
 }
 
 

@@ -80,6 +80,7 @@ validation() {
       --check-profile "$SHIPPED" >/dev/null
   done
   $G validation step-parts "$RAW/validation/runJ1" "$RAW/validation/runK1" --out "$V/step_parts.json" >/dev/null
+  $G validation sensitivity --out "$V/sensitivity.json" --table "$V/sensitivity.md" >/dev/null
   $G validation summary --reports "$V"/runs/run{G1,H1,I1,J1,K1,N1,R1,S1,T1,U1,V1,W1}/*/h200.json "$V"/runs/run{D1,D2,E1}/shipped/h200.json \
     --out "$V/summary.json" --table "$V/summary.md" >/dev/null
   P=validation/runI1/idle_pairs  # relative to RAW: the paths the JSON records

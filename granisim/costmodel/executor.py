@@ -59,4 +59,3 @@ def for_setup(setup):
     from granisim.costmodel.scaled import ScaledExecutor
 
     return ScaledExecutor(ex, scale)
-

@@ -23,14 +23,14 @@ def unit_sensitivity(workload: str, policy: str, model: str, profile: str, delta
     """{metric: (change at 1 - delta, change at 1 + delta)} of one validation unit, simulated."""
     from granisim.core.metrics import requests_frame, summarize
     from granisim.experiments.run import prepare, simulate
+    from granisim.experiments.sensitivity import scaled_summaries
     from granisim.validation.gpu_runs import validation_scenario
 
     sc = validation_scenario(workload, None, profile, policy, model)
-    out = {}
-    for f in (1.0, 1.0 - delta, 1.0 + delta):
-        res = simulate(prepare(sc.with_changes(**{"hardware.step_time_scale": f})), progress=False)
-        out[f] = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
-    return {m: tuple((out[f][m] - out[1.0][m]) / out[1.0][m] for f in (1.0 - delta, 1.0 + delta)) for m in METRICS}
+    res = simulate(prepare(sc), progress=False)
+    base = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
+    scaled = scaled_summaries(sc, f"validation workload {workload}", delta)
+    return {m: tuple((scaled[f][m] - base[m]) / base[m] for f in sorted(scaled)) for m in METRICS}
 
 
 def format_table(rows: list[dict], delta: float, profile: str) -> str:

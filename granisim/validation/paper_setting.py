@@ -7,8 +7,9 @@ above granikv's capacity, 4 roles, ShareGPT-like outputs: ``gpu_runs.PAPER``). E
 with the cost model on ``--profile`` (the scenario is deterministic) and set against the mean of its repetitions;
 the table gives the measured mean with the repetitions' spread, the prediction, the signed error
 (predicted - measured) / measured, and the granikv / baseline throughput ratio measured (per repetition) and
-predicted. ``--sensitivity F ...`` simulates each scenario again with the engine's linear time (graph and eager
-steps) scaled by each F: how far a few percent of step-time error moves each metric. Where the units' step frames
+predicted. ``--sensitivity F ...`` simulates each scenario again with every step's time scaled by each F
+(``hardware.step_time_scale``, as ``granisim run --sensitivity``): how far a few percent of step-time error moves
+each metric. Where the units' step frames
 (``paper_*_steps.parquet``) lie beside them, a second table sets the median step time of each step class (decode
 only; prefill by new tokens) against the simulator's, run without fast-forward so that it also logs every step.
 """
@@ -39,9 +40,6 @@ def load_units(folder: Path) -> list[dict]:
     return units
 
 
-LINEAR_SCALES = ("engine.linear.scale", "engine.eager.linear.scale")
-
-
 STEP_EDGES = (2048, 4096, 8192)  # prefill classes: new tokens up to each edge, then beyond the last
 
 
@@ -64,30 +62,20 @@ def step_medians(frames) -> dict[str, tuple[int, float]]:
     return {c: (round(len(g) / len(frames)), float(g.duration_s.median())) for c, g in df.groupby("cls")}
 
 
-def predict(keys, profile: str, linear_factor: float = 1.0, steps: bool = False) -> dict[tuple[int, str], dict]:
-    """(L_p, policy) -> the simulated summary of that paper-setting scenario on ``profile``, its engine linear
-    scales multiplied by ``linear_factor``."""
-    from dataclasses import replace
-
-    from granisim.config.hardware import with_values
+def predict(keys, profile: str, factor: float = 1.0, steps: bool = False) -> dict[tuple[int, str], dict]:
+    """(L_p, policy) -> the simulated summary of that paper-setting scenario on ``profile``, every step's time
+    times ``factor`` (``hardware.step_time_scale``); with ``steps``, its step frame instead, simulated without
+    fast-forward so that every step is logged, as the engine runs them."""
     from granisim.core.metrics import requests_frame, summarize
     from granisim.experiments.run import prepare, simulate
     from granisim.validation.gpu_runs import paper_scenario
 
+    changes = {**({"hardware.step_time_scale": factor} if factor != 1.0 else {}),
+               **({"scheduler.fast_forward": False} if steps else {})}
     out = {}
     for lp, pol in keys:
-        setup = prepare(paper_scenario(pol, lp, profile))
-        if linear_factor != 1.0:
-            coef = setup.profile.coefficients
-            missing = [k for k in LINEAR_SCALES if k not in coef]
-            if missing:
-                raise ValueError(f"--sensitivity: profile {profile} has no {missing[0]} (an engine-calibrated "
-                                 f"profile has)")
-            setup = replace(setup, profile=with_values(setup.profile, {k: coef[k].value * linear_factor
-                                                                       for k in LINEAR_SCALES}))
-        if steps:  # every step logged, as the engine runs them
-            setup = replace(setup, scenario=setup.scenario.with_changes(**{"scheduler.fast_forward": False}))
-        res = simulate(setup, progress=False)
+        sc = paper_scenario(pol, lp, profile)
+        res = simulate(prepare(sc.with_changes(**changes) if changes else sc), progress=False)
         frame = res.steps.frame()
         out[(lp, pol)] = frame if steps else summarize(requests_frame(res.records), frame, res.end_s)
     return out
@@ -151,7 +139,7 @@ def format_table(table: list[dict], ratio: list[dict], profile: str, sens: list[
         lines.append(f"| {q['lp']} | {q['baseline']} | {', '.join(f'{x:.3f}' for x in q['measured'])} | "
                      f"{q['predicted']:.3f} |")
     if sens:
-        lines += ["", "predicted metrics with the engine's linear time scaled by F, change against F = 1:", "",
+        lines += ["", "predicted metrics with every step's time scaled by F, change against F = 1:", "",
                   "| L_p | policy | F | " + " | ".join(METRICS) + " |", "|" + "---|" * (3 + len(METRICS))]
         lines += [f"| {r['lp']} | {r['policy']} | {r['factor']:g} | " + " | ".join(f"{r[m]:+.1%}" for m in METRICS)
                   + " |" for r in sens]
@@ -175,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("units", type=Path, help="folder of gpu-run paper's paper_*.json")
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--sensitivity", type=float, nargs="+", default=[], metavar="F",
-                    help="also simulate with the engine's linear time scaled by each F (e.g. 0.98 1.02)")
+                    help="also simulate with every step's time scaled by each F (e.g. 0.98 1.02)")
     ap.add_argument("--out", type=Path, help="write the rows as JSON")
     ap.add_argument("--table", type=Path, help="write the markdown table here (it is printed either way)")
     args = ap.parse_args(argv)

@@ -40,11 +40,12 @@ def compare(candidate: list[dict], against: list[dict]) -> dict:
     passes (pure)."""
     a, b = run_checks(candidate), run_checks(against)
     both = sorted(set(a) & set(b))
-    return {"runs": len(both),
-            "candidate": {"runs_met": sum(all(a[k]) for k in both), "checks_met": sum(sum(a[k]) for k in both),
-                          "checks": sum(len(a[k]) for k in both)},
-            "against": {"runs_met": sum(all(b[k]) for k in both), "checks_met": sum(sum(b[k]) for k in both),
-                        "checks": sum(len(b[k]) for k in both)},
+
+    def tally(checks: dict) -> dict:
+        return {"runs_met": sum(all(checks[k]) for k in both), "checks_met": sum(sum(checks[k]) for k in both),
+                "checks": sum(len(checks[k]) for k in both)}
+
+    return {"runs": len(both), "candidate": tally(a), "against": tally(b),
             "gained": [list(k) for k in both if all(a[k]) and not all(b[k])],
             "lost": [list(k) for k in both if all(b[k]) and not all(a[k])]}
 

@@ -38,9 +38,8 @@ def cmd_run(args) -> int:
     if args.executor == "gpu":
         make = (fleet_gpu_executors(args.device) if scenario.fleet is not None
                 else (lambda setup: gpu_executor(setup, args.device)))
-    if args.executor == "gpu" and scenario.hardware.step_time_scale != 1.0:
-        raise ScenarioError(f"{args.scenario}: field hardware.step_time_scale = {scenario.hardware.step_time_scale}: "
-                            f"a what-if on predicted step times; --executor gpu measures them (drop it)")
+    if args.executor == "gpu":
+        _measured_steps(scenario, args.scenario, "--executor gpu")
     if args.sensitivity is not None and args.executor == "gpu":
         raise ScenarioError(f"--sensitivity {args.sensitivity}: scales the cost model's step times; "
                             f"--executor gpu measures them")
@@ -61,14 +60,20 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _measured_steps(scenario, source: str, what: str) -> None:
+    """A scenario about to run on the real engine must not ask for scaled step times (a cost-model what-if)."""
+    scale = scenario.hardware.step_time_scale
+    if scale != 1.0:
+        raise ScenarioError(f"{source}: field hardware.step_time_scale = {scale}: a what-if on predicted step "
+                            f"times; {what} measures them (drop it)")
+
+
 def cmd_validate(args) -> int:
     from granisim.experiments.run import prepare
     from granisim.validation.validate import validate
 
     scenario = load_scenario(args.scenario)
-    if scenario.hardware.step_time_scale != 1.0:
-        raise ScenarioError(f"{args.scenario}: field hardware.step_time_scale = {scenario.hardware.step_time_scale}: "
-                            f"a what-if on predicted step times; validate measures them on the GPU (drop it)")
+    _measured_steps(scenario, args.scenario, "validate")
     if scenario.fleet is not None:  # every replica's steps on the one device, taking turns
         from granisim.validation.validate import validate_fleet
 

@@ -25,6 +25,7 @@ from .common import CUDA, DEV, Pool, Run
 from .linear import s_ceilings, s_linear
 from .moe import s_grouped_gemm, s_linear_tp
 from .overhead import s_overhead
+from .shared_decode import s_shared_decode
 from .small_kernels import s_small
 
 # share of --budget-s per section; deadlines are cumulative (a section may use what earlier ones left)
@@ -33,10 +34,11 @@ SECTIONS = [("ceilings", s_ceilings, 0.03), ("dense", lambda r: s_prefix(r, "den
             ("linear", s_linear, 0.14), ("small", s_small, 0.06), ("extend", s_extend, 0.12),
             ("overhead", s_overhead, 0.08), ("extend_shapes", s_extend_shapes, 0.02),
             ("linear_tp", s_linear_tp, 0.05), ("grouped_gemm", s_grouped_gemm, 0.05),
-            ("extend_ragged", s_extend_ragged, 0.05), ("extend_order", s_extend_order, 0.05)]
+            ("extend_ragged", s_extend_ragged, 0.05), ("extend_order", s_extend_order, 0.05),
+            ("shared_decode", s_shared_decode, 0.3)]
 # run only when named in --only (tensor-parallel shard GEMMs, MoE grouped GEMMs, ragged prefills and their grid
-# orders): a default run is unchanged
-OPT_IN = {"linear_tp", "grouped_gemm", "extend_ragged", "extend_order"}
+# orders, decode over shared prefixes): a default run is unchanged
+OPT_IN = {"linear_tp", "grouped_gemm", "extend_ragged", "extend_order", "shared_decode"}
 
 
 def meta(args, model):

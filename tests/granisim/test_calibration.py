@@ -307,3 +307,39 @@ def test_measure_extend_order_smoke(tmp_path, capsys):
     lines = table.split("\n")[1:1 + len(points)]
     assert [ln.split()[:2] for ln in lines] == [[str(c), q] for c, q in points]
     assert all(float(x) > 0 for ln in lines for x in ln.split()[3:5])
+
+
+def test_shared_decode_layouts_share_a_roles_prefix():
+    """Request b reads role (b mod k)'s prefix and suffix tokens of its own; 'decode_distinct' shares nothing."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure.common import Pool
+    from calibration.measure.shared_decode import shared_layout
+
+    pool = Pool(1 << 16, 2, 8, torch.float32)
+    for st, per in (("slots", 48 + 16), ("slots_random", 48 + 16), ("pages16", (48 + 16) // 16)):
+        lay = shared_layout(pool, st, 5, 2, 48, 16, shared=True)
+        rows = lay.indices.view(5, per)
+        pre = rows[:, : per - (1 if st == "pages16" else 16)]
+        assert (pre[2] == pre[0]).all() and (pre[4] == pre[0]).all() and (pre[3] == pre[1]).all()
+        assert not (pre[1] == pre[0]).all() and not (rows[2, -1:] == rows[0, -1:]).all()
+        if st == "slots":
+            assert (pre[0].diff() == 1).all()
+        distinct = shared_layout(pool, st, 5, 2, 48, 16, shared=False).indices.view(5, per)
+        assert not (distinct[2, :3] == distinct[0, :3]).all()
+        if st == "pages16":
+            assert lay.lens.tolist() == [64] * 5
+
+
+def test_measure_shared_decode_smoke(tmp_path):
+    """The opt-in section times each point shared and distinct, one row each."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure import main as measure
+
+    assert measure(["--smoke", "--only", "shared_decode", "--out", str(tmp_path)]) == 0
+    rows = pd.read_csv(tmp_path / "shared_decode.csv")
+    assert list(rows["family"][:2]) == ["decode_shared", "decode_distinct"] and (rows["median_us"] > 0).all()
+    first = rows.iloc[0]
+    assert first["distinct_tokens"] == first["roles"] * first["L"] + first["B"] * first["suffix"]
+    assert set(rows["storage"]) == {"slots", "pages16"} and not (tmp_path / "attention.csv").exists()

@@ -1,0 +1,123 @@
+"""Decode attention inside the engine's steps against the same launches alone.
+
+    python -m gpu_backend.bench.decode_in_situ --out OUT [--units multi_agent_16k:token:qwen-2.5-14b ...]
+        [--every 5] [--requests N]
+
+Runs each validation unit (workload:policy:model) through the real engine as `granisim validate`
+does, and after every ``--every``-th decode-only step re-launches that step's decode attention (the
+decode region and, for prefix groups, the suffix decode: the step's ``attn_decode`` part) alone, over
+the same metadata and the same KV: every layer back to back in one CUDA graph, with no GEMM or
+other kernel between them, replayed 5 times (median). If the launches alone take what the step
+measured, the step's decode time is the kernel's on that data (lengths, slots, padded rows) and a
+price that misses it misses the data; if they run faster alone, the step's surroundings slow them.
+
+Writes ``OUT/UNIT/`` (the unit's validation output: steps.parquet with the measured and priced
+parts, step by step) and ``OUT/in_situ.csv``: unit, step, decode rows (padded), the in-step
+``attn_decode`` part and the launches alone, in seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import torch
+
+from gpu_backend.executor import for_setup
+from gpu_backend.executor import metadata, rows
+from gpu_backend.executor.launches import StepLaunches
+
+FIELDS = ["unit", "step", "batch", "dec_rows", "grouped_rows", "in_step_s", "alone_s", "alone_p10_s", "alone_p90_s"]
+
+
+class DecodeProbe:
+    """The executor protocol around a GpuExecutor; times the decode launches of sampled steps alone."""
+
+    def __init__(self, real, every: int, unit: str):
+        self.real, self.every, self.unit = real, every, unit
+        self.rows: list[dict] = []
+        self._decode_steps = 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def execute(self, plan):
+        result = self.real.execute(plan)
+        decode_only = all(not r.is_prefill and r.num_new == 1 for r in plan.requests)
+        if decode_only and plan.num_tokens <= self.real.graph_max_rows:
+            self._decode_steps += 1
+            if self._decode_steps % self.every == 0:
+                self.rows.append(self._alone(plan, result.breakdown.get("attn_decode", 0.0)))
+        return result
+
+    def _alone(self, plan, in_step: float) -> dict:
+        ex = self.real
+        host = rows.build(plan, ex.num_slots, pad=True)
+        meta = metadata.upload(host, ex.arena)  # the arena fits: the step itself just ran from it
+        run = StepLaunches(meta, ex.shape, ex.w.dtype, ex.device)
+        s = host.shape
+        n_q, d = ex.shape.n_q_heads, ex.shape.head_dim
+        q = torch.randn((s.dec_rows + s.grouped_rows, n_q, d), dtype=ex.w.dtype, device=ex.device)
+
+        def launches():
+            for kc, vc in zip(ex.k_cache, ex.v_cache):
+                if run.decode:
+                    run.decode(q[:s.dec_rows], kc, vc, run.out[:s.dec_rows], run.dec_lse)
+                if run.passes:
+                    run.suffix(q[s.dec_rows:], kc, vc, run.suf_o, run.suf_lse)
+
+        launches()  # compiles and fills the launchers' caches
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            launches()
+        times = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        times.sort()
+        return dict(unit=self.unit, step=plan.step, batch=len(plan.requests), dec_rows=s.dec_rows,
+                    grouped_rows=s.grouped_rows, in_step_s=in_step, alone_s=times[2], alone_p10_s=times[0],
+                    alone_p90_s=times[-1])
+
+
+def main(argv=None) -> int:
+    from granisim.experiments.run import prepare
+    from granisim.validation.gpu_runs import unit_name, validation_scenario
+    from granisim.validation.validate import validate
+
+    ap = argparse.ArgumentParser(prog="python -m gpu_backend.bench.decode_in_situ", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--units", nargs="+", default=["multi_agent_16k:token:qwen-2.5-14b"],
+                    help="workload:policy:model (the validation set's names)")
+    ap.add_argument("--every", type=int, default=5, help="probe every N-th decode step")
+    ap.add_argument("--requests", type=int, help="requests per unit (default: the validation set's)")
+    ap.add_argument("--profile", default="h200-engine")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "in_situ.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for u in args.units:
+            workload, policy, model = u.split(":")
+            unit = unit_name(workload, policy, model)
+            setup = prepare(validation_scenario(workload, args.requests, args.profile, policy, model))
+            probe = DecodeProbe(for_setup(setup, "cuda"), args.every, unit)
+            validate(setup, probe, args.out / unit, progress=False)
+            w.writerows(probe.rows)
+            f.flush()
+            r = probe.rows
+            ratio = sorted(x["in_step_s"] / x["alone_s"] for x in r if x["alone_s"] > 0)
+            print(f"{unit}: {len(r)} steps probed; in-step / alone median "
+                  f"{ratio[len(ratio) // 2] if ratio else float('nan'):.3f}", flush=True)
+            del probe
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,9 @@ the same metadata and the same KV: every layer back to back in one CUDA graph, w
 other kernel between them, replayed 5 times (median). If the launches alone take what the step
 measured, the step's decode time is the kernel's on that data (lengths, slots, padded rows) and a
 price that misses it misses the data; if they run faster alone, the step's surroundings slow them.
+The decode region is also timed over a compacted copy of its slot ids (each distinct slot, or page,
+renumbered in order of first use: the same sharing and lengths, every sequence's KV in runs as a fresh
+pool lays it out) beside the slot lists' own shape: their ids' span and runs of consecutive ids.
 
 Writes ``OUT/UNIT/`` (the unit's validation output: steps.parquet with the measured and priced
 parts, step by step) and ``OUT/in_situ.csv``: unit, step, decode rows (padded), the in-step
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 from pathlib import Path
 
 import torch
@@ -26,8 +30,46 @@ import torch
 from gpu_backend.executor import for_setup
 from gpu_backend.executor import metadata, rows
 from gpu_backend.executor.launches import StepLaunches
+from gpu_backend.kernels import layout as L
+from gpu_backend.kernels.decode import decode_launch
 
-FIELDS = ["unit", "step", "batch", "dec_rows", "grouped_rows", "in_step_s", "alone_s", "alone_p10_s", "alone_p90_s"]
+FIELDS = ["unit", "step", "batch", "dec_rows", "grouped_rows", "in_step_s", "alone_s", "alone_p10_s", "alone_p90_s",
+          "dec_alone_s", "dec_compact_s", "dec_ids", "dec_distinct_ids", "dec_id_span", "dec_runs"]
+
+
+def _graph_time(fn) -> list[float]:
+    """Seconds of 5 replays of ``fn`` captured in one CUDA graph, sorted (after one eager warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)
+
+
+def compacted(kv):
+    """``kv`` (slot lists or a page table) with its ids renumbered 0.. in order of first use, and
+    (ids, distinct ids, id span, runs of consecutive ids) of the original."""
+    ids = kv.indices.long()
+    uniq, first = torch.unique(ids, return_inverse=True)
+    order = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long, device=ids.device)
+    order.scatter_reduce_(0, first, torch.arange(ids.numel(), device=ids.device), reduce="amin")
+    rank = torch.empty_like(order)
+    rank[torch.argsort(order)] = torch.arange(order.numel(), device=ids.device)
+    new = rank[first].to(torch.int32)
+    runs = int((ids[1:] != ids[:-1] + 1).sum().item()) + 1 if ids.numel() else 0
+    stats = (ids.numel(), uniq.numel(), int(ids.max() - ids.min() + 1) if ids.numel() else 0, runs)
+    if isinstance(kv, L.PageTable):
+        return L.PageTable(kv.indptr, new, kv.lens, kv.page_size), stats
+    return L.SlotLists(kv.indptr, new), stats
 
 
 class DecodeProbe:
@@ -66,23 +108,20 @@ class DecodeProbe:
                 if run.passes:
                     run.suffix(q[s.dec_rows:], kc, vc, run.suf_o, run.suf_lse)
 
-        launches()  # compiles and fills the launchers' caches
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            launches()
-        times = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        times.sort()
-        return dict(unit=self.unit, step=plan.step, batch=len(plan.requests), dec_rows=s.dec_rows,
-                    grouped_rows=s.grouped_rows, in_step_s=in_step, alone_s=times[2], alone_p10_s=times[0],
-                    alone_p90_s=times[-1])
+        times = _graph_time(launches)
+        row = dict(unit=self.unit, step=plan.step, batch=len(plan.requests), dec_rows=s.dec_rows,
+                   grouped_rows=s.grouped_rows, in_step_s=in_step, alone_s=times[2], alone_p10_s=times[0],
+                   alone_p90_s=times[-1])
+        if run.decode:
+            kv, stats = compacted(meta.decode_kv)
+            packed = decode_launch(rows=s.dec_rows, n_q=n_q, n_kv=ex.shape.n_kv_heads, d=d, kv=kv,
+                                   max_kv_len=s.dec_max_kv, mean_kv_len=s.dec_mean_kv, device=ex.device)
+            qd, od = q[:s.dec_rows], run.out[:s.dec_rows]
+            for key, launch in (("dec_alone_s", run.decode), ("dec_compact_s", packed)):
+                row[key] = _graph_time(lambda launch=launch: [launch(qd, kc, vc, od, run.dec_lse) for kc, vc in
+                                                              zip(ex.k_cache, ex.v_cache)])[2]
+            row.update(zip(("dec_ids", "dec_distinct_ids", "dec_id_span", "dec_runs"), stats))
+        return row
 
 
 def main(argv=None) -> int:
@@ -115,6 +154,7 @@ def main(argv=None) -> int:
             print(f"{unit}: {len(r)} steps probed; in-step / alone median "
                   f"{ratio[len(ratio) // 2] if ratio else float('nan'):.3f}", flush=True)
             del probe
+            gc.collect()  # the serving loop's processes hold the executor in reference cycles
             torch.cuda.empty_cache()
     return 0
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 import triton
 
+from gpu_backend.kernels import layout as L
 from gpu_backend.kernels import split_kv
 from gpu_backend.kernels.cascade import block_m_for, cascade_prefix_attention
 from gpu_backend.kernels.decode import decode_attention
 from gpu_backend.kernels import dense as _dense_mod
 from gpu_backend.kernels.dense import dense_prefix_attention
 from gpu_backend.kernels.extend import ORDERS, extend_attention
+
+from gpu_backend.kernels import layout as L
 
 from .common import ATTN_FIELDS, DEV, PAGE, copies_for, i32, rnd, time_calls
 
@@ -101,6 +104,67 @@ def s_decode(run):
                  flops=4 * B * n_q * Lk * d, **lp, **t)
         run.row("attention.csv", ATTN_FIELDS, r)
         _print_attn(r)
+
+
+# the engine's batch buckets between powers of two (gpu_backend/executor/rows.py `bucket`): its decode launches
+# run at these row counts, which the power-of-two grid of `s_decode` only interpolates
+BUCKETS_OFF_GRID = (3, 6, 12, 24, 48, 96, 160, 192, 224)
+PADDED_FIELDS = ["storage", "G", "n_q", "n_kv", "d", "rows", "n_real", "L", "k", "reps", "median_us", "p10_us", "p90_us"]
+
+
+def _padded(kv, n: int, rows: int):
+    """``kv`` (n sequences) followed by rows - n empty ones, as the engine pads a decode launch."""
+    extra = rows - n
+    if isinstance(kv, L.Slabs):
+        return L.Slabs(torch.cat([kv.start, kv.start[-1:].repeat(extra)]), torch.cat([kv.length, i32([0] * extra)]))
+    ptr = torch.cat([kv.indptr, kv.indptr[-1:].repeat(extra)])
+    if isinstance(kv, L.PageTable):
+        return L.PageTable(ptr, kv.indices, torch.cat([kv.lens, i32([0] * extra)]), kv.page_size)
+    return L.SlotLists(ptr, kv.indices)
+
+
+def s_decode_buckets(run):
+    """Section `decode_buckets`: the decode grid of `s_decode` at the engine's off-grid batch buckets (rows of
+    attention.csv, family decode), and launches of those row counts holding fewer real requests, the rest
+    empty, as the engine pads a batch to its bucket (decode_padded.csv)."""
+    pool, m = run.pool, run.model
+    n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
+    n_q = n_kv * G
+    smoke = run.args.smoke
+    Ls = [40, 300] if smoke else [16 * 2**i for i in range(11)]
+    buckets = (3, 6) if smoke else BUCKETS_OFF_GRID
+    storages = ("slots", "slab") if smoke else ("slots", "pages16", "slab")
+    full = [(st, Lk, B) for st in storages for Lk in Ls for B in buckets]
+    pads = ((6, 5),) if smoke else ((6, 5), (12, 10), (24, 20), (48, 40), (96, 80), (96, 88), (128, 112), (192, 176))
+    padded = [(st, Lk, b, n) for st in storages for Lk in sorted({Ls[0], Ls[-1]} if smoke else {Ls[-3], Ls[-1]})
+              for b, n in pads]
+    for st, Lk, B, n in [(st, Lk, B, B) for st, Lk, B in full] + padded:
+        if run.out_of_time("decode_buckets"):
+            return
+        if n * Lk > pool.S:
+            continue
+        kvbytes = n * Lk * n_kv * d * 2 * pool.k.element_size()
+        q = rnd(B, n_q, d, dtype=run.dtype)
+        out, lse = torch.empty_like(q), torch.empty(B, n_q, device=DEV)
+        fns = []
+        for _ in range(copies_for(kvbytes)):
+            kv = pool.layout(st, n, Lk)
+            kv = kv if n == B else _padded(kv, n, B)
+            fns.append(lambda kv=kv: decode_attention(q=q, k_cache=pool.k, v_cache=pool.v, kv=kv, out=out, lse=lse,
+                                                      check=False, max_kv_len=Lk, mean_kv_len=Lk))
+        LAST_SPLIT.clear()
+        t = time_calls(fns)
+        if n == B:
+            lp = _launch_params("decode", run, G, B, Lk, n_q)
+            r = dict(family="decode", kernel="split_kv", storage=st, page_size=PAGE[st], G=G, n_q=n_q, n_kv=n_kv,
+                     d=d, B=B, L=Lk, M_eff=G, n_req=B, q_len=1, T=B,
+                     bytes=kvbytes + 2 * q.numel() * q.element_size(), flops=4 * B * n_q * Lk * d, **lp, **t)
+            run.row("attention.csv", ATTN_FIELDS, r)
+            _print_attn(r)
+        else:
+            r = dict(storage=st, G=G, n_q=n_q, n_kv=n_kv, d=d, rows=B, n_real=n, L=Lk, **t)
+            run.row("decode_padded.csv", PADDED_FIELDS, r)
+            print(f"   decode padded {st:7s} L{Lk:6d} rows {B:4d} real {n:4d} {r['median_us']:9.1f} us", flush=True)
 
 
 def _print_attn(r):

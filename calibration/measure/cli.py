@@ -20,7 +20,7 @@ from gpu_backend.kernels.checks import num_sms
 from granisim.config.models import get_model
 
 from . import common
-from .attention import s_decode, s_extend, s_extend_order, s_extend_ragged, s_extend_shapes, s_prefix
+from .attention import s_decode, s_decode_buckets, s_extend, s_extend_order, s_extend_ragged, s_extend_shapes, s_prefix
 from .common import CUDA, DEV, Pool, Run
 from .linear import s_ceilings, s_linear
 from .moe import s_grouped_gemm, s_linear_tp
@@ -35,10 +35,10 @@ SECTIONS = [("ceilings", s_ceilings, 0.03), ("dense", lambda r: s_prefix(r, "den
             ("overhead", s_overhead, 0.08), ("extend_shapes", s_extend_shapes, 0.02),
             ("linear_tp", s_linear_tp, 0.05), ("grouped_gemm", s_grouped_gemm, 0.05),
             ("extend_ragged", s_extend_ragged, 0.05), ("extend_order", s_extend_order, 0.05),
-            ("shared_decode", s_shared_decode, 0.3)]
+            ("shared_decode", s_shared_decode, 0.3), ("decode_buckets", s_decode_buckets, 0.3)]
 # run only when named in --only (tensor-parallel shard GEMMs, MoE grouped GEMMs, ragged prefills and their grid
-# orders, decode over shared prefixes): a default run is unchanged
-OPT_IN = {"linear_tp", "grouped_gemm", "extend_ragged", "extend_order", "shared_decode"}
+# orders, decode over shared prefixes and at the engine's batch buckets): a default run is unchanged
+OPT_IN = {"linear_tp", "grouped_gemm", "extend_ragged", "extend_order", "shared_decode", "decode_buckets"}
 
 
 def meta(args, model):

@@ -343,3 +343,33 @@ def test_measure_shared_decode_smoke(tmp_path):
     first = rows.iloc[0]
     assert first["distinct_tokens"] == first["roles"] * first["L"] + first["B"] * first["suffix"]
     assert set(rows["storage"]) == {"slots", "pages16"} and not (tmp_path / "attention.csv").exists()
+
+
+def test_measure_decode_buckets_smoke(tmp_path):
+    """The opt-in section times decode at off-grid batch buckets (attention.csv rows) and padded launches."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure import main as measure
+
+    assert measure(["--smoke", "--only", "decode_buckets", "--out", str(tmp_path)]) == 0
+    full = pd.read_csv(tmp_path / "attention.csv")
+    assert set(full["family"]) == {"decode"} and set(full["B"]) == {3, 6} and (full["median_us"] > 0).all()
+    padded = pd.read_csv(tmp_path / "decode_padded.csv")
+    assert list(zip(padded["rows"], padded["n_real"])) == [(6, 5)] * 4 and (padded["median_us"] > 0).all()
+
+
+def test_padded_decode_layouts_end_in_empty_sequences():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calibration.measure.attention import _padded
+    from calibration.measure.common import Pool
+
+    pool = Pool(4096, 2, 8, torch.float32)
+    for st in ("slots", "pages16", "slab"):
+        lay = _padded(pool.layout(st, 3, 32), 3, 5)
+        if st == "slab":
+            assert lay.length.tolist() == [32, 32, 32, 0, 0]
+        elif st == "pages16":
+            assert lay.indptr.tolist() == [0, 2, 4, 6, 6, 6] and lay.lens.tolist() == [32, 32, 32, 0, 0]
+        else:
+            assert lay.indptr.tolist() == [0, 32, 64, 96, 96, 96]

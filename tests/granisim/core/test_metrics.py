@@ -1,5 +1,8 @@
 """The step log and request frame: packed per chunk, the same frames as plain lists of rows."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -153,6 +156,50 @@ def test_packed_rows_equal_the_joined_chunks(chunk, monkeypatch):
     packed.append((1, 2.0, 3.0))
     assert len(packed) == 9001 and got[0].size == 9000 and packed.row(9000) == (1, 2.0, 3.0)
     assert packed.arrays()[0][-1] == 1 and got[0][-1] == 8999
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1024])
+def test_zero_columns_are_left_unwritten_and_read_back_as_written(chunk, monkeypatch):
+    """A column whose values are all zero so far is not written (its pages read as zeros), nor copied
+    when it grows or after arrays() handed it out; its values, dtype and every other column are as
+    np.concatenate over the chunks: -0.0 (not zero bytes) is written, an int zero column that meets a
+    float becomes float64, a column turning nonzero keeps its zeros before. Planted bug caught: a
+    zero column whose first nonzero chunk was dropped."""
+    from granisim.core import columns
+
+    monkeypatch.setattr(columns.PackedRows, "START", 16)
+    rows = [(0, 0.0, -0.0 if i == 5000 else 0.0, 0 if i < 3000 else 1.5, False, i) for i in range(6000)]
+    packed = columns.PackedRows(chunk)
+    for k, r in enumerate(rows):
+        packed.append(r)
+        if k == 2500:
+            early = packed.arrays()  # handed out: later rows go into copies
+    got = packed.arrays()
+    want = [np.concatenate(parts) for parts in zip(*[[np.array(c) for c in zip(*rows[k : k + chunk])]
+                                                      for k in range(0, len(rows), chunk)])]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+    assert np.signbit(got[2][5000]) and not np.signbit(got[2][4999])
+    assert all(e.size == len(early[-1]) and not e[:-1].any() for e in early[:2]) and early[-1][-1] == 2500
+    assert packed.row(5999) == (0, 0.0, 0.0, 1.5, False, 5999) and packed.row(10) == (0, 0.0, 0.0, 0.0, False, 10)
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc")
+def test_a_zero_column_of_a_million_rows_is_not_resident():
+    """Packed zeros stay as the memory map's untouched pages: 2 million rows of an int zero column
+    (16 MB as written) add far less than that to the resident size, and reading them adds nothing."""
+    from granisim.core import columns
+
+    def resident() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    packed = columns.PackedRows(4096)
+    before = resident()
+    for _ in range(2_000_000):
+        packed.append((0,))
+    col = packed.arrays()[0]
+    assert col.size == 2_000_000 and not col.any()
+    assert resident() - before < 4 * 2**20
 
 
 def test_request_records_read_back_and_frame_like_a_list():

@@ -131,7 +131,7 @@ def s_decode_buckets(run):
     n_kv, d, G = m.n_kv_heads, m.head_dim, m.group_size
     n_q = n_kv * G
     smoke = run.args.smoke
-    Ls = [40, 300] if smoke else [16 * 2**i for i in range(11)]
+    Ls = [40] if smoke else [16 * 2**i for i in range(11)]
     buckets = (3, 6) if smoke else BUCKETS_OFF_GRID
     storages = ("slots", "slab") if smoke else ("slots", "pages16", "slab")
     full = [(st, Lk, B) for st in storages for Lk in Ls for B in buckets]

@@ -15,7 +15,8 @@ renumbered in order of first use: the same sharing and lengths, every sequence's
 pool lays it out) beside the slot lists' own shape: their ids' span and runs of consecutive ids.
 
 Writes ``OUT/UNIT/`` (the unit's validation output: steps.parquet with the measured and priced
-parts, step by step) and ``OUT/in_situ.csv``: unit, step, decode rows (padded), the in-step
+parts, step by step), ``OUT/validation_UNIT.json`` (so that `granisim validation judge` and `step-parts` read
+OUT as a run folder) and ``OUT/in_situ.csv``: unit, step, decode rows (padded), the in-step
 ``attn_decode`` part and the launches alone, in seconds.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import json
 from pathlib import Path
 
 import torch
@@ -124,6 +126,25 @@ class DecodeProbe:
         return row
 
 
+def parse_unit(text: str, ap: argparse.ArgumentParser) -> tuple[str, str, str]:
+    """'workload:policy:model' of the validation set, or one line and exit 2 (``ap.error``)."""
+    from granisim.config.models import get_model
+    from granisim.validation.gpu_runs import VALIDATION, validation_scenario
+
+    parts = text.split(":")
+    if len(parts) != 3:
+        ap.error(f"--units: value {text!r}: expected workload:policy:model")
+    workload, policy, model = parts
+    if workload not in VALIDATION:
+        ap.error(f"--units: value {text!r}: unknown workload {workload!r} (one of {', '.join(VALIDATION)})")
+    try:
+        get_model(model)
+        validation_scenario(workload, None, "h200-engine", policy, model)
+    except (KeyError, ValueError) as e:  # ScenarioError is a ValueError
+        ap.error(f"--units: value {text!r}: {e}")
+    return workload, policy, model
+
+
 def main(argv=None) -> int:
     from granisim.experiments.run import prepare
     from granisim.validation.gpu_runs import unit_name, validation_scenario
@@ -137,16 +158,19 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, help="requests per unit (default: the validation set's)")
     ap.add_argument("--profile", default="h200-engine")
     args = ap.parse_args(argv)
+    units = [parse_unit(u, ap) for u in args.units]
+    if args.every < 1:
+        ap.error(f"--every: value {args.every}: must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "in_situ.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
-        for u in args.units:
-            workload, policy, model = u.split(":")
+        for workload, policy, model in units:
             unit = unit_name(workload, policy, model)
             setup = prepare(validation_scenario(workload, args.requests, args.profile, policy, model))
             probe = DecodeProbe(for_setup(setup, "cuda"), args.every, unit)
-            validate(setup, probe, args.out / unit, progress=False)
+            rep = validate(setup, probe, args.out / unit, progress=False)
+            (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2, default=str))
             w.writerows(probe.rows)
             f.flush()
             r = probe.rows

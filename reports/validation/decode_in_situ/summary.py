@@ -90,6 +90,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    for d in args.shared:
+        if not (d / "shared_decode.csv").is_file():
+            ap.error(f"--shared: value {str(d)!r}: no shared_decode.csv (python -m calibration.measure --only "
+                     f"shared_decode writes it)")
+    if not (args.in_situ / "in_situ.csv").is_file():
+        ap.error(f"--in-situ: value {str(args.in_situ)!r}: no in_situ.csv (python -m gpu_backend.bench.decode_in_situ "
+                 f"writes it)")
     sh = shared_table(args.shared)
     print("| decode batch | re-read share f, median (range) | shared / distinct |\n|---:|---|---:|")
     for b, r in sh["by_batch"].items():

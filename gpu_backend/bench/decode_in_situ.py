@@ -14,6 +14,14 @@ The decode region is also timed over a compacted copy of its slot ids (each dist
 renumbered in order of first use: the same sharing and lengths, every sequence's KV in runs as a fresh
 pool lays it out) beside the slot lists' own shape: their ids' span and runs of consecutive ids.
 
+With ``--prefill-every N``, every N-th eager step with prefill work (over ``graph_max_rows`` tokens: the
+long-prompt steps whose price runs low when several requests prefill together) is re-run the same way, part by
+part: its extend attention over all layers (``attn_prefill``) and its linear operators on the step's tokens
+(``linear``: QKV, RoPE, output projection, MLP and their norms), eagerly as the engine runs them, 3 times,
+right after the step (the GPU as hot as the step left it) and, for the first ``--cold`` of them, again after
+``--cold-s`` seconds of idling (the GPU's clock back up): if the step and the hot re-run agree but the cool
+re-run is faster, the power state is what the price misses (``OUT/in_situ_prefill.csv``).
+
 Writes ``OUT/UNIT/`` (the unit's validation output: steps.parquet with the measured and priced
 parts, step by step), ``OUT/validation_UNIT.json`` (so that `granisim validation judge` and `step-parts` read
 OUT as a run folder) and ``OUT/in_situ.csv``: unit, step, decode rows (padded), the in-step
@@ -25,6 +33,7 @@ import argparse
 import csv
 import gc
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -32,11 +41,34 @@ import torch
 from gpu_backend.executor import for_setup
 from gpu_backend.executor import metadata, rows
 from gpu_backend.executor.launches import StepLaunches
+from gpu_backend.executor.model import attn_out_and_mlp, qkv_proj, rope_tables
 from gpu_backend.kernels import layout as L
 from gpu_backend.kernels.decode import decode_launch
 
 FIELDS = ["unit", "step", "batch", "dec_rows", "grouped_rows", "in_step_s", "alone_s", "alone_p10_s", "alone_p90_s",
           "dec_alone_s", "dec_compact_s", "dec_ids", "dec_distinct_ids", "dec_id_span", "dec_runs"]
+
+PREFILL_FIELDS = ["unit", "step", "tokens", "prefill_requests", "in_step_attn_prefill_s", "in_step_linear_s",
+                  "hot_attn_prefill_s", "hot_linear_s", "cold_attn_prefill_s", "cold_linear_s"]
+
+
+def _eager_time(fn, reps: int = 3) -> float:
+    """Median seconds of ``reps`` eager calls of ``fn`` (CUDA events around each; wall clock on a CPU)."""
+    times = []
+    if not torch.cuda.is_available():
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return sorted(times)[len(times) // 2]
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def _graph_time(fn) -> list[float]:
@@ -77,10 +109,12 @@ def compacted(kv):
 class DecodeProbe:
     """The executor protocol around a GpuExecutor; times the decode launches of sampled steps alone."""
 
-    def __init__(self, real, every: int, unit: str):
+    def __init__(self, real, every: int, unit: str, prefill_every: int = 0, cold: int = 0, cold_s: float = 0.0):
         self.real, self.every, self.unit = real, every, unit
+        self.prefill_every, self.cold, self.cold_s = prefill_every, cold, cold_s
         self.rows: list[dict] = []
-        self._decode_steps = 0
+        self.prefill_rows: list[dict] = []
+        self._decode_steps = self._prefill_steps = 0
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -92,7 +126,45 @@ class DecodeProbe:
             self._decode_steps += 1
             if self._decode_steps % self.every == 0:
                 self.rows.append(self._alone(plan, result.breakdown.get("attn_decode", 0.0)))
+        elif self.prefill_every and plan.num_tokens > self.real.graph_max_rows:
+            self._prefill_steps += 1
+            if self._prefill_steps % self.prefill_every == 0:
+                self.prefill_rows.append(self._prefill_alone(plan, result.breakdown))
         return result
+
+    def _prefill_alone(self, plan, parts) -> dict:
+        ex = self.real
+        host = rows.build(plan, ex.num_slots, pad=False)  # an eager step: exact shapes
+        meta = metadata.upload(host, ex.arena)
+        run = StepLaunches(meta, ex.shape, ex.w.dtype, ex.device)
+        s, sh, w = host.shape, ex.shape, ex.w
+        T, e = meta.tokens.numel(), s.ext_rows
+        q = torch.randn((e, sh.n_q_heads, sh.head_dim), dtype=w.dtype, device=ex.device)
+        k = torch.randn((e, sh.n_kv_heads, sh.head_dim), dtype=w.dtype, device=ex.device)
+        v = torch.randn_like(k)
+        x = torch.randn((T, sh.hidden), dtype=w.dtype, device=ex.device)
+        attn = torch.randn((T, sh.n_q_heads, sh.head_dim), dtype=w.dtype, device=ex.device)
+        rot = rope_tables(meta.positions, w.inv_freq, w.dtype)
+
+        def extend():
+            for kc, vc in zip(ex.k_cache, ex.v_cache):
+                run.extend(q, k, v, kc, vc, run.out[:e], run.ext_lse)
+
+        def linear():
+            for layer in w.layers:
+                qkv_proj(w, layer, x, rot)
+                attn_out_and_mlp(layer, x, attn)
+
+        row = dict(unit=self.unit, step=plan.step, tokens=T,
+                   prefill_requests=sum(1 for r in plan.requests if r.is_prefill),
+                   in_step_attn_prefill_s=parts.get("attn_prefill", 0.0), in_step_linear_s=parts.get("linear", 0.0),
+                   hot_attn_prefill_s=_eager_time(extend) if run.extend else 0.0, hot_linear_s=_eager_time(linear))
+        if len(self.prefill_rows) < self.cold:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            time.sleep(self.cold_s)
+            row.update(cold_attn_prefill_s=_eager_time(extend) if run.extend else 0.0, cold_linear_s=_eager_time(linear))
+        return row
 
     def _alone(self, plan, in_step: float) -> dict:
         ex = self.real
@@ -157,22 +229,32 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=5, help="probe every N-th decode step")
     ap.add_argument("--requests", type=int, help="requests per unit (default: the validation set's)")
     ap.add_argument("--profile", default="h200-engine")
+    ap.add_argument("--prefill-every", type=int, default=0, help="probe every N-th eager prefill step (0: none)")
+    ap.add_argument("--cold", type=int, default=0, help="re-run the first N probed prefill steps after idling too")
+    ap.add_argument("--cold-s", type=float, default=15.0, help="seconds of idling before a cool re-run")
     args = ap.parse_args(argv)
     units = [parse_unit(u, ap) for u in args.units]
-    if args.every < 1:
-        ap.error(f"--every: value {args.every}: must be at least 1")
+    for name in ("every", "prefill_every", "cold", "cold_s"):
+        v = getattr(args, name)
+        if v < (1 if name == "every" else 0):
+            ap.error(f"--{name.replace('_', '-')}: value {v}: must be at least {1 if name == 'every' else 0}")
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "in_situ.csv", "w", newline="") as f:
+    with open(args.out / "in_situ.csv", "w", newline="") as f, \
+            open(args.out / "in_situ_prefill.csv", "w", newline="") as fp:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
+        wp = csv.DictWriter(fp, fieldnames=PREFILL_FIELDS)
+        wp.writeheader()
         for workload, policy, model in units:
             unit = unit_name(workload, policy, model)
             setup = prepare(validation_scenario(workload, args.requests, args.profile, policy, model))
-            probe = DecodeProbe(for_setup(setup, "cuda"), args.every, unit)
+            probe = DecodeProbe(for_setup(setup, "cuda"), args.every, unit, args.prefill_every, args.cold, args.cold_s)
             rep = validate(setup, probe, args.out / unit, progress=False)
             (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2, default=str))
             w.writerows(probe.rows)
+            wp.writerows(probe.prefill_rows)
             f.flush()
+            fp.flush()
             r = probe.rows
             ratio = sorted(x["in_step_s"] / x["alone_s"] for x in r if x["alone_s"] > 0)
             print(f"{unit}: {len(r)} steps probed; in-step / alone median "

@@ -2,7 +2,8 @@
 
     python reports/validation/decode_in_situ/summary.py \
         --shared calibration/raw/h200_more/shared_decode_pool6m calibration/raw/h200_more/shared_decode_pool22m \
-        --in-situ RAW/engine/decode_in_situ --out reports/validation/decode_in_situ/summary.json
+        --in-situ RAW/engine/decode_in_situ --prefill RAW/engine/prefill_in_situ \
+        --out reports/validation/decode_in_situ/summary.json
 
 1. ``--shared`` (``python -m calibration.measure --only shared_decode``): B requests over k roles' shared
    prefixes against the same launch over distinct contexts. Per batch, the re-read share it implies,
@@ -15,7 +16,12 @@
    ``attn_decode`` (shipped h200-engine, re-priced from the stored plans) against the launches alone;
    medians per unit and batch bin.
 
-Prints both tables and writes JSON; nothing here needs a GPU.
+3. ``--prefill`` (the same probe with ``--prefill-every``): sampled eager prefill steps, their ``attn_prefill``
+   and ``linear`` parts against the same launches alone right after the step (hot) and, for the first few,
+   after idling (cool), and the shipped price of each part against both; medians by the step's prefilling
+   requests.
+
+Prints the tables and writes JSON; nothing here needs a GPU.
 """
 from __future__ import annotations
 
@@ -83,10 +89,30 @@ def in_situ_table(run: Path, profile: str) -> pd.DataFrame:
                     batch_bin=pd.cut(j.batch, BATCH_BINS).astype(str))
 
 
+def prefill_table(run: Path, profile: str) -> pd.DataFrame:
+    probes = pd.read_csv(run / "in_situ_prefill.csv")
+    prof = get_profile(profile)
+    frames = []
+    for unit, g in probes.groupby("unit"):
+        _, _, model = split_unit(unit)
+        steps = pd.read_parquet(run / unit / "steps.parquet")
+        priced = reprice(steps, load_plans(run / unit / "plans.pkl"), prof, get_model(model))
+        frames.append(g.merge(priced[["step", "predicted_attn_prefill", "predicted_linear"]], on="step"))
+    j = pd.concat(frames, ignore_index=True)
+    out = j.assign(requests=j.prefill_requests.clip(upper=4))
+    for part, col in (("attn", "attn_prefill"), ("linear", "linear")):
+        out[f"{part}_in_step_vs_hot"] = j[f"in_step_{col}_s"] / j[f"hot_{col}_s"]
+        out[f"{part}_cool_vs_hot"] = j[f"cold_{col}_s"] / j[f"hot_{col}_s"]
+        out[f"{part}_priced_vs_hot"] = j[f"predicted_{col}"] / j[f"hot_{col}_s"]
+        out[f"{part}_priced_vs_in_step"] = j[f"predicted_{col}"] / j[f"in_step_{col}_s"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shared", type=Path, nargs="+", required=True, help="shared_decode runs (6M-slot pool first)")
     ap.add_argument("--in-situ", type=Path, required=True)
+    ap.add_argument("--prefill", type=Path, help="a probe run with --prefill-every (its in_situ_prefill.csv)")
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -97,6 +123,9 @@ def main(argv=None) -> int:
     if not (args.in_situ / "in_situ.csv").is_file():
         ap.error(f"--in-situ: value {str(args.in_situ)!r}: no in_situ.csv (python -m gpu_backend.bench.decode_in_situ "
                  f"writes it)")
+    if args.prefill is not None and not (args.prefill / "in_situ_prefill.csv").is_file():
+        ap.error(f"--prefill: value {str(args.prefill)!r}: no in_situ_prefill.csv (python -m "
+                 f"gpu_backend.bench.decode_in_situ --prefill-every N writes it)")
     sh = shared_table(args.shared)
     print("| decode batch | re-read share f, median (range) | shared / distinct |\n|---:|---|---:|")
     for b, r in sh["by_batch"].items():
@@ -114,8 +143,24 @@ def main(argv=None) -> int:
         print(f"| {unit} | {b} | {int(r.steps)} | {r.in_step_vs_alone:.3f} | {r.compact_vs_alone:.3f} | "
               f"{r.priced_vs_alone:.3f} |")
         rows.append({"unit": unit, "batch": b, "steps": int(r.steps), **{c: round(float(r[c]), 4) for c in cols}})
+    doc = {"shared_decode": sh, "in_situ": rows, "profile": args.profile}
+    if args.prefill is not None:
+        p = prefill_table(args.prefill, args.profile)
+        cols = [c for c in p.columns if c.startswith(("attn_", "linear_")) and "_vs_" in c]
+        t = p.groupby("requests").agg(steps=("step", "size"), tokens=("tokens", "median"), **{c: (c, "median") for c in cols})
+        print("\n| prefilling requests | steps | tokens (median) | part | in-step / hot | cool / hot | priced / hot | "
+              "priced / in-step |\n|---:|---:|---:|---|---:|---:|---:|---:|")
+        doc["prefill"] = []
+        for req, r in t.iterrows():
+            for part in ("attn", "linear"):
+                vals = [r[f"{part}_{k}"] for k in ("in_step_vs_hot", "cool_vs_hot", "priced_vs_hot", "priced_vs_in_step")]
+                print(f"| {req}{'+' if req == 4 else ''} | {int(r.steps)} | {int(r.tokens)} | {part} | "
+                      + " | ".join("-" if pd.isna(v) else f"{v:.3f}" for v in vals) + " |")
+                doc["prefill"].append({"requests": int(req), "part": part, "steps": int(r.steps),
+                                       **{k: (None if pd.isna(v) else round(float(v), 4)) for k, v in zip(
+                                           ("in_step_vs_hot", "cool_vs_hot", "priced_vs_hot", "priced_vs_in_step"), vals)}})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"shared_decode": sh, "in_situ": rows, "profile": args.profile}, indent=1) + "\n")
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 

@@ -74,31 +74,28 @@ def shared_table(dirs: list[Path]) -> dict:
     return out
 
 
-def in_situ_table(run: Path, profile: str) -> pd.DataFrame:
-    probes = pd.read_csv(run / "in_situ.csv")
+def priced_probes(run: Path, csv: str, profile: str, columns: list[str]) -> pd.DataFrame:
+    """The probe's rows joined with the shipped price of each probed step (``columns`` of the re-priced log)."""
+    probes = pd.read_csv(run / csv)
     prof = get_profile(profile)
     frames = []
     for unit, g in probes.groupby("unit"):
         _, _, model = split_unit(unit)
         steps = pd.read_parquet(run / unit / "steps.parquet")
         priced = reprice(steps, load_plans(run / unit / "plans.pkl"), prof, get_model(model))
-        frames.append(g.merge(priced[["step", "predicted_attn_decode"]], on="step"))
-    j = pd.concat(frames, ignore_index=True)
+        frames.append(g.merge(priced[["step", *columns]], on="step"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def in_situ_table(run: Path, profile: str) -> pd.DataFrame:
+    j = priced_probes(run, "in_situ.csv", profile, ["predicted_attn_decode"])
     return j.assign(in_step_vs_alone=j.in_step_s / j.alone_s, compact_vs_alone=j.dec_compact_s / j.dec_alone_s,
                     priced_vs_alone=j.predicted_attn_decode / j.alone_s,
                     batch_bin=pd.cut(j.batch, BATCH_BINS).astype(str))
 
 
 def prefill_table(run: Path, profile: str) -> pd.DataFrame:
-    probes = pd.read_csv(run / "in_situ_prefill.csv")
-    prof = get_profile(profile)
-    frames = []
-    for unit, g in probes.groupby("unit"):
-        _, _, model = split_unit(unit)
-        steps = pd.read_parquet(run / unit / "steps.parquet")
-        priced = reprice(steps, load_plans(run / unit / "plans.pkl"), prof, get_model(model))
-        frames.append(g.merge(priced[["step", "predicted_attn_prefill", "predicted_linear"]], on="step"))
-    j = pd.concat(frames, ignore_index=True)
+    j = priced_probes(run, "in_situ_prefill.csv", profile, ["predicted_attn_prefill", "predicted_linear"])
     out = j.assign(requests=j.prefill_requests.clip(upper=4))
     for part, col in (("attn", "attn_prefill"), ("linear", "linear")):
         out[f"{part}_in_step_vs_hot"] = j[f"in_step_{col}_s"] / j[f"hot_{col}_s"]

@@ -2,7 +2,7 @@
 
     python reports/validation/decode_in_situ/summary.py \
         --shared calibration/raw/h200_more/shared_decode_pool6m calibration/raw/h200_more/shared_decode_pool22m \
-        --in-situ RAW/engine/decode_in_situ --prefill RAW/engine/prefill_in_situ \
+        --in-situ RAW/engine/decode_in_situ --prefill RAW/engine/prefill_in_situ_all/pf \
         --out reports/validation/decode_in_situ/summary.json
 
 1. ``--shared`` (``python -m calibration.measure --only shared_decode``): B requests over k roles' shared

@@ -94,15 +94,21 @@ def in_situ_table(run: Path, profile: str) -> pd.DataFrame:
                     batch_bin=pd.cut(j.batch, BATCH_BINS).astype(str))
 
 
-def prefill_table(run: Path, profile: str) -> pd.DataFrame:
+PREFILL_PARTS = {"attn": "attn_prefill", "linear": "linear"}  # part name -> the probe's column stem
+PREFILL_RATIOS = {"in_step_vs_hot": ("in_step_{}_s", "hot_{}_s"), "cool_vs_hot": ("cold_{}_s", "hot_{}_s"),
+                  "priced_vs_hot": ("predicted_{}", "hot_{}_s"), "priced_vs_in_step": ("predicted_{}", "in_step_{}_s")}
+
+
+def prefill_rows(run: Path, profile: str) -> list[dict]:
+    """Median ratios per prefilling requests (4 and more together) and part."""
     j = priced_probes(run, "in_situ_prefill.csv", profile, ["predicted_attn_prefill", "predicted_linear"])
-    out = j.assign(requests=j.prefill_requests.clip(upper=4))
-    for part, col in (("attn", "attn_prefill"), ("linear", "linear")):
-        out[f"{part}_in_step_vs_hot"] = j[f"in_step_{col}_s"] / j[f"hot_{col}_s"]
-        out[f"{part}_cool_vs_hot"] = j[f"cold_{col}_s"] / j[f"hot_{col}_s"]
-        out[f"{part}_priced_vs_hot"] = j[f"predicted_{col}"] / j[f"hot_{col}_s"]
-        out[f"{part}_priced_vs_in_step"] = j[f"predicted_{col}"] / j[f"in_step_{col}_s"]
-    return out
+    rows = []
+    for req, g in j.groupby(j.prefill_requests.clip(upper=4)):
+        for part, col in PREFILL_PARTS.items():
+            ratios = {k: (g[num.format(col)] / g[den.format(col)]).median() for k, (num, den) in PREFILL_RATIOS.items()}
+            rows.append({"requests": int(req), "part": part, "steps": len(g), "tokens": int(g.tokens.median()),
+                         **{k: None if pd.isna(v) else float(v) for k, v in ratios.items()}})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -142,20 +148,14 @@ def main(argv=None) -> int:
         rows.append({"unit": unit, "batch": b, "steps": int(r.steps), **{c: round(float(r[c]), 4) for c in cols}})
     doc = {"shared_decode": sh, "in_situ": rows, "profile": args.profile}
     if args.prefill is not None:
-        p = prefill_table(args.prefill, args.profile)
-        cols = [c for c in p.columns if c.startswith(("attn_", "linear_")) and "_vs_" in c]
-        t = p.groupby("requests").agg(steps=("step", "size"), tokens=("tokens", "median"), **{c: (c, "median") for c in cols})
+        rows = prefill_rows(args.prefill, args.profile)
         print("\n| prefilling requests | steps | tokens (median) | part | in-step / hot | cool / hot | priced / hot | "
               "priced / in-step |\n|---:|---:|---:|---|---:|---:|---:|---:|")
-        doc["prefill"] = []
-        for req, r in t.iterrows():
-            for part in ("attn", "linear"):
-                vals = [r[f"{part}_{k}"] for k in ("in_step_vs_hot", "cool_vs_hot", "priced_vs_hot", "priced_vs_in_step")]
-                print(f"| {req}{'+' if req == 4 else ''} | {int(r.steps)} | {int(r.tokens)} | {part} | "
-                      + " | ".join("-" if pd.isna(v) else f"{v:.3f}" for v in vals) + " |")
-                doc["prefill"].append({"requests": int(req), "part": part, "steps": int(r.steps),
-                                       **{k: (None if pd.isna(v) else round(float(v), 4)) for k, v in zip(
-                                           ("in_step_vs_hot", "cool_vs_hot", "priced_vs_hot", "priced_vs_in_step"), vals)}})
+        for r in rows:
+            print(f"| {r['requests']}{'+' if r['requests'] == 4 else ''} | {r['steps']} | {r['tokens']} | {r['part']} | "
+                  + " | ".join("-" if r[k] is None else f"{r[k]:.3f}" for k in PREFILL_RATIOS) + " |")
+        doc["prefill"] = [{**{k: r[k] for k in ("requests", "part", "steps")},
+                           **{k: None if r[k] is None else round(r[k], 4) for k in PREFILL_RATIOS}} for r in rows]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

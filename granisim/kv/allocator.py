@@ -351,9 +351,8 @@ class KVAllocator:
 
     def _cache_private(self, seq: _Seq, tokens: np.ndarray) -> None:
         k = tokens.size - seq.cached_len
-        own = seq.priv[:k]
-        slots = np.concatenate([path_slots(seq.node), own]) if seq.node.parent is not None else own  # insert copies
-        node, already = self.radix.insert(tokens, slots, self.store.name)
+        own = seq.priv[:k]  # insert copies them; the locked path already holds tokens[:cached_len]
+        node, already = self.radix.insert(tokens, own, self.store.name, below=seq.node)
         dup = max(0, already - seq.cached_len)
         if dup:
             self.store.release(seq.priv[:dup])

@@ -191,8 +191,7 @@ class HostTier:
         if not ok:
             return
         host = self.pool.allocate(n)
-        slots = np.concatenate([path_slots(m.node), host])
-        _, already = self.index.insert(tokens, slots, "host")
+        _, already = self.index.insert(tokens, host, "host", below=m.node)
         assert already == start
         pos = 0  # one transfer per GPU node on the moved part: a HOT slab's is one contiguous copy
         for g in [*path_to(node.parent), node] if node.parent is not None else [node]:

@@ -47,7 +47,7 @@ from granisim.kv.eviction import Eviction
 from granisim.kv.hot_demand import DEMAND_WINDOW, HotDemand
 from granisim.kv.hot_pool import HotPool, KVCopy
 from granisim.kv.radix import MatchResult, RadixIndex, RadixNode
-from granisim.kv.sequence import _Seq, path_slots
+from granisim.kv.sequence import _Seq
 
 __all__ = ["DEMAND_WINDOW", "HOT_HEADROOM", "HotSlabs", "slab_splitter"]
 
@@ -122,8 +122,7 @@ class HotSlabs:
         that duplicates what was already cached goes back to the pool. The caller relocks
         ``seq`` on the node and clears its slab."""
         start, _ = self.pool.span(seq.slab)
-        slots = np.concatenate([path_slots(seq.node), np.arange(start, start + seq.slab_len)])
-        node, already = self.radix.insert(tokens, slots, "hot")
+        node, already = self.radix.insert(tokens, np.arange(start, start + seq.slab_len), "hot", below=seq.node)
         dup = already - seq.cached_len
         slab = seq.slab
         if dup >= seq.slab_len:

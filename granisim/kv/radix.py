@@ -160,7 +160,10 @@ class RadixIndex:
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
         if max_len is not None:
             tokens = tokens[: max(0, max_len)]
-        node, pos, now = self.root, 0, self._tick()
+        return self._match_below(self.root, 0, tokens, self._tick())
+
+    def _match_below(self, node: RadixNode, pos: int, tokens: np.ndarray, now: int) -> MatchResult:
+        """``match_prefix``'s walk from ``node``, which holds ``tokens[:pos]`` on its path."""
         while pos + self.page_size <= tokens.size:
             child = node.children.get(self._child_key(tokens[pos:]))
             if child is None:
@@ -179,22 +182,44 @@ class RadixIndex:
             self._offer(node)
         return match_result(node, pos)
 
-    def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str) -> tuple[RadixNode, int]:
+    @staticmethod
+    def _path_length(node: RadixNode) -> int:
+        held = 0
+        while node.parent is not None:
+            held += len(node)
+            node = node.parent
+        return held
+
+    def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str,
+               below: RadixNode | None = None) -> tuple[RadixNode, int]:
         """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).
 
         The caller still owns the slots of the already-cached part (they duplicate the
         tree's) and must free them; the rest now belongs to the tree.
+
+        ``below``: a node whose path holds the first ``tokens.size - slots.size`` tokens (a request's
+        locked node); ``slots`` are then those of the rest. The same result as inserting every token
+        with the path's slots in front, without comparing the path's tokens or gathering its slots.
         """
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
         slots = np.asarray(slots, dtype=np.int64)
-        if tokens.size != slots.size:
+        skip = tokens.size - slots.size if below is not None else 0
+        if skip < 0 or (below is None and tokens.size != slots.size):
             raise ValueError(f"radix insert: {tokens.size} tokens but {slots.size} slots")
         if tokens.size % self.page_size:
             raise ValueError(f"radix insert: length {tokens.size} is not a multiple of page_size {self.page_size}")
-        match = self.match_prefix(tokens)
+        if below is not None and self._path_length(below) != skip:  # its tokens are the caller's word
+            raise ValueError(f"radix insert: node {below.id} holds {self._path_length(below)} tokens on its path, "
+                             f"not the {skip} that the {slots.size} slots leave")
+        now = self._tick()
+        node = below
+        while node is not None and node.parent is not None:  # match_prefix's walk down the path touches it
+            node.last_access = now
+            node = node.parent
+        match = self._match_below(self.root if below is None else below, skip, tokens, now)
         node, pos = match.node, match.length
         if pos < tokens.size:
-            leaf = RadixNode(self._next_id, tokens[pos:].copy(), slots[pos:].copy(), pool, node)
+            leaf = RadixNode(self._next_id, tokens[pos:].copy(), slots[pos - skip:].copy(), pool, node)
             self._next_id += 1
             self.num_nodes += 1
             leaf.last_access = self._tick()

@@ -239,7 +239,7 @@ class StepPricing:
             steps.append(t + h)
             dec.append(d)
             host.append(h)
-        block = StepBlock(np.array(steps), np.array(dec), np.array(host), fixed, kv_copy)
+        block = StepBlock(steps, dec, host, fixed, kv_copy)  # lists: first() sums them as numpy would
         return block.first(n), block
 
 
@@ -250,29 +250,67 @@ SHORT_BLOCK = 64
 class StepBlock:
     """A fast-forwarded plan's per-step parts: step ``s``'s duration, attention decode and host time do
     not depend on how many steps the plan stands for (each is computed from ``s`` alone), so the result of
-    its first ``k`` steps is the result of pricing the plan with ``num_steps = k`` (k >= 2)."""
+    its first ``k`` steps is the result of pricing the plan with ``num_steps = k`` (k >= 2). The parts are
+    arrays, or lists of floats for a short block (``StepPricing._short_block``): the same values."""
 
     __slots__ = ("steps", "dec", "host", "fixed", "kv_copy")
 
-    def __init__(self, steps: np.ndarray, dec: np.ndarray, host: np.ndarray, fixed: tuple, kv_copy: float):
+    def __init__(self, steps, dec, host, fixed: tuple, kv_copy: float):
         self.steps, self.dec, self.host = steps, dec, host
         self.fixed = fixed  # (linear, lm_head, attn_prefill, prefix, merge, kv_write): the same every step
         self.kv_copy = kv_copy  # the first step's only
 
     def __len__(self) -> int:
-        return self.steps.size
+        return len(self.steps)
 
     def first(self, k: int) -> StepResult:
-        if not 2 <= k <= self.steps.size:
-            raise ValueError(f"a block of {self.steps.size} steps has no result for its first {k} (2 or more)")
-        whole = k == self.steps.size
-        durations = (self.steps if whole else self.steps[:k]).tolist()
+        n = len(self.steps)
+        if not 2 <= k <= n:
+            raise ValueError(f"a block of {n} steps has no result for its first {k} (2 or more)")
+        whole = k == n
+        dec, host = (self.dec, self.host) if whole else (self.dec[:k], self.host[:k])
+        if isinstance(self.steps, list):
+            durations = self.steps if whole else self.steps[:k]
+            dec_s, host_s = numpy_sum(dec), numpy_sum(host)
+        else:
+            durations = (self.steps if whole else self.steps[:k]).tolist()
+            add = np.add.reduce  # ndarray.sum without its Python wrapper
+            dec_s, host_s = float(add(dec)), float(add(host))
         total = 0.0
         for x in durations:  # left to right, as the engine's clock adds them (sum() compensates on 3.12+)
             total += x
-        add = np.add.reduce  # ndarray.sum without its Python wrapper
-        dec, host = (self.dec, self.host) if whole else (self.dec[:k], self.host[:k])
         linear, lm_head, attn_prefill, prefix, merge, kv_write = self.fixed
-        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * k, lm_head * k, attn_prefill * k, float(add(dec)),
-                                              prefix * k, merge * k, kv_write * k, self.kv_copy, float(add(host)))))
+        breakdown = dict(zip(BREAKDOWN_KEYS, (linear * k, lm_head * k, attn_prefill * k, dec_s,
+                                              prefix * k, merge * k, kv_write * k, self.kv_copy, host_s)))
         return step_result(total, breakdown, None, tuple(durations))
+
+
+def numpy_sum(xs: list) -> float:
+    """``float(np.add.reduce(np.array(xs)))`` for a list of floats, bit for bit, without the array: numpy's
+    pairwise summation (from 0.0, left to right below 8 values; eight accumulators over blocks of up to
+    128; halves, cut at a multiple of 8, above)."""
+    n = len(xs)
+    if n < 8:
+        res = 0.0
+        for x in xs:
+            res += x
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = xs[:8]
+        m = n - n % 8
+        for i in range(8, m, 8):
+            r0 += xs[i]
+            r1 += xs[i + 1]
+            r2 += xs[i + 2]
+            r3 += xs[i + 3]
+            r4 += xs[i + 4]
+            r5 += xs[i + 5]
+            r6 += xs[i + 6]
+            r7 += xs[i + 7]
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for x in xs[m:]:
+            res += x
+        return res
+    half = n // 2
+    half -= half % 8
+    return numpy_sum(xs[:half]) + numpy_sum(xs[half:])

@@ -26,8 +26,10 @@ class ColdPool:
         self.capacity = int(capacity)
         self.slot_start = int(slot_start)
         # Stack of free slots; allocation pops from the top so ids are reused LIFO
-        # (deterministic, and recently freed rows are likely still in cache on a GPU).
-        self._stack = np.arange(slot_start + capacity - 1, slot_start - 1, -1, dtype=SLOT_DTYPE)
+        # (deterministic, and recently freed rows are likely still in cache on a GPU). Held as int32 where
+        # the ids fit (half the memory); allocate() hands out SLOT_DTYPE ids either way.
+        stack_dtype = np.int32 if slot_start + capacity <= np.iinfo(np.int32).max else SLOT_DTYPE
+        self._stack = np.arange(slot_start + capacity - 1, slot_start - 1, -1, dtype=stack_dtype)
         self._top = self.capacity
         # slots counted as taken (``owe``) whose ids are not picked yet (``take_owed``): the top
         # ``_owed`` entries of the stack are spoken for
@@ -70,7 +72,7 @@ class ColdPool:
             raise ValueError(f"{self.name}: cannot allocate a negative number of slots ({n})")
         if n > self._top - self._owed:
             raise ValueError(f"{self.name}: asked for {n} slots, only {self.free} free")
-        out = self._stack[self._top - n : self._top][::-1].copy()
+        out = self._stack[self._top - n : self._top][::-1].astype(SLOT_DTYPE)  # a copy
         self._top -= n
         self._is_free[out - self.slot_start] = False
         return out

@@ -56,8 +56,9 @@ class _Seq:
         self.slab_len = 0
         self.n_new = 0  # tokens allocated beyond cached_len
         self.group: tuple[int, int, str] | None = None  # (node id, shared tokens, storage)
-        # reserved private slots (paged: whole pages) are _buf[_lo:_hi]; the buffer grows by
-        # doubling so that a decode step's append is O(1) amortised
+        # reserved private slots (paged: whole pages) are _buf[_lo:_hi]; the first push (a prompt's slots)
+        # gets a buffer of its size, later ones grow it by doubling so that a decode step's append is O(1)
+        # amortised (the cost executor's decode slots come in one push, at the end: see ``owed``)
         self._buf = _EMPTY
         self._lo = self._hi = 0
         self.owed = 0
@@ -78,7 +79,7 @@ class _Seq:
         n = slots.size
         if self._hi + n > self._buf.size:
             live = self._hi - self._lo
-            buf = np.empty(max(16, 2 * (live + n)), np.int64)
+            buf = np.empty(max(16, 2 * (live + n)) if live else n, np.int64)
             buf[:live] = self._buf[self._lo : self._hi]
             self._buf, self._lo, self._hi = buf, 0, live
         self._buf[self._hi : self._hi + n] = slots

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from granisim.core.columns import PackedRows
-from granisim.core.workload import VOCAB, RequestSpec
+from granisim.core.workload import PROMPT_DTYPE, VOCAB, RequestSpec
 
 
 # (position * 104729) % VOCAB for positions 0 .. VOCAB - 1: stand_in_tokens' per-position term
@@ -72,10 +72,11 @@ class Request:
 
     @property
     def tokens(self) -> np.ndarray:
-        """The int64 token buffer (prompt + outputs; positions ``n_tokens`` and on are unset)."""
+        """The token buffer (int32, as prompts are drawn: prompt + outputs; positions ``n_tokens`` and on are
+        unset)."""
         buf = self._buf
         if buf is None:
-            buf = self._buf = np.empty(self.prompt_len + self.spec.output_len, dtype=np.int64)
+            buf = self._buf = np.empty(self.prompt_len + self.spec.output_len, dtype=PROMPT_DTYPE)
             p = self.spec.prefix.size
             buf[:p] = self.spec.prefix
             buf[p : self.prompt_len] = self._suffix

@@ -26,7 +26,7 @@ import numpy as np
 
 from granisim.frozen import slot_setters
 
-TOKEN_DTYPE = np.int64
+TOKEN_DTYPE = np.int32  # token ids (below 2^31 for every vocabulary): as requests hold them
 
 
 class RadixNode:

@@ -24,7 +24,7 @@ _step = st.one_of(st.tuples(st.just("one"), st.integers(0, 127_999)),
 @given(st.lists(_step, max_size=30))
 def test_tokens_read_back_every_append_in_order(steps):
     """Any mix of one-token and block appends (real engine ids up to 128K), read at any point,
-    gives prompt + outputs in order, as int64; stand-in tokens (``advance``) read back as the
+    gives prompt + outputs in order, as int32 (the prompts' dtype); stand-in tokens (``advance``) read back as the
     stand-in of their output position. Shown to catch planted bugs: flushing the pending tokens
     one position early, or computing the stand-ins from the count after instead of before them
     (``self.generated`` for ``self.generated - synth``), fails here."""
@@ -48,7 +48,7 @@ def test_tokens_read_back_every_append_in_order(steps):
         else:
             assert r.tokens[: r.n_tokens].tolist() == want
         assert r.n_tokens == len(want) and r.generated == len(want) - r.prompt_len
-    assert r.tokens.dtype == np.int64 and r.tokens[: r.n_tokens].tolist() == want
+    assert r.tokens.dtype == np.int32 and r.tokens[: r.n_tokens].tolist() == want
     assert r.remaining_output == s.output_len - r.generated
 
 

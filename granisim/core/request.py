@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from granisim.core.columns import PackedRows
-from granisim.core.workload import PROMPT_DTYPE, VOCAB, RequestSpec
+from granisim.core.workload import PROMPT_DTYPE, VOCAB, LazySuffix, RequestSpec
 
 
 # (position * 104729) % VOCAB for positions 0 .. VOCAB - 1: stand_in_tokens' per-position term
@@ -80,6 +80,10 @@ class Request:
             p = self.spec.prefix.size
             buf[:p] = self.spec.prefix
             buf[p : self.prompt_len] = self._suffix
+            self._suffix = buf[p : self.prompt_len]  # the drawn copy goes: the spec's suffix is this part now
+            src = self.spec.suffix_source
+            if isinstance(src, LazySuffix):
+                src.share(self._suffix)
         flushed = self._flushed
         if self._pending:
             pending = self._pending

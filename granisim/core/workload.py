@@ -123,6 +123,14 @@ class LazySuffix:
             self._ref = weakref.ref(arr)
         return arr
 
+    def share(self, arr: np.ndarray) -> None:
+        """``arr`` (the same tokens, e.g. the part of a running request's buffer that holds them) stands for
+        the suffix from now on, so the drawn array is freed once its holder lets go of it."""
+        if arr.size != self.size or arr.dtype != PROMPT_DTYPE:
+            raise ValueError(f"suffix {self._index}: {arr.size} {arr.dtype} tokens cannot stand for "
+                             f"{self.size} {np.dtype(PROMPT_DTYPE)}")
+        self._ref = weakref.ref(arr)
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:

@@ -1,11 +1,15 @@
 """Request: its token buffer is built on first read and sampled tokens reach it when read."""
 
+import gc
+import weakref
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from granisim.core.request import Request, stand_in_token, stand_in_tokens
-from granisim.core.workload import RequestSpec
+from granisim.core.workload import LazySuffix, RequestSpec, SuffixStream
 
 PREFIX = np.arange(100, 110, dtype=np.int32)
 
@@ -62,3 +66,25 @@ def test_stand_in_tokens_match_the_scalar_formula():
     """The block and scalar forms agree (the scalar one is what a one-step plan used to append)."""
     for rid in (0, 7, 123_456):
         assert stand_in_tokens(rid, 5, 40).tolist() == [stand_in_token(rid, 5 + i) for i in range(40)]
+
+
+def test_a_running_request_holds_its_drawn_suffix_once():
+    """Once a request's buffer is built, its spec's suffix is that part of the buffer: the drawn copy is
+    freed (its weak reference dies), the values are the drawn ones, and a suffix read later is not redrawn.
+    Shown to catch a planted bug: without ``share``, the spec's suffix is a new draw, not the buffer."""
+    stream = SuffixStream(np.random.default_rng(7), np.array([6, 9]), 1000)
+    want = SuffixStream(np.random.default_rng(7), np.array([6, 9]), 1000).draw(1).tolist()
+    src = LazySuffix(stream, 1, 9)
+    r = Request(RequestSpec(1, 0.0, PREFIX, src, 4, PREFIX.size))
+    drawn = weakref.ref(r._suffix)
+    tokens = r.tokens
+    gc.collect()
+    assert drawn() is None
+    assert r.spec.suffix.tolist() == want == tokens[PREFIX.size : PREFIX.size + 9].tolist()
+    assert np.shares_memory(r.spec.suffix, tokens)
+
+
+def test_a_suffix_shared_with_other_tokens_names_them():
+    src = LazySuffix(SuffixStream(np.random.default_rng(7), np.array([6]), 1000), 0, 6)
+    with pytest.raises(ValueError, match="suffix 0: 5 int32 tokens cannot stand for 6 int32"):
+        src.share(np.zeros(5, np.int32))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from itertools import compress
-from operator import not_
+from operator import itemgetter, not_
 
 import numpy as np
 
@@ -36,6 +36,38 @@ def _ungrouped_rows(cols):
         return len(nn), n_dec, sum(ctx) + n_dec, max(ctx) + 1, pidx
     dec = list(compress(ctx, map(not_, pre)))
     return sum(nn), n_dec, sum(dec) + n_dec, max(dec) + 1 if dec else 0, pidx
+
+
+def _grouped_rows(cols, groups):
+    """(T, decode rows, tokens read by decode rows outside prefix passes, their longest context, prefix-pass
+    members, their suffix tokens, their longest suffix, prefill row indices): the row loop's integer sums
+    for columns whose decode rows come first (``n_decode``) when no group is ``paged``, taken a group at a
+    time from its members; None otherwise (the row loop prices it)."""
+    nd = getattr(cols, "n_decode", None)
+    if nd is None or any(g.path == "paged" for g in groups):
+        return None
+    ctx, shared, nn = cols.context_len, cols.shared_len, cols.num_new
+    n = len(nn)
+    merge_rows = tok_s = lmax_s = member_ctx = 0
+    for g in groups:
+        idx = g.members
+        if len(idx) < 2 or max(idx) >= nd:
+            return None
+        gctx = itemgetter(*idx)(ctx)
+        c = [a - b for a, b in zip(gctx, itemgetter(*idx)(shared))]  # each member's suffix tokens, less one
+        merge_rows += len(idx)
+        member_ctx += sum(gctx)
+        tok_s += sum(c) + len(idx)
+        m = max(c) + 1
+        if m > lmax_s:
+            lmax_s = m
+    dec = ctx[:nd]
+    tok = sum(dec) - member_ctx + (nd - merge_rows) + tok_s  # whole contexts outside the groups, suffixes in them
+    lmax = 0
+    if merge_rows != nd:  # decode rows outside every group read their whole context
+        lone = [c for c, g in zip(dec, cols.group) if g < 0]
+        lmax = max(lone) + 1
+    return nd + sum(nn[nd:]), nd, tok, lmax, merge_rows, tok_s, lmax_s, list(range(nd, n))
 
 
 class StepPricing:
@@ -101,8 +133,11 @@ class StepPricing:
         n_req = len(cols)
         ctx_col = cols.context_len
         fast = _ungrouped_rows(cols) if n_req and not plan.groups else None
+        sums = _grouped_rows(cols, plan.groups) if n_req and plan.groups else None
         if fast is not None:  # no groups: every decode row reads its whole context (the loop below, as sums)
             T, n_dec, tok, lmax, pidx = fast
+        elif sums is not None:  # prefix passes only: the loop below, as sums a group at a time
+            T, n_dec, tok, lmax, merge_rows, tok_s, lmax_s, pidx = sums
         else:
             pidx = []
             for i, (ctx, nn, pre, g, s) in enumerate(zip(ctx_col, cols.num_new, cols.is_prefill, cols.group,

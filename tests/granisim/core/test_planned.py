@@ -235,3 +235,35 @@ def test_numpy_sum_adds_a_list_as_numpy_adds_the_array(seed):
     for n in range(301):
         xs = [rng.random() * 10.0 ** rng.randrange(-9, 5) for _ in range(n)]
         assert step_module.numpy_sum(xs) == float(np.add.reduce(np.array(xs, dtype=float))), n
+
+
+@pytest.mark.parametrize("profile", ["a100-80gb", "h200", "h200-engine"])
+@pytest.mark.parametrize("seed", range(24))
+def test_grouped_decode_first_columns_price_as_the_row_loop(seed, profile):
+    """Decode-first columns with prefix groups (``_grouped_rows``: sums a group at a time) price bit for
+    bit as the same requests without the hint (the row loop), with and without ungrouped decode rows and
+    prefill rows, one step or a block; a plan with a ``paged`` group keeps the loop.
+    Planted bugs caught: a member's prefix left in the tokens read, the longest suffix taken over
+    the whole contexts, and the ungrouped rows' longest context left out."""
+    rng = random.Random(seed)
+    reqs = random_requests(rng, rng.randrange(4, 70), groups=rng.randrange(1, 5))
+    dec = [r for r in reqs if not r.is_prefill]
+    pre = [r for r in reqs if r.is_prefill] if seed % 3 else []
+    if seed % 4 == 0:  # every decode row in a group
+        dec = [r for r in dec if r.group >= 0] or dec
+    paths = [("cascade",), ("dense", "cascade"), ("cascade", "paged")][seed % 3]
+    ordered, groups = grouped(tuple(dec + pre), paths)
+    groups = tuple(g for g in groups if len(g.members) >= 2)
+    keep = {i for g in groups for i in g.members}
+    number = {g.members: k for k, g in enumerate(groups)}
+    renum = {i: number[g.members] for g in groups for i in g.members}
+    ordered = tuple(PlannedRequest(r.rid, r.context_len, r.num_new, r.is_prefill, renum[i], r.shared_len)
+                    if i in keep else PlannedRequest(r.rid, r.context_len, r.num_new, r.is_prefill)
+                    for i, r in enumerate(ordered))
+    steps = rng.randrange(2, 9) if not pre else 1
+    hw = get_profile(profile)
+
+    def price(r):
+        return step_cost(BatchPlan(0, "granikv", 1, r, groups, num_steps=steps), hw, LLAMA)
+
+    assert price(_hinted(ordered, len(dec))) == price(columns(ordered))

@@ -296,34 +296,39 @@ def _every_unlocked_leaf_is_offered(r):
     assert not missing, f"unlocked leaves {missing} have no live LRU entry"
 
 
+def _step(r, op, locks, seen):
+    """Apply one random operation (insert, match, lock, unlock, evict, subtree) to ``r``."""
+    if op[0] == "insert":
+        toks = np.array(op[1], dtype=np.int64)
+        r.insert(toks, np.arange(toks.size), op[2])
+    elif op[0] == "match":
+        r.match_prefix(np.array(op[1], dtype=np.int64))
+    elif op[0] == "lock" and r.num_nodes:
+        node = sorted(r.nodes(), key=lambda n: n.id)[op[1] % r.num_nodes]
+        r.lock(node)
+        locks.append(node)
+    elif op[0] == "unlock" and locks:
+        r.unlock(locks.pop(op[1] % len(locks)))
+    elif op[0] == "evict":
+        order = []
+        freed = r.evict(op[1], op[2], lambda n: order.append(n.id))
+        seen.append((freed, order))
+    elif op[0] == "subtree":
+        free = [n for n in r.nodes() if n.lock_ref == 0]
+        if free:
+            node = sorted(free, key=lambda n: n.id)[op[1] % len(free)]
+            order = []
+            r.evict_subtree(node, lambda n: order.append(n.id))
+            seen.append(("subtree", order))
+
+
 def _replay(ops, cls):
     """Apply ``ops`` to a fresh index; returns everything observable, eviction order included."""
     r, locks, seen = cls(), [], []
     for op in ops:
         if cls is RadixIndex:
             _every_unlocked_leaf_is_offered(r)
-        if op[0] == "insert":
-            toks = np.array(op[1], dtype=np.int64)
-            r.insert(toks, np.arange(toks.size), op[2])
-        elif op[0] == "match":
-            r.match_prefix(np.array(op[1], dtype=np.int64))
-        elif op[0] == "lock" and r.num_nodes:
-            node = sorted(r.nodes(), key=lambda n: n.id)[op[1] % r.num_nodes]
-            r.lock(node)
-            locks.append(node)
-        elif op[0] == "unlock" and locks:
-            r.unlock(locks.pop(op[1] % len(locks)))
-        elif op[0] == "evict":
-            order = []
-            freed = r.evict(op[1], op[2], lambda n: order.append(n.id))
-            seen.append((freed, order))
-        elif op[0] == "subtree":
-            free = [n for n in r.nodes() if n.lock_ref == 0]
-            if free:
-                node = sorted(free, key=lambda n: n.id)[op[1] % len(free)]
-                order = []
-                r.evict_subtree(node, lambda n: order.append(n.id))
-                seen.append(("subtree", order))
+        _step(r, op, locks, seen)
     seen.append(r.evict(10**9, "hot", lambda n: None))
     seen.append(r.evict(10**9, "cold", lambda n: None))
     return seen, state(r)
@@ -360,38 +365,23 @@ def _replay_below(ops, below: bool):
     ``below`` (only the new tokens' slots) or the whole sequence with the path's slots in front."""
     from granisim.kv.sequence import path_slots
 
-    r, locks, seen, fresh = RadixIndex(), [], [], 1000
+    r, locks, seen = RadixIndex(), [], []
     for op in ops:
-        if op[0] == "extend":
-            if not locks:
-                continue
-            node = locks[op[1] % len(locks)]
-            path = [n.key for n in reversed([*_ancestors(node)])]
-            toks = np.concatenate([*path, np.array(op[2], dtype=np.int64)])
-            new = np.arange(fresh, fresh + len(op[2]))
-            fresh += len(op[2])
-            if below:
-                got = r.insert(toks, new, op[3], below=node)
-            else:
-                got = r.insert(toks, np.concatenate([path_slots(node), new]), op[3])
-            r.lock(got[0])
-            locks.append(got[0])
-            seen.append((got[0].id, got[1]))
-        elif op[0] == "insert":
-            toks = np.array(op[1], dtype=np.int64)
-            r.insert(toks, np.arange(fresh, fresh + toks.size), op[2])
-            fresh += toks.size
-        elif op[0] == "match":
-            r.match_prefix(np.array(op[1], dtype=np.int64))
-        elif op[0] == "lock" and r.num_nodes:
-            node = sorted(r.nodes(), key=lambda n: n.id)[op[1] % r.num_nodes]
-            r.lock(node)
-            locks.append(node)
-        elif op[0] == "unlock" and locks:
-            r.unlock(locks.pop(op[1] % len(locks)))
-        elif op[0] == "evict":
-            order = []
-            seen.append((r.evict(op[1], op[2], lambda n: order.append(n.id)), order))
+        if op[0] != "extend":
+            _step(r, op, locks, seen)
+            continue
+        if not locks:
+            continue
+        node = locks[op[1] % len(locks)]
+        toks = np.concatenate([*(n.key for n in reversed([*_ancestors(node)])), np.array(op[2], dtype=np.int64)])
+        new = np.arange(len(op[2])) + 1000
+        if below:
+            got = r.insert(toks, new, op[3], below=node)
+        else:
+            got = r.insert(toks, np.concatenate([path_slots(node), new]), op[3])
+        r.lock(got[0])
+        locks.append(got[0])
+        seen.append((got[0].id, got[1]))
     seen.append(r.evict(10**9, "hot", lambda n: None))
     seen.append(r.evict(10**9, "cold", lambda n: None))
     return seen, state(r), r._clock

@@ -9,10 +9,11 @@ CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 
 # Max |kernel - float64 reference| allowed, per dtype (outputs are weighted means of N(0,1) V rows,
-# |o| <~ 1). fp32 on CPU: the interpreter does exact fp32 dots; on GPU fp32 dots are tf32.
+# |o| <~ 1). fp32 on CPU: the interpreter does exact fp32 dots; on GPU fp32 dots are tf32, whose inputs
+# keep fp16's 10 mantissa bits, so fp16's output bound (on an H200 the fp32 cases reach 2.1-2.5e-3).
 # fp16 / bf16: P is rounded to the input dtype before the PV product and o to the output dtype.
-O_TOL = {torch.float32: 2e-3 if CUDA else 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-LSE_TOL = {torch.float32: 2e-3 if CUDA else 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+O_TOL = {torch.float32: 4e-3 if CUDA else 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+LSE_TOL = {torch.float32: 4e-3 if CUDA else 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 STORAGES = ("slots", "pages1", "pages16", "slab")
 

@@ -3,7 +3,7 @@ reference and against each other. CPU: interpreter, small shapes; GPU tests in t
 import pytest
 import torch
 
-from gb_util import DEV, STORAGES, close, poisoned, queries, stored
+from gb_util import CUDA, DEV, STORAGES, close, poisoned, queries, stored
 from gpu_backend.kernels import layout as L
 from gpu_backend.kernels import reference as R
 from gpu_backend.kernels.decode import decode_attention
@@ -50,8 +50,9 @@ def test_split_and_unsplit_agree():
     a = run(q, kc, vc, kv, kv_chunk=64)
     b = run(q, kc, vc, kv, kv_chunk=256)          # one split: no combine pass
     c = run(q, kc, vc, kv)                         # launcher's own choice
+    tol = 2e-4 if CUDA else 1e-5  # tf32 dots on a GPU round each split's partial sums apart (8.5e-5 on an H200)
     for x in (b, c):
-        assert (x[0] - a[0]).abs().max() < 1e-5 and (x[1] - a[1]).abs().max() < 1e-5
+        assert (x[0] - a[0]).abs().max() < tol and (x[1] - a[1]).abs().max() < tol
 
 
 def test_all_empty():

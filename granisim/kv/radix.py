@@ -182,14 +182,6 @@ class RadixIndex:
             self._offer(node)
         return match_result(node, pos)
 
-    @staticmethod
-    def _path_length(node: RadixNode) -> int:
-        held = 0
-        while node.parent is not None:
-            held += len(node)
-            node = node.parent
-        return held
-
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str,
                below: RadixNode | None = None) -> tuple[RadixNode, int]:
         """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).
@@ -208,14 +200,14 @@ class RadixIndex:
             raise ValueError(f"radix insert: {tokens.size} tokens but {slots.size} slots")
         if tokens.size % self.page_size:
             raise ValueError(f"radix insert: length {tokens.size} is not a multiple of page_size {self.page_size}")
-        if below is not None and self._path_length(below) != skip:  # its tokens are the caller's word
-            raise ValueError(f"radix insert: node {below.id} holds {self._path_length(below)} tokens on its path, "
+        path = path_to(below) if below is not None else []
+        held = sum(len(n) for n in path)
+        if held != skip:  # the path's length is checked; its tokens are the caller's word
+            raise ValueError(f"radix insert: node {below.id} holds {held} tokens on its path, "
                              f"not the {skip} that the {slots.size} slots leave")
         now = self._tick()
-        node = below
-        while node is not None and node.parent is not None:  # match_prefix's walk down the path touches it
-            node.last_access = now
-            node = node.parent
+        for n in path:  # match_prefix's walk down the path touches it
+            n.last_access = now
         match = self._match_below(self.root if below is None else below, skip, tokens, now)
         node, pos = match.node, match.length
         if pos < tokens.size:

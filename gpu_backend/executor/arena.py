@@ -6,8 +6,11 @@ other into one buffer (their sizes, hence offsets, follow from the `StepShape`),
 variable-length index list into its own buffer whose whole length is handed to the kernels
 (they read only the prefix the CSR pointers name). Buffers grow by doubling (`reserve`, a
 one-off the executor keeps off the step's clock, like a graph capture); a growth bumps
-`generation`, which retires every captured graph. One pinned staging copy and one
-host-to-device copy per field per step.
+`generation`, which retires every captured graph. Per step: the fixed-size fields concatenated
+straight into their pinned staging buffer, each non-empty index list copied into its own, and one
+host-to-device copy per non-empty buffer. What a step's launches read the buffers through (the
+views of its fields, metadata.StepMeta) depends only on its shape and the generation, so it is made
+once per shape and generation and kept in `memo` (a graph replay reads none of it).
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ class MetaArena:
         self.growths = 0
         self._dev: dict[str, torch.Tensor] = {}
         self._host: dict[str, torch.Tensor] = {}
+        self._host_np: dict[str, np.ndarray] = {}  # numpy views of the pinned buffers
+        self.memo: dict = {}  # StepShape -> what metadata.upload made of this generation's buffers
 
     @staticmethod
     def _sizes(step: HostStep) -> dict[str, int]:
@@ -47,23 +52,34 @@ class MetaArena:
         cap = max(1024, 1 << max(n - 1, 1).bit_length())
         self._dev[name] = torch.zeros(cap, dtype=torch.int32, device=self.device)
         self._host[name] = torch.zeros(cap, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self._host_np[name] = self._host[name].numpy()
+        self.memo.clear()
         self.generation += 1
         self.growths += 1
 
-    def _put(self, name: str, a: np.ndarray) -> torch.Tensor:
-        dev, host = self._dev[name], self._host[name]
-        if a.size:
-            host[: a.size].numpy()[:] = a
-            dev[: a.size].copy_(host[: a.size], non_blocking=True)
-        return dev
+    def _copy(self, name: str, n: int) -> None:
+        """The first `n` staged ids of buffer `name` to the device (after the pinned copy is written)."""
+        if n:
+            self._dev[name][:n].copy_(self._host[name][:n], non_blocking=True)
 
-    def upload(self, step: HostStep) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-        """(views of the fixed-size fields in order, whole buffer of each variable-length field); the
-        buffers must fit `step` (`reserve` first)."""
-        flat = np.concatenate(step.small)
-        dev = self._put("small", flat)
-        views, at = [], 0
+    def upload(self, step: HostStep) -> None:
+        """Copy the step's fields into the buffers (which must fit it: `reserve` first)."""
+        n = sum(a.size for a in step.small)
+        np.concatenate(step.small, out=self._host_np["small"][:n])
+        self._copy("small", n)
+        for name, a in step.big.items():
+            if a.size:
+                self._host_np[name][: a.size] = a
+                self._copy(name, a.size)
+
+    def views(self, step: HostStep) -> list[torch.Tensor]:
+        """Views of the step's fixed-size fields, one after another in the device buffer."""
+        dev, views, at = self._dev["small"], [], 0
         for a in step.small:
             views.append(dev[at: at + a.size])
             at += a.size
-        return views, {name: self._put(name, a) for name, a in step.big.items()}
+        return views
+
+    def buffer(self, name: str) -> torch.Tensor:
+        """The whole device buffer of a variable-length field."""
+        return self._dev[name]

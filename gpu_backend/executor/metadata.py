@@ -39,25 +39,38 @@ class StepMeta:
     suffix_kv: L.SlotLists
 
 
+MEMO_SHAPES = 512  # shapes whose StepMeta an arena keeps (eager steps' exact shapes vary without bound)
+
+
 def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
-    """The step's metadata copied into the arena (`rows.build` made `host` from the plan)."""
+    """The step's metadata copied into the arena (`rows.build` made `host` from the plan), and the views of it that
+    the launches read (made once per shape and arena generation: the same for every step of that shape)."""
+    arena.upload(host)
+    meta = arena.memo.get(host.shape)
+    if meta is None:
+        if len(arena.memo) >= MEMO_SHAPES:
+            arena.memo.clear()
+        meta = arena.memo[host.shape] = _views(host, arena)
+    return meta
+
+
+def _views(host: R.HostStep, arena: MetaArena) -> StepMeta:
     s = host.shape
-    small, big = arena.upload(host)
-    it = iter(small)
+    it = iter(arena.views(host))
     tokens, positions, new_slots, sample = next(it), next(it), next(it), next(it)
     ext_ptr = next(it)
 
     def storage(name: str) -> L.KVLayout:  # rows._storage's fields, in its order
         if s.page_size:
-            return L.PageTable(next(it), big[name], next(it), s.page_size)
-        return L.SlotLists(next(it), big[name])
+            return L.PageTable(next(it), arena.buffer(name), next(it), s.page_size)
+        return L.SlotLists(next(it), arena.buffer(name))
 
     ext_prefix, decode_kv = storage("ext"), storage("dec")
     passes, row0 = [], s.ext_rows + s.dec_rows
     for n, p in enumerate(s.passes):
         gptr = next(it)
-        prefix = L.Slabs(next(it), next(it)) if p.slab else L.SlotLists(next(it), big[f"pass{n}"])
+        prefix = L.Slabs(next(it), next(it)) if p.slab else L.SlotLists(next(it), arena.buffer(f"pass{n}"))
         passes.append(PrefixPass(p, row0, gptr, prefix))
         row0 += p.rows
-    suffix = L.SlotLists(next(it), big["suffix"])
+    suffix = L.SlotLists(next(it), arena.buffer("suffix"))
     return StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix)

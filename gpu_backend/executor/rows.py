@@ -16,6 +16,7 @@ All slot ids are checked here against the KV buffers, so no launch needs a devic
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -96,35 +97,73 @@ class HostStep:
     sample_of: dict[int, int]  # rid -> index into the sampled rows
 
 
-def _csr_ptr(sizes, n_padded: int) -> np.ndarray:
-    ptr = np.zeros(n_padded + 1, np.int64)
-    ptr[1:len(sizes) + 1] = np.cumsum(sizes)
-    ptr[len(sizes) + 1:] = ptr[len(sizes)]
-    return ptr
+_PATHS = ("cascade", "dense")  # the paths with a prefix pass
+_EMPTY = np.empty(0, np.int64)
 
 
-def _cat(seqs) -> np.ndarray:
-    return np.concatenate(seqs) if seqs else np.empty(0, np.int64)
+def _ptr(sizes, n_padded: int) -> np.ndarray:
+    """CSR pointers of `sizes`, followed by empty sequences up to `n_padded` (int32)."""
+    ptr = list(accumulate(sizes, initial=0))
+    if n_padded >= len(ptr):
+        ptr += [ptr[-1]] * (n_padded + 1 - len(ptr))
+    return np.array(ptr, np.int32)
 
 
-def _pad(a, n: int, fill: int) -> np.ndarray:
-    out = np.full(n, fill, np.int64)
+def _pad(a, n: int) -> np.ndarray:
+    out = np.zeros(n, np.int32)
     out[: len(a)] = a
     return out
+
+
+def _cat(arrays: list) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else _EMPTY
 
 
 def _exact(n: int) -> int:
     return max(n, 0)
 
 
-def _storage(seqs: list[np.ndarray], n_padded: int, page_size: int, small: list[np.ndarray]) -> np.ndarray:
-    """Sequences' slot ids as a page table (page_size > 0: page indptr and lengths appended to `small`,
-    page ids returned; each sequence starts on a page boundary) or as slot lists (indptr appended, ids returned)."""
-    if page_size:
-        small += [_csr_ptr([-(-s.size // page_size) for s in seqs], n_padded), _pad([s.size for s in seqs], n_padded, 0)]
-        return _cat([s[::page_size] // page_size for s in seqs])
-    small.append(_csr_ptr([s.size for s in seqs], n_padded))
-    return _cat(seqs)
+def _tail(segments, start: int, out: list) -> int:
+    """Append to `out` the slot arrays (views) of a layout's tokens `start..`; their count. With `start` 0,
+    `layout.slots()` in pieces; else `layout.slots_from(start)`, without a copy per request."""
+    n = at = 0
+    for seg in segments:
+        a = seg.slots
+        size = a.size
+        if at + size > start:
+            if start > at:
+                a = a[start - at:]
+            out.append(a)
+            n += a.size
+        at += size
+    return n
+
+
+def _outside(a: np.ndarray, num_slots: int) -> bool:
+    """Whether any id lies outside [0, num_slots): for signed integers one pass (a negative id reads as a huge
+    unsigned one)."""
+    if not a.size:
+        return False
+    if a.dtype.kind == "i":
+        return bool(a.view(a.dtype.str.replace("i", "u")).max() >= num_slots)
+    return bool(a.min() < 0 or a.max() >= num_slots)
+
+
+def _storage(cat: np.ndarray, lens: np.ndarray, n_padded: int, page_size: int, small: list[np.ndarray]) -> np.ndarray:
+    """Sequences of `lens` slot ids, one after another in `cat`, as a page table (page_size > 0: page indptr and
+    lengths appended to `small`, page ids returned; each sequence starts on a page boundary) or as slot lists
+    (indptr appended, ids returned)."""
+    if not page_size:
+        small.append(_ptr(lens, n_padded))
+        return cat
+    pages = -(-lens // page_size)
+    small += [_ptr(pages, n_padded), _pad(lens, n_padded)]
+    n = int(pages.sum())
+    if not n:
+        return _EMPTY
+    first = np.cumsum(pages) - pages  # each sequence's first page in the list
+    at = np.repeat(np.cumsum(lens) - lens - first * page_size, pages) + np.arange(n) * page_size
+    return cat[at] // page_size
 
 
 class GroupPrefix(NamedTuple):
@@ -136,123 +175,160 @@ class GroupPrefix(NamedTuple):
     ids: np.ndarray | None  # None for a slab: no list to build (a 16K prefix is 16K ids per group per step)
 
 
-def _group_prefix(layout, n: int, checked) -> GroupPrefix:
-    """The first `n` tokens of `layout` (range-checked by `checked`) as a GroupPrefix."""
+def _group_prefix(layout, n: int) -> GroupPrefix:
+    """The first `n` tokens of `layout` as a GroupPrefix (not range-checked: `build` checks every id at once)."""
     seg = layout.segments[0] if layout.segments else None
     if n and seg is not None and seg.slab is not None and seg.slab[1] >= n:  # the allocator marked the run
-        start = seg.slab[0]
-        checked(np.array([start, start + n - 1]))
-        return GroupPrefix(True, start, n, None)
-    ids = checked(layout.slots()[:n])
+        return GroupPrefix(True, seg.slab[0], n, None)
+    ids = layout.slots()[:n]
     slab = bool(ids.size) and bool((np.diff(ids) == 1).all())
     return GroupPrefix(slab, int(ids[0]) if slab else 0, int(ids.size), ids)
 
 
+def _reference(plan: BatchPlan, num_slots: int, pad: bool) -> HostStep:
+    """A plan off the fast path (a bad id, a dense group that is no slab, rows that do not match `num_new`):
+    the per-request construction raises the ValueError naming the first bad id, or builds what it always built."""
+    from .rows_reference import build_reference
+
+    return build_reference(plan, num_slots, pad)
+
+
 def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     """Row regions, metadata and shape of one plan, padded to buckets (`pad`, for graph replays) or
-    exact (eager steps); ValueError before any launch on a bad id."""
+    exact (eager steps); ValueError before any launch on a bad id.
+
+    The work per request is a walk over its layout's segments that collects views of the ids it reads; each
+    field is then one concatenation, every id is range-checked at once, and each region's rows are one slice.
+    Byte for byte what `rows_reference.build_reference` builds request by request (tests/gpu_backend)."""
     bucket_n, bucket_l = (bucket, bucket_len) if pad else (_exact, _exact)
     reqs = plan.requests
-    for r in reqs:
+    grouped = {i: g for g in plan.groups if g.path in _PATHS for i in g.members}
+    ext, dec = [], []
+    for i, r in enumerate(reqs):
         if r.layout is None or r.layout.num_tokens != r.kv_len:
             raise ValueError(f"plan step {plan.step}: request {r.rid} has no layout for {r.kv_len} tokens")
-    grouped = {i: g for g in plan.groups if g.path in ("cascade", "dense") for i in g.members}
-    ext = [i for i, r in enumerate(reqs) if r.is_prefill]
-    dec = [i for i, r in enumerate(reqs) if not r.is_prefill and i not in grouped]
-    writes = np.concatenate([r.new_slots for r in reqs]) if reqs else np.empty(0, np.int64)
-    if writes.size and (writes.min() < 0 or writes.max() >= num_slots):
-        bad = writes[(writes < 0) | (writes >= num_slots)][0]
-        raise ValueError(f"plan step {plan.step}: KV write to slot {int(bad)} outside the buffer of {num_slots}")
-
-    def checked(i: int, s: np.ndarray) -> np.ndarray:
-        if s.size and (s.min() < 0 or s.max() >= num_slots):
-            bad = s[(s < 0) | (s >= num_slots)][0]
-            raise ValueError(f"plan step {plan.step}: request {reqs[i].rid} reads slot {int(bad)} outside the "
-                             f"buffer of {num_slots}")
-        return s
-
-    # whole contexts for extend/decode rows; a grouped member reads its group's prefix (checked once,
-    # from the first member) and its own suffix
-    slots = {i: checked(i, reqs[i].layout.slots()) for i in ext + dec}
-    suffix_of = {i: checked(i, reqs[i].layout.slots_from(g.prefix_len)) for i, g in grouped.items()}
-    # per-row inputs, region after region (pads: token 0 at position 0, K/V to the scratch slot `num_slots`)
-    tokens, positions, new_slots = [], [], []
-    sample_of: dict[int, int] = {}
-    small: list[np.ndarray] = []
-    big: dict[str, np.ndarray] = {}
-
-    def region(idx: list[int], n_rows: int, first_sample: int) -> None:
-        """Append the rows of requests `idx` (+ pads); request n's logits are sampled row first_sample + n."""
-        for n, i in enumerate(idx):
-            r = reqs[i]
-            tokens.append(np.asarray(r.input_tokens, np.int64))
-            positions.append(r.context_len + np.arange(r.num_new))
-            new_slots.append(np.asarray(r.new_slots, np.int64))
-            sample_of[r.rid] = first_sample + n
-        pad = n_rows - sum(reqs[i].num_new for i in idx)
-        tokens.append(np.zeros(pad, np.int64))
-        positions.append(np.zeros(pad, np.int64))
-        new_slots.append(np.full(pad, num_slots, np.int64))
-
-    # extend: prefill chunks over their cached prefix (slot lists)
-    ext_sizes = [reqs[i].num_new for i in ext]
-    ext_rows, ext_reqs = bucket_n(sum(ext_sizes)), bucket_n(len(ext))
-    region(ext, ext_rows, 0)
-    # the `paged` policy's own contexts are read through its page table, as vLLM's kernels read them
-    ps = plan.page_size if plan.policy == "paged" else 0
-    ext_prefix = [slots[i][: reqs[i].context_len] for i in ext]
-    small.append(_csr_ptr(ext_sizes, ext_reqs))
-    big["ext"] = _storage(ext_prefix, ext_reqs, ps, small)
-    # decode: every request outside a prefix pass reads its whole context
-    dec_rows = bucket_n(len(dec))
-    region(dec, dec_rows, ext_reqs)
-    dec_kv = [slots[i] for i in dec]
-    big["dec"] = _storage(dec_kv, dec_rows, ps, small)
-    # prefix passes: one launch per (path, storage), groups stacked; then one suffix pass over all
+        if r.is_prefill:
+            ext.append(i)
+        elif i not in grouped:
+            dec.append(i)
+    # prefix passes: one launch per (path, storage), groups stacked, in PASS_ORDER
     by_pass: dict[tuple[str, bool], list] = {}
     for g in plan.groups:
-        if g.path not in ("cascade", "dense"):
-            continue
-        i0 = g.members[0]
-        first = _group_prefix(reqs[i0].layout, g.prefix_len, lambda s: checked(i0, s))
-        if g.path == "dense" and not first.slab:
-            raise ValueError(f"plan step {plan.step}: dense group {g.key} is not one contiguous slab")
-        by_pass.setdefault((g.path, first.slab), []).append((g, first))
-    passes, suffix = [], []
-    next_sample = ext_reqs + dec_rows
-    for n, key in enumerate(k for k in PASS_ORDER if k in by_pass):
+        if g.path in _PATHS:
+            first = _group_prefix(reqs[g.members[0]].layout, g.prefix_len)
+            if g.path == "dense" and not first.slab:
+                return _reference(plan, num_slots, pad)  # raises: the dense path reads one slab
+            by_pass.setdefault((g.path, first.slab), []).append((g, first))
+    pass_keys = [k for k in PASS_ORDER if k in by_pass]
+    pass_members = [[i for g, _ in by_pass[k] for i in g.members] for k in pass_keys]
+
+    # the ids the step reads, as views: whole contexts of extend/decode rows, then grouped rows' suffixes
+    pieces: list[np.ndarray] = []
+    full_lens = [_tail(reqs[i].layout.segments, 0, pieces) for i in ext + dec]
+    n_full = len(pieces)
+    suffix_len: dict[int, int] = {}  # per grouped request (the mean runs over requests)
+    suffix_lens: list[int] = []  # per grouped row, pads included
+    rows_of_pass = []
+    for members in pass_members:
+        for i in members:
+            suffix_len[i] = n = _tail(reqs[i].layout.segments, grouped[i].prefix_len, pieces)
+            suffix_lens.append(n)
+        rows_of_pass.append(bucket_n(len(members)))
+        suffix_lens += [0] * (rows_of_pass[-1] - len(members))
+    full = _cat(pieces[:n_full])
+    suffix = _cat(pieces[n_full:])
+    # the rows, region after region: [extend] [decode] [pass 0] [pass 1] ...
+    order = [*ext, *dec, *(i for members in pass_members for i in members)]
+    rq = [reqs[i] for i in order]
+    new = _cat([r.new_slots for r in rq])  # every KV write of the step (the plan's order is the reference's)
+    prefix_ends = [(f.start, f.start + f.size - 1) for k in pass_keys for _, f in by_pass[k] if f.ids is None]
+    if (_outside(new, num_slots) or _outside(full, num_slots) or _outside(suffix, num_slots)
+            or _outside(np.array(prefix_ends, np.int64).ravel(), num_slots)
+            or any(_outside(f.ids, num_slots) for k in pass_keys for _, f in by_pass[k] if f.ids is not None)):
+        return _reference(plan, num_slots, pad)  # raises, naming the first bad id as it always has
+
+    nn = [r.num_new for r in rq]
+    n_ext, n_dec = len(ext), len(dec)
+    ext_sizes = nn[:n_ext]
+    ext_rows, ext_reqs, dec_rows = bucket_n(sum(ext_sizes)), bucket_n(n_ext), bucket_n(n_dec)
+    counts = [n_ext, n_dec, *map(len, pass_members)]
+    region_rows = [ext_rows, dec_rows, *rows_of_pass]
+    num_rows = sum(region_rows)
+    toks = _cat([r.input_tokens for r in rq])
+    ctx = np.fromiter([r.context_len for r in rq], np.int64, len(rq))
+    T = sum(nn)
+    if T == len(rq):  # one new token a request (decode steps)
+        pos = ctx
+    else:
+        n_arr = np.array(nn, np.int64)
+        pos = np.repeat(ctx - (np.cumsum(n_arr) - n_arr), n_arr) + np.arange(T)
+    if toks.size != T or new.size != T:
+        return _reference(plan, num_slots, pad)  # inputs that do not match num_new: as the reference lays them out
+    # pads: token 0 at position 0, K/V to the scratch slot `num_slots`; request n of a region samples row
+    # (region's first sample) + n
+    tokens = np.zeros(num_rows, np.int32)
+    positions = np.zeros(num_rows, np.int32)
+    new_slots = np.full(num_rows, num_slots, np.int32)
+    samples: list[int] = []
+    row = at = req = 0
+    sample_row = ext_reqs + dec_rows
+    for n, (count, rows) in enumerate(zip(counts, region_rows)):
+        used = sum(nn[req: req + count])
+        if used > rows:
+            return _reference(plan, num_slots, pad)  # more rows than the bucket: as the reference lays them out
+        if used:
+            tokens[row: row + used] = toks[at: at + used]
+            positions[row: row + used] = pos[at: at + used]
+            new_slots[row: row + used] = new[at: at + used]
+        first = (0, ext_reqs)[n] if n < 2 else sample_row
+        samples += range(first, first + count)
+        if n >= 2:
+            sample_row += rows
+        row, at, req = row + rows, at + used, req + count
+    sample_of = dict(zip([r.rid for r in rq], samples))
+
+    small: list[np.ndarray] = [_ptr(ext_sizes, ext_reqs)]
+    big: dict[str, np.ndarray] = {}
+    # extend: prefill chunks over their cached prefix; the `paged` policy's own contexts are read through its
+    # page table, as vLLM's kernels read them
+    ps = plan.page_size if plan.policy == "paged" else 0
+    lens = np.array(full_lens, np.int64)
+    n_full_ext = int(lens[:n_ext].sum())
+    if n_ext:
+        ctx_ext = np.minimum(ctx[:n_ext], lens[:n_ext])
+        n = int(ctx_ext.sum())
+        skip = np.cumsum(lens[:n_ext] - ctx_ext) - (lens[:n_ext] - ctx_ext)  # ids before a request's, not read
+        ext_prefix = full[np.repeat(skip, ctx_ext) + np.arange(n)] if n else _EMPTY
+    else:
+        ctx_ext, ext_prefix = lens[:0], _EMPTY
+    big["ext"] = _storage(ext_prefix, ctx_ext, ext_reqs, ps, small)
+    # decode: every request outside a prefix pass reads its whole context
+    dec_lens = lens[n_ext:]
+    big["dec"] = _storage(full[n_full_ext:], dec_lens, dec_rows, ps, small)
+    passes = []
+    for n, (key, rows) in enumerate(zip(pass_keys, rows_of_pass)):
         groups = by_pass[key]
-        members = [i for g, _ in groups for i in g.members]
-        shape = PassShape(path=key[0], slab=key[1], rows=bucket_n(len(members)), groups=bucket_n(len(groups)),
+        sizes = [f.size for _, f in groups]
+        shape = PassShape(path=key[0], slab=key[1], rows=rows, groups=bucket_n(len(groups)),
                           max_group=bucket_n(max(len(g.members) for g, _ in groups)),
-                          max_prefix=bucket_l(max(f.size for _, f in groups)),
-                          mean_prefix=bucket_l(_mean(f.size for _, f in groups)))
+                          max_prefix=bucket_l(max(sizes)), mean_prefix=bucket_l(_mean(sizes)))
         passes.append(shape)
-        region(members, shape.rows, next_sample)
-        next_sample += shape.rows
-        small.append(_csr_ptr([len(g.members) for g, _ in groups], shape.groups))
-        firsts = [f for _, f in groups]
+        small.append(_ptr([len(g.members) for g, _ in groups], shape.groups))
         if key[1]:
-            small += [_pad([f.start for f in firsts], shape.groups, 0), _pad([f.size for f in firsts], shape.groups, 0)]
+            small += [_pad([f.start for _, f in groups], shape.groups), _pad(sizes, shape.groups)]
         else:
-            small.append(_csr_ptr([f.size for f in firsts], shape.groups))
-            big[f"pass{n}"] = _cat([f.ids for f in firsts])
-        suffix += [suffix_of[i] for g, _ in groups for i in g.members]
-        suffix += [np.empty(0, np.int64)] * (shape.rows - len(members))
-    grouped_rows = sum(p.rows for p in passes)
-    small.append(_csr_ptr([s.size for s in suffix], grouped_rows))
-    big["suffix"] = _cat(suffix)
+            small.append(_ptr(sizes, shape.groups))
+            big[f"pass{n}"] = _cat([f.ids for _, f in groups])
+    small.append(_ptr(suffix_lens, sum(rows_of_pass)))
+    big["suffix"] = suffix
 
     shape = StepShape(
         page_size=ps, ext_rows=ext_rows, ext_reqs=ext_reqs, ext_max_qo=bucket_n(max(ext_sizes, default=0)),
-        dec_rows=dec_rows, dec_max_kv=bucket_l(max((s.size for s in dec_kv), default=0)),
-        dec_mean_kv=bucket_l(_mean(s.size for s in dec_kv)), passes=tuple(passes),
-        suffix_max_kv=bucket_l(max((s.size for s in suffix), default=0)),
-        suffix_mean_kv=bucket_l(_mean(s.size for s in suffix_of.values())))
+        dec_rows=dec_rows, dec_max_kv=bucket_l(max(full_lens[n_ext:], default=0)),
+        dec_mean_kv=bucket_l(_mean(full_lens[n_ext:])), passes=tuple(passes),
+        suffix_max_kv=bucket_l(max(suffix_lens, default=0)), suffix_mean_kv=bucket_l(_mean(suffix_len.values())))
     # sampled rows: each extend request's last row, then every other row
-    last = _pad(small[0][1: len(ext) + 1] - 1, ext_reqs, 0)
-    sample = np.concatenate([last, np.arange(ext_rows, shape.num_rows)])
-    tokens, positions, new_slots = (np.concatenate(a) for a in (tokens, positions, new_slots))
-    small = [tokens, positions, new_slots, sample] + small
-    return HostStep(shape, [a.astype(np.int32) for a in small], {k: v.astype(np.int32) for k, v in big.items()},
-                    sample_of)
+    last = _pad(small[0][1: n_ext + 1] - 1, ext_reqs)
+    sample = np.concatenate([last, np.arange(ext_rows, num_rows, dtype=np.int32)])
+    return HostStep(shape, [tokens, positions, new_slots, sample] + small,
+                    {k: v.astype(np.int32) for k, v in big.items()}, sample_of)

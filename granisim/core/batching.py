@@ -68,10 +68,12 @@ class BatchBuilder:
                            m_sat=self.m_sat, path_chooser=self.path_chooser, private=private,
                            allow_paged=allow_paged)
 
-    def build(self, work, alloc, step_id: int, *, decode: list | None = None, rids: list | None = None) -> BatchPlan:
+    def build(self, work, alloc, step_id: int, *, decode: list | None = None, rids: list | None = None,
+              ctx: list | None = None) -> BatchPlan:
         """``work``: (request, new tokens, their slots) per request, in scheduling order. ``decode`` (with
-        their ``rids``), when given: the decoding requests of ``work``, which are its first rows (one new
-        token each); every later row is not decoding (the scheduler's order)."""
+        their ``rids`` and their ``ctx``, ``computed`` of each), when given: the decoding requests of
+        ``work``, which are its first rows (one new token each); every later row is not decoding (the
+        scheduler's order)."""
         members: dict[int, list[int]] = {}  # group node id -> indices into work
         if decode is None:
             grouped = [(i, r.group) for i, (r, n, _) in enumerate(work) if r.decoding]
@@ -118,7 +120,8 @@ class BatchBuilder:
                                        [not r.decoding for r in rs], group_of, shared_of)
             else:  # decode rows: known ids, one token each, not prefill; the rest are prefill rows
                 nd, rest = len(decode), work[len(decode):]
-                ctx = [r.computed for r in decode]
+                if ctx is None:
+                    ctx = [r.computed for r in decode]
                 if rest:
                     reqs = PlannedRequests(rids + [w[0].rid for w in rest], ctx + [w[0].computed for w in rest],
                                            [1] * nd + [w[1] for w in rest], [False] * nd + [True] * len(rest),

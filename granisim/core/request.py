@@ -29,6 +29,17 @@ def stand_in_token(rid: int, generated: int) -> int:
     return (rid * 7919 + generated * 104729 + 17) % VOCAB
 
 
+class DecodeClock:
+    """Plain decode steps counted once for many requests: a request on the clock (``Request._clock``)
+    has taken one decode step (one token computed, held and generated) per step the clock counted
+    since it joined (granisim.core.decode_batch)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self):
+        self.now = 0
+
+
 class Request:
     """Mutable runtime state. ``tokens`` = prompt + outputs so far (``n_tokens`` of them);
     ``computed`` of them have K/V in the cache (the last sampled token is fed in the next
@@ -42,9 +53,9 @@ class Request:
     simulator's synthetic outputs, :func:`stand_in_tokens`) are only counted, and computed
     from their positions when ``tokens`` is next read."""
 
-    __slots__ = ("spec", "rid", "_buf", "_suffix", "_pending", "n_tokens", "prompt_len", "computed", "generated",
+    __slots__ = ("spec", "rid", "_buf", "_suffix", "_pending", "_n_tokens", "prompt_len", "_computed", "_generated",
                  "admitted_s", "first_token_s", "preemptions", "cached_at_admit", "admit_order", "decoding",
-                 "prefix_cached", "group", "output_len", "_flushed")
+                 "prefix_cached", "group", "output_len", "_flushed", "_clock", "_at")
 
     def __init__(self, spec: RequestSpec):
         self.spec = spec
@@ -58,9 +69,13 @@ class Request:
         self._pending: list[int] = []
         self._flushed = self.prompt_len
         self.output_len = spec.output_len
-        self.n_tokens = self.prompt_len
-        self.computed = 0
-        self.generated = 0
+        self._n_tokens = self.prompt_len
+        self._computed = 0
+        self._generated = 0
+        # on a DecodeClock (a decoding request of a scheduler, granisim.core.decode_batch): the counters
+        # above lag the clock's steps since ``_at``, each step one more token computed, held and generated
+        self._clock: DecodeClock | None = None
+        self._at = 0
         self.admitted_s: float | None = None
         self.first_token_s: float | None = None
         self.preemptions = 0
@@ -69,6 +84,51 @@ class Request:
         self.decoding = False  # all held tokens but the last sampled one have K/V
         self.prefix_cached = False  # its declared shared prefix is in the radix index
         self.group: tuple[int, int, str] | None = None  # the allocator's prefix group, while running
+
+    def _sync(self) -> None:
+        """Catch the counters up with the clock (one decode step per clock step since ``_at``)."""
+        d = self._clock.now - self._at
+        if d:
+            self._computed += d
+            self._n_tokens += d
+            self._generated += d
+            self._at += d
+
+    @property
+    def computed(self) -> int:
+        if self._clock is not None:
+            self._sync()
+        return self._computed
+
+    @computed.setter
+    def computed(self, v: int) -> None:
+        if self._clock is not None:
+            self._sync()
+        self._computed = v
+
+    @property
+    def n_tokens(self) -> int:
+        if self._clock is not None:
+            self._sync()
+        return self._n_tokens
+
+    @n_tokens.setter
+    def n_tokens(self, v: int) -> None:
+        if self._clock is not None:
+            self._sync()
+        self._n_tokens = v
+
+    @property
+    def generated(self) -> int:
+        if self._clock is not None:
+            self._sync()
+        return self._generated
+
+    @generated.setter
+    def generated(self, v: int) -> None:
+        if self._clock is not None:
+            self._sync()
+        self._generated = v
 
     @property
     def tokens(self) -> np.ndarray:

@@ -31,6 +31,7 @@ import numpy as np
 from granisim.kv.allocator import KVAllocator
 from granisim.core.batching import BatchBuilder, PathChooser, StepPricer
 from granisim.core.contract import BatchPlan, StepResult
+from granisim.core.decode_batch import DecodeBatch
 from granisim.core.planned import columns
 from granisim.core.request import Request, RequestRecords
 from granisim.core.workload import RequestSpec
@@ -48,8 +49,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # admission order
         # the running requests split by ``decoding``, each in running order (so that a plan needs no pass
-        # over every running request to find them): kept by _admit, _preempt, _finish and postprocess
-        self._decoding: dict[int, Request] = {}
+        # over every running request to find them): kept by _admit, _preempt, _finish and postprocess; the
+        # decoding ones take their plain decode steps together (DecodeBatch)
+        self._decoding = DecodeBatch()
         self._prefilling: dict[int, Request] = {}
         self.records = RequestRecords()  # finished and rejected requests, as columns
         self.step_id = 0
@@ -117,7 +119,7 @@ class Scheduler:
         if self.batch.needs_layouts:  # the executor writes K/V: it needs the slot ids
             work.extend(zip(decode, repeat(1), alloc.extend_all(rids, 1)))
         elif decode:
-            alloc.grow(rids, 1)
+            alloc.grow_tracked(rids, 1)  # the decoding requests are the allocator's tracked ones
             work.extend(zip(decode, repeat(1), repeat(None)))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
@@ -156,7 +158,8 @@ class Scheduler:
                 return self.schedule(now)
             return None
         self.step_id += 1
-        plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids)
+        plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids,
+                                ctx=self._decoding.contexts() if decode and not self.batch.needs_layouts else None)
         # a decode-only plan: fast_forward_limit / extend_plan reuse its requests and ids
         self._decode_plan = (plan, decode, rids) if len(work) == len(decode) else None
         self._plan_rows = (plan.requests, decode)
@@ -180,10 +183,12 @@ class Scheduler:
         return int(self.cfg.new_token_ratio * q.remaining_output) + (q.n_tokens - q.computed)
 
     def _outstanding(self) -> int:
-        """``sum(self._reserve_of(q) for q in self.running.values())``, inlined (one pass per plan)."""
+        """``sum(self._reserve_of(q) for q in self.running.values())``: the decoding requests on the clock
+        from its arrays, the others (prefilling, or decoding that caches its prefix) one by one."""
         ratio = self.cfg.new_token_ratio
-        return sum([int(ratio * (q.output_len - q.generated)) + (q.n_tokens - q.computed)
-                    for q in self.running.values()])
+        others = [*self._prefilling.values(), *self._decoding.special.values()]
+        return self._decoding.outstanding(ratio) + sum([
+            int(ratio * (q.output_len - q.generated)) + (q.n_tokens - q.computed) for q in others])
 
     def _admit(self, r: Request, now: float, outstanding: int) -> bool:
         tokens = r.tokens[: r.n_tokens]
@@ -221,7 +226,7 @@ class Scheduler:
         self.alloc.release(r.rid)
         del self.running[r.rid]
         if r.decoding:
-            del self._decoding[r.rid]
+            self._decoding.leave(r)
         else:
             del self._prefilling[r.rid]
         key = (r.spec.role, r.spec.shared_len)
@@ -245,15 +250,15 @@ class Scheduler:
         if not self.cfg.fast_forward:
             return 1
         last = self._decode_plan
-        if last is not None and last[0] is plan:
-            decode, rids = last[1], last[2]
+        if last is not None and last[0] is plan:  # every decoding request, one token each
+            rids = last[2]
+            k = self._decoding.min_remaining()
         else:
             cols = columns(plan.requests)
             if True in cols.is_prefill:
                 return 1
             rids = cols.rid
-            decode = [self.running[rid] for rid in rids]
-        k = min([r.output_len - r.generated for r in decode])
+            k = min([self.running[rid].remaining_output for rid in rids])
         k = min(k, max(1, self.alloc.available() // max(1, len(rids)) - self.alloc.page_size))
         while k > 1 and not self.alloc.can_grow(rids, k - 1):
             k //= 2
@@ -262,9 +267,12 @@ class Scheduler:
     def extend_plan(self, plan: BatchPlan, steps: int) -> None:
         """Allocate the K/V slots of steps 2..``steps`` of a fast-forwarded decode plan."""
         last = self._decode_plan
-        rids = last[2] if last is not None and last[0] is plan else columns(plan.requests).rid
+        mine = last is not None and last[0] is plan  # its rows are every decoding request
+        rids = last[2] if mine else columns(plan.requests).rid
         if self.batch.needs_layouts:
             self.alloc.extend_all(rids, steps - 1)
+        elif mine:
+            self.alloc.grow_tracked(rids, steps - 1)
         else:
             self.alloc.grow(rids, steps - 1)
 
@@ -277,23 +285,26 @@ class Scheduler:
         rids, num_new = cols.rid, cols.num_new
         last = self._plan_rows
         if real is None and last is not None and last[0] is plan.requests:
-            # this scheduler's last plan: its first rows are these decoding requests, one token each
-            decode = last[1]
-            for r in decode:
-                if r.prefix_cached or not r.spec.shared_len:  # a decode step: nothing else changes
-                    r.computed += steps
-                    r.n_tokens += steps  # r.advance(steps), inlined
-                    r.generated += steps
-                    if r.generated >= r.output_len:
-                        self._finish(r, now)
-                        done.append(r)
-                else:
+            # this scheduler's last plan: its first rows are the decoding requests, one token each: those
+            # on the clock take their steps at once; the special ones and the finishers, in running order
+            decode, batch = last[1], self._decoding
+            special = list(batch.special.values())
+            due = batch.advance(steps)
+            if special:
+                due = sorted(due + special, key=_admit_order)
+            for r in due:
+                if r._clock is None:  # special: the step also caches its prefix
                     self._apply(r, 1, steps, None, now, done)
+                else:
+                    self._finish(r, now)
+                    done.append(r)
             if len(decode) == len(rids):
                 return done
-            rows = zip(rids[len(decode):], num_new[len(decode):])
+            rows = zip(rids[len(decode):], num_new[len(decode):])  # prefill rows: none is decoding
+            stepped = False
         else:
             rows = zip(rids, num_new)
+            stepped = True
         running = self.running
         for rid, n in rows:
             r = running[rid]
@@ -309,6 +320,8 @@ class Scheduler:
                     done.append(r)
                 continue
             self._apply(r, n, steps, real, now, done)
+        if stepped and self._decoding:  # decoding requests' counters changed one by one
+            self._decoding.rebuild()
         return done
 
     def _apply(self, r: Request, num_new: int, steps: int, real, now: float, done: list[Request]) -> None:
@@ -338,18 +351,22 @@ class Scheduler:
         if r.generated >= r.output_len:
             self._finish(r, now)
             done.append(r)
+        elif r.prefix_cached and r.rid in self._decoding.special:  # its prefix is cached: on the clock now
+            self._decoding.promote(r)
 
     def _start_decoding(self, r: Request) -> None:
         """Move ``r`` (its ``decoding`` just set) from _prefilling to _decoding, keeping running order."""
         del self._prefilling[r.rid]
-        dec = self._decoding
-        if not dec or next(reversed(dec.values())).admit_order < r.admit_order:
-            dec[r.rid] = r
-        else:  # an earlier-admitted request decodes after it: rebuild in running order
-            self._decoding = {rid: q for rid, q in self.running.items() if q.decoding}
+        self._decoding.join(r)
+        if not self.batch.needs_layouts:  # its decode slots are counted with the others' (grow_tracked)
+            self.alloc.track(r.rid)
 
     def _finish(self, r: Request, now: float) -> None:
+        self._decoding.leave(r)  # a request finishes decoding
         self.alloc.release(r.rid, r.tokens[: r.computed])
         del self.running[r.rid]
-        del self._decoding[r.rid]  # a request finishes decoding
         self.records.add_completed(r.spec, r, now)
+
+
+def _admit_order(r: Request) -> int:
+    return r.admit_order

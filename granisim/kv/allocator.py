@@ -51,7 +51,7 @@ from granisim.kv.layout import AllocatorStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
 from granisim.kv.protocol import CachedRun
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode
-from granisim.kv.sequence import Requests, _Seq, path_slots
+from granisim.kv.sequence import GrowthClock, Requests, _Seq, path_slots
 from granisim.kv.stores import PageStore, TokenStore
 from granisim.kv.views import AllocatorViews, prefix_group_of
 
@@ -117,6 +117,9 @@ class KVAllocator:
         self._filling: dict[int, _Seq] = {}
         # grow() may count decode slots without picking their ids (a fixed COLD / token pool)
         self._owing = type(self.store.pool) is ColdPool
+        # requests that grow_tracked() extends together (a scheduler's decoding requests), on one clock
+        self._growth = GrowthClock()
+        self._tracked: dict[int, _Seq] = {}
 
     # ---- admission ------------------------------------------------------------------------
     def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0) -> bool:
@@ -255,19 +258,46 @@ class KVAllocator:
         if n <= 0 or not rids or not self._owing or not self._uniform_ids(rids):
             self.extend_all(rids, n)
             return
-        total = n * len(rids)
-        store = self.store
-        if total > store.free:
-            self.eviction.evict(store.name, total - store.free)
-            if total > store.free:
-                raise OutOfKVMemory(f"{len(rids)} requests need {total} {store.name} slots, {store.free} free")
-        pool = store.pool
-        pool.owe(total)
+        self._owe(len(rids), n * len(rids))
         live = self.requests._seqs
         for rid in rids:
             q = live[rid]
             q.owed += n
             q.n_new += n
+
+    def track(self, rid: int) -> None:
+        """``rid`` joins the tracked requests (see ``grow_tracked``)."""
+        q = self.requests.get(rid)
+        if q._growth is not None:
+            raise ValueError(f"request {rid} is already tracked")
+        q._growth, q._gat = self._growth, self._growth.now
+        self._tracked[rid] = q
+
+    def untrack(self, rid: int) -> None:
+        """``rid`` leaves the tracked requests (a released request leaves them too)."""
+        q = self._tracked.pop(rid)
+        q.sync()
+        q._growth = None
+
+    def grow_tracked(self, rids: list[int], n: int) -> None:
+        """``grow(rids, n)`` where ``rids`` are the tracked requests (in the order ``grow`` would take
+        them): while slots are only counted, once for all of them (each catches up when read)."""
+        if len(rids) != len(self._tracked):
+            raise ValueError(f"grow_tracked: {len(rids)} requests given, {len(self._tracked)} tracked")
+        if n <= 0 or not rids or not self._owing or not self._uniform_ids(rids):
+            self.extend_all(rids, n)
+            return
+        self._owe(len(rids), n * len(rids))
+        self._growth.now += n
+
+    def _owe(self, requests: int, total: int) -> None:
+        """Count ``total`` pool slots as taken (evicting first if short); their ids are picked later."""
+        store = self.store
+        if total > store.free:
+            self.eviction.evict(store.name, total - store.free)
+            if total > store.free:
+                raise OutOfKVMemory(f"{requests} requests need {total} {store.name} slots, {store.free} free")
+        store.pool.owe(total)
 
     def settle(self) -> None:
         """Pick the ids of every owed slot (before reading the pools' free slots)."""
@@ -369,6 +399,8 @@ class KVAllocator:
         """End a request. With ``tokens`` (finished), cache its computed tokens first;
         without (preempted / aborted), just free its private slots."""
         seq = self.requests.get(rid)
+        if seq._growth is not None:
+            self.untrack(rid)
         if tokens is not None:
             tokens = np.asarray(tokens, TOKEN_DTYPE)[: seq.num_tokens]
             if seq.slab is not None and seq.n_new < seq.slab_len:

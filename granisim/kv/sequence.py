@@ -37,15 +37,27 @@ def _is_run(slots: np.ndarray) -> bool:
     return bool(slots.size) and bool((slots[1:] - slots[:-1] == 1).all())  # np.diff, without its wrapper
 
 
+class GrowthClock:
+    """Tokens added to every request of a tracked set at once (``KVAllocator.grow_tracked``): a tracked
+    ``_Seq`` has ``now - _gat`` more owed slots and new tokens than its own counters say."""
+
+    __slots__ = ("now",)
+
+    def __init__(self):
+        self.now = 0
+
+
 class _Seq:
     """A live request: tokens [0, cached_len) on a locked radix path, then an optional
     reserved HOT slab of slab_len tokens (filled first), then private slots priv[:n_priv].
 
     The last ``owed`` private slots may be counted but not yet picked (``KVAllocator.grow``): the
-    pool ``_owed_pool`` owes them, and reading ``priv`` picks them first."""
+    pool ``_owed_pool`` owes them, and reading ``priv`` picks them first. A tracked request
+    (``_growth``, a :class:`GrowthClock`) also has the clock's tokens since ``_gat`` in ``owed`` and
+    ``n_new``, counted in when either is read."""
 
-    __slots__ = ("rid", "node", "cached_len", "shared_len", "slab", "slab_len", "n_new", "group", "_buf", "_lo",
-                 "_hi", "owed", "_owed_pool")
+    __slots__ = ("rid", "node", "cached_len", "shared_len", "slab", "slab_len", "_n_new", "group", "_buf", "_lo",
+                 "_hi", "_owed", "_owed_pool", "_growth", "_gat")
 
     def __init__(self, rid: int, node: RadixNode, cached_len: int, shared_len: int):
         self.rid = rid
@@ -54,15 +66,49 @@ class _Seq:
         self.shared_len = shared_len
         self.slab: int | None = None
         self.slab_len = 0
-        self.n_new = 0  # tokens allocated beyond cached_len
+        self._n_new = 0  # tokens allocated beyond cached_len
         self.group: tuple[int, int, str] | None = None  # (node id, shared tokens, storage)
         # reserved private slots (paged: whole pages) are _buf[_lo:_hi]; the first push (a prompt's slots)
         # gets a buffer of its size, later ones grow it by doubling so that a decode step's append is O(1)
         # amortised (the cost executor's decode slots come in one push, at the end: see ``owed``)
         self._buf = _EMPTY
         self._lo = self._hi = 0
-        self.owed = 0
+        self._owed = 0
         self._owed_pool = None  # the ColdPool (owe / take_owed) that grow() may owe slots from
+        self._growth: GrowthClock | None = None
+        self._gat = 0
+
+    def sync(self) -> None:
+        """Count the growth clock's tokens since ``_gat`` in (owed slots, one new token each)."""
+        d = self._growth.now - self._gat
+        if d:
+            self._owed += d
+            self._n_new += d
+            self._gat += d
+
+    @property
+    def owed(self) -> int:
+        if self._growth is not None:
+            self.sync()
+        return self._owed
+
+    @owed.setter
+    def owed(self, v: int) -> None:
+        if self._growth is not None:
+            self.sync()
+        self._owed = v
+
+    @property
+    def n_new(self) -> int:
+        if self._growth is not None:
+            self.sync()
+        return self._n_new
+
+    @n_new.setter
+    def n_new(self, v: int) -> None:
+        if self._growth is not None:
+            self.sync()
+        self._n_new = v
 
     @property
     def priv(self) -> np.ndarray:

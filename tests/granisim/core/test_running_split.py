@@ -68,6 +68,7 @@ def test_a_prefill_completing_out_of_admission_order_keeps_running_order():
         for i in range(rng.randrange(2, 9)):
             r = Request(RequestSpec(i, 0.0, np.empty(0, np.int32), np.arange(5, dtype=np.int32), 3, 0))
             r.admit_order = i
+            s.alloc.admit(i, r.tokens[:5])  # a decoding request's slots are tracked by the allocator
             s.running[i] = s._prefilling[i] = r
             reqs.append(r)
         for r in rng.sample(reqs, len(reqs)):  # prefills complete in any order

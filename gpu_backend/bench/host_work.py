@@ -1,0 +1,141 @@
+"""The host work of the real engine's decode step, on this machine's CPU: building its metadata (`rows.build`,
+against the per-request construction it replaced, `rows_reference.build_reference`) and uploading it
+(`metadata.upload` into a `MetaArena`: pinned staging and host-to-device copies on a GPU, plain copies on a CPU).
+
+    .venv/bin/python -m gpu_backend.bench.host_work [--out out/host_work] [--policies granikv token paged16]
+        [--lp 16384] [--k 4] [--requests 64] [--device cpu|cuda]
+
+The plans are the engine's own: the speedup unit's burst (`granisim validation gpu-run speedup`: `requests`
+requests over `k` roles' `lp`-token prefixes on Llama-3.1-8B, `h200-engine`) run through the real scheduler and
+allocator, each step priced by the cost model; the decode-only steps with the whole burst decoding are timed
+(B = `requests`). Each plan is timed `--repeat` times over `--number` calls; per plan the median, then the median
+and range over the plans. No GPU needed (`--device cuda` times the upload through pinned memory as the engine
+does, host time only). Prints a table; writes OUT/host_work.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import timeit
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def burst_plans(policy: str, lp: int, k: int, requests: int, profile: str = "h200-engine"):
+    """(every plan of the speedup unit's burst as the engine would get them, KV slots of the engine's budget)."""
+    from granisim.core.serving_loop import ServingLoop
+    from granisim.costmodel.executor import for_setup
+    from granisim.experiments.run import prepare
+    from granisim.validation.gpu_runs import burst_scenario
+
+    setup = prepare(burst_scenario(policy, lp, k, requests, profile))
+    cost = for_setup(setup)
+
+    class Recorder:  # the engine's protocol (one step a plan, layouts), the cost model's prices
+        needs_layouts = True
+        max_steps_per_plan = 1
+
+        def __init__(self):
+            self.plans = []
+
+        def execute(self, plan):
+            self.plans.append(plan)
+            return cost.execute(plan)
+
+    rec = Recorder()
+    ServingLoop(setup, rec, progress=False).run()
+    return rec.plans, setup.kv_budget
+
+
+def _per_call_us(fn, number: int, repeat: int) -> float:
+    fn()
+    return statistics.median(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def measure(policy: str, args) -> dict:
+    import torch
+
+    from gpu_backend.executor import metadata, rows
+    from gpu_backend.executor.arena import MetaArena
+    from gpu_backend.executor.rows_reference import build_reference
+
+    plans, num_slots = burst_plans(policy, args.lp, args.k, args.requests)
+    full = [p for p in plans if len(p.requests) == args.requests and not any(r.is_prefill for r in p.requests)]
+    full = full[:: max(1, len(full) // args.plans)][: args.plans]
+    arena = MetaArena(torch.device(args.device))
+    old, new, up = [], [], []
+    for plan in full:
+        host = rows.build(plan, num_slots)
+        if not arena.fits(host):
+            arena.reserve(host)
+        old.append(_per_call_us(lambda: build_reference(plan, num_slots), args.number, args.repeat))
+        new.append(_per_call_us(lambda: rows.build(plan, num_slots), args.number, args.repeat))
+        up.append(_per_call_us(lambda: metadata.upload(host, arena), args.number, args.repeat))
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    host = rows.build(full[0], num_slots)
+    return {"policy": policy, "batch": args.requests, "plans": len(full), "decode_plans": len(plans),
+            "ids_uploaded": int(sum(a.size for a in host.small) + sum(a.size for a in host.big.values())),
+            "build_reference_us": _spread(old), "build_us": _spread(new), "upload_us": _spread(up),
+            "build_speedup": _spread([o / n for o, n in zip(old, new)])}
+
+
+def _cpu() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m gpu_backend.bench.host_work", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("out/host_work"))
+    ap.add_argument("--policies", nargs="+", default=["granikv", "token", "paged16"])
+    ap.add_argument("--lp", type=int, default=16384)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--plans", type=int, default=8, help="decode plans of the full batch timed (spread over the run)")
+    ap.add_argument("--number", type=int, default=50)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = ap.parse_args(argv)
+    rows = [measure(p, args) for p in args.policies]
+    import numpy as np
+    import torch
+
+    meta = {"cpu": _cpu(), "cores": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
+            "torch": torch.__version__, "device": args.device, "commit": _commit(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    print(f"host work of a decode step, B = {args.requests}, {args.k} roles x {args.lp} tokens ({meta['cpu']}); "
+          f"us per call, median over plans (min-max)")
+    print(f"{'policy':8} {'plans':>5} {'ids':>8} {'build before':>20} {'build now':>20} {'speedup':>8} "
+          f"{'upload (' + args.device + ')':>20}")
+    for r in rows:
+        f = lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"  # noqa: E731
+        print(f"{r['policy']:8} {r['plans']:5d} {r['ids_uploaded']:8d} {f(r['build_reference_us']):>20} "
+              f"{f(r['build_us']):>20} {r['build_speedup']['median']:7.2f}x {f(r['upload_us']):>20}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host_work.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"wrote {args.out / 'host_work.json'}")
+
+
+if __name__ == "__main__":
+    main()

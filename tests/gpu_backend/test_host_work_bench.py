@@ -1,0 +1,36 @@
+"""The host-work benchmarks' pure parts (no timing asserted): the CPU table's JSON, and the engine benchmark's
+earlier-commit loader."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gpu_backend.bench import engine_host, host_work  # noqa: E402
+from gpu_backend.executor import executor, rows  # noqa: E402
+
+EXECUTOR = Path(executor.__file__).parent
+
+
+def test_host_work_writes_one_row_per_policy(tmp_path):
+    host_work.main(["--out", str(tmp_path), "--policies", "granikv", "--lp", "512", "--k", "2", "--requests", "6",
+                    "--plans", "2", "--number", "1", "--repeat", "1"])
+    out = json.loads((tmp_path / "host_work.json").read_text())
+    (row,) = out["rows"]
+    assert row["policy"] == "granikv" and row["batch"] == 6 and 1 <= row["plans"] <= 2
+    assert row["build_us"]["n"] == row["build_reference_us"]["n"] == row["plans"]
+
+
+def test_the_earlier_executor_runs_on_its_own_host_path(tmp_path):
+    """`load_before` wires the loaded executor to the loaded rows/arena/metadata, not to the package's: a loaded
+    rows.build that is a different function object from the package's, and the package's own left alone."""
+    for name in engine_host.NAMES:
+        shutil.copy(EXECUTOR / f"{name}.py", tmp_path / f"{name}.py")
+    before = engine_host.load_before(tmp_path)
+    assert before.rows is not rows and before.rows.build is not rows.build
+    assert before.MetaArena.__module__ == "gpu_backend.executor._before_arena"
+    assert before.metadata.__name__ == "gpu_backend.executor._before_metadata"
+    assert executor.rows is rows  # the package's executor still builds with the package's rows

@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lp", type=int, default=16384)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--profile", default="h200-engine")
+    ap.add_argument("--profile", default="auto", help="the scenario's hardware profile (its KV budget; auto: "
+                    "h200-engine on an H200, h100-sxm on an H100)")
     ap.add_argument("--probe", action="store_true", help="one more repetition with host phases and replays alone")
     ap.add_argument("--probe-policies", nargs="+", default=["granikv"])
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no unit after this many seconds")
@@ -233,6 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     from granisim.validation.host_probe import probe as host_probe
 
     variants = {"before": load_before(args.before), "after": after}
+    if args.profile == "auto":
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+        args.profile = "h100-sxm" if "H100" in name else "h200-engine"
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.smoke else "cuda"
     meta = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "torch": torch.__version__,

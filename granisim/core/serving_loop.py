@@ -114,8 +114,11 @@ class ServingLoop:
         self.executor = executor
         self.progress = progress
         s = setup.scenario
+        host = host_tier_config(s, setup.model)
+        # COLD slot ids are read only by an executor that writes K/V and by a host tier's transfers
         self.allocator = make_allocator(s.policy.name, setup.kv_budget, hot_fraction=s.policy.hot_fraction,
-                                        page_size=s.policy.page_size, host=host_tier_config(s, setup.model))
+                                        page_size=s.policy.page_size, host=host,
+                                        slot_ids=executor.needs_layouts or host is not None)
         self.scheduler = Scheduler(s.scheduler, self.allocator, group_size=setup.model.group_size,
                                    m_sat=setup.m_sat, dispatch=s.policy.dispatch, path_chooser=setup.path_chooser,
                                    step_pricer=setup.step_pricer, needs_layouts=executor.needs_layouts)

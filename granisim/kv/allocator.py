@@ -39,7 +39,7 @@ import numbers
 
 import numpy as np
 
-from granisim.kv.cold_pool import ColdPool
+from granisim.kv.cold_pool import ColdPool, CountingColdPool
 from granisim.kv.counters import AllocatorCounters
 from granisim.kv.elastic import ElasticColdPool, ElasticHotPool
 from granisim.kv.eviction import Eviction
@@ -65,17 +65,20 @@ class OutOfKVMemory(RuntimeError):
     """Not enough free or evictable KV slots; the scheduler should have asked first."""
 
 
-def build_pools(policy: str, capacity: int, hot_fraction: float | str, page_size: int) -> tuple[HotPool | None, object]:
+def build_pools(policy: str, capacity: int, hot_fraction: float | str, page_size: int,
+                slot_ids: bool = True) -> tuple[HotPool | None, object]:
     """(HOT pool or None, private store) of a policy. ``granikv`` puts HOT at slots
     ``[0, b)`` and COLD at ``[b, capacity)``: ``b = int(capacity * hot_fraction)``, or 0 to
-    start with when adaptive (the boundary then moves, see :mod:`granisim.kv.hot_slabs`)."""
+    start with when adaptive (the boundary then moves, see :mod:`granisim.kv.hot_slabs`).
+    ``slot_ids=False``: a fixed COLD / token pool only counts its slots (CountingColdPool)."""
     if policy == "granikv" and hot_fraction == "adaptive":
         return ElasticHotPool(0, 0), TokenStore(ElasticColdPool(capacity, 0, name="cold"))
+    cold = ColdPool if slot_ids else CountingColdPool
     if policy == "granikv":
         hot_cap = int(capacity * hot_fraction)
-        return HotPool(hot_cap, 0), TokenStore(ColdPool(capacity - hot_cap, hot_cap, name="cold"))
+        return HotPool(hot_cap, 0), TokenStore(cold(capacity - hot_cap, hot_cap, name="cold"))
     if policy == "token":
-        return None, TokenStore(ColdPool(capacity, 0, name="token"))
+        return None, TokenStore(cold(capacity, 0, name="token"))
     return None, PageStore(PagedPool(capacity, page_size, 0))
 
 
@@ -84,7 +87,7 @@ class KVAllocator:
     ``can_extend``/``extend``, ``release``) over the parts listed in the module docstring."""
 
     def __init__(self, policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int = 16,
-                 demand_window: int = DEMAND_WINDOW, host: HostTierConfig | None = None):
+                 demand_window: int = DEMAND_WINDOW, host: HostTierConfig | None = None, slot_ids: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"unknown allocator policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
@@ -97,7 +100,9 @@ class KVAllocator:
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
         self.policy = policy
         self.capacity = int(capacity)
-        self.hot, self.store = build_pools(policy, self.capacity, hot_fraction, page_size)
+        if not slot_ids and host is not None:  # a host tier's transfers move runs of COLD ids
+            raise ValueError("a host tier needs the allocator's slot ids (slot_ids=True)")
+        self.hot, self.store = build_pools(policy, self.capacity, hot_fraction, page_size, slot_ids)
         self.page_size = self.store.page_size
         self.radix = RadixIndex(self.page_size, on_split=slab_splitter(self.hot) if self.hot is not None else None)
         self.requests = Requests()
@@ -116,7 +121,7 @@ class KVAllocator:
         # live requests with a HOT slab not yet filled (grow's fast-path test; may hold stale entries)
         self._filling: dict[int, _Seq] = {}
         # grow() may count decode slots without picking their ids (a fixed COLD / token pool)
-        self._owing = type(self.store.pool) is ColdPool
+        self._owing = type(self.store.pool) in (ColdPool, CountingColdPool)
         # requests that grow_tracked() extends together (a scheduler's decoding requests), on one clock
         self._growth = GrowthClock()
         self._tracked: dict[int, _Seq] = {}
@@ -499,17 +504,22 @@ class KVAllocator:
 
 
 def make_allocator(policy: str, capacity: int, *, hot_fraction: float | str = 0.2, page_size: int | None = None,
-                   demand_window: int = DEMAND_WINDOW, host: HostTierConfig | None = None) -> KVAllocator:
+                   demand_window: int = DEMAND_WINDOW, host: HostTierConfig | None = None,
+                   slot_ids: bool = True) -> KVAllocator:
     """``policy`` is ``granikv``, ``token``, ``paged`` or ``pagedN`` (e.g. ``paged16``).
 
     ``hot_fraction`` (``granikv`` only): a number sets the HOT/COLD split in
     :func:`build_pools`; ``"adaptive"`` gives :class:`granisim.kv.hot_slabs.HotSlabs` a
     :class:`granisim.kv.hot_demand.HotDemand` over ``demand_window`` admissions, and the
-    boundary moves in ``HotSlabs.can_place`` (grow) and ``HotSlabs.rebalance`` (shrink)."""
+    boundary moves in ``HotSlabs.can_place`` (grow) and ``HotSlabs.rebalance`` (shrink).
+    ``slot_ids=False`` (no host tier): COLD / token slots are counted, not named
+    (:class:`granisim.kv.cold_pool.CountingColdPool`): the same decisions, for a caller that reads no
+    COLD slot id."""
     if policy.startswith("paged") and policy != "paged":
         digits = policy[len("paged"):]
         if not digits.isdigit():
             raise ValueError(f"unknown allocator policy {policy!r}; use paged<N>, e.g. paged16")
         return KVAllocator("paged", capacity, page_size=int(digits), host=host)
     return KVAllocator(policy, capacity, hot_fraction=hot_fraction,
-                       page_size=16 if page_size is None else page_size, demand_window=demand_window, host=host)
+                       page_size=16 if page_size is None else page_size, demand_window=demand_window, host=host,
+                       slot_ids=slot_ids)

@@ -119,3 +119,45 @@ class ColdPool:
     def free_mask(self) -> np.ndarray:
         """Copy of the per-slot free flags (index = slot - slot_start)."""
         return self._is_free.copy()
+
+
+class CountingColdPool(ColdPool):
+    """A COLD pool that counts its slots without naming them: for a simulation in which nothing reads a
+    COLD slot id (the cost executor without a host tier: pricing reads only HOT slabs' addresses, and
+    only a host tier's transfers and the GPU executor's kernels read COLD ids). Every decision the
+    allocator makes depends on how many slots are free, never on which, so a run with this pool makes
+    the same decisions as one with :class:`ColdPool`; it skips picking, checking and stacking ids.
+
+    ``allocate`` hands out placeholder ids (a read-only view of one arange: the same ids to every
+    caller); ``free_slots`` checks only that no more than were taken come back. What needs real ids
+    (``free_mask``, hence the fuzzers' ownership checks) is refused."""
+
+    def __init__(self, capacity: int, slot_start: int = 0, name: str = "cold"):
+        if not isinstance(capacity, (int, np.integer)) or capacity < 0:
+            raise ValueError(f"{name} pool capacity must be an integer >= 0, got {capacity!r}")
+        if slot_start < 0:
+            raise ValueError(f"{name} pool slot_start must be >= 0, got {slot_start!r}")
+        self.name = name
+        self.capacity = int(capacity)
+        self.slot_start = int(slot_start)
+        self._top = self.capacity  # free slots (owed ones included)
+        self._owed = 0
+        self._ids = np.arange(slot_start, slot_start + capacity, dtype=SLOT_DTYPE)
+        self._ids.flags.writeable = False
+
+    def allocate(self, n: int) -> np.ndarray:
+        if n < 0:
+            raise ValueError(f"{self.name}: cannot allocate a negative number of slots ({n})")
+        if n > self._top - self._owed:
+            raise ValueError(f"{self.name}: asked for {n} slots, only {self.free} free")
+        self._top -= n
+        return self._ids[:n]
+
+    def free_slots(self, slots: np.ndarray) -> None:
+        n = len(slots)
+        if self._top + n > self.capacity:
+            raise ValueError(f"{self.name}: {n} slots freed, only {self.capacity - self._top} taken (double free)")
+        self._top += n
+
+    def free_mask(self) -> np.ndarray:
+        raise ValueError(f"{self.name}: a counting pool names no free slots (build the allocator with slot ids)")

@@ -115,3 +115,27 @@ def test_ids_below_or_above_the_pool_are_not_in_it_even_when_every_slot_is_taken
         with pytest.raises(ValueError, match=rf"{bad}.*not in this pool"):
             pool.free_slots(np.array([bad]))
         assert snapshot(pool) == before
+
+
+# ---- the counting pool (cost executor: COLD ids are never read) -------------------------------------
+def test_counting_pool_counts_as_the_named_pool_does():
+    """The same allocate / owe / free sequence leaves the same counts; a free of more than was taken is
+    refused (double free), and what needs real ids is refused rather than answered wrongly."""
+    from granisim.kv.cold_pool import CountingColdPool
+
+    named, counted = ColdPool(50, slot_start=7), CountingColdPool(50, slot_start=7)
+    for pool in (named, counted):
+        a = pool.allocate(20)
+        pool.owe(5)
+        pool.take_owed(3)
+        pool.free_slots(a[:12])
+    assert (named.free, named.used, named._owed) == (counted.free, counted.used, counted._owed) == (37, 13, 2)
+    assert counted.allocate(4).size == 4 and counted.free == 33
+    with pytest.raises(ValueError, match="double free"):
+        counted.free_slots(np.arange(20))
+    with pytest.raises(ValueError, match="only 33 free"):
+        counted.allocate(34)
+    with pytest.raises(ValueError, match="names no free slots"):
+        counted.free_mask()
+    with pytest.raises(ValueError):  # its placeholder ids are one shared array: never written
+        counted.allocate(2)[0] = 5

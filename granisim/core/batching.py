@@ -14,7 +14,7 @@ from itertools import repeat
 from dataclasses import dataclass, replace
 
 from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, batch_plan
-from granisim.core.planned import PlannedRequests
+from granisim.core.planned import DecodeContexts, PlannedRequests
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
 PathChooser = Callable[..., str]
@@ -71,9 +71,9 @@ class BatchBuilder:
     def build(self, work, alloc, step_id: int, *, decode: list | None = None, rids: list | None = None,
               ctx: list | None = None) -> BatchPlan:
         """``work``: (request, new tokens, their slots) per request, in scheduling order. ``decode`` (with
-        their ``rids`` and their ``ctx``, ``computed`` of each), when given: the decoding requests of
-        ``work``, which are its first rows (one new token each); every later row is not decoding (the
-        scheduler's order)."""
+        their ``rids`` and their contexts ``ctx``, a :class:`DecodeContexts`), when given: the decoding
+        requests of ``work``, which are its first rows (one new token each); every later row is not
+        decoding (the scheduler's order)."""
         members: dict[int, list[int]] = {}  # group node id -> indices into work
         if decode is None:
             grouped = [(i, r.group) for i, (r, n, _) in enumerate(work) if r.decoding]
@@ -120,14 +120,17 @@ class BatchBuilder:
                                        [not r.decoding for r in rs], group_of, shared_of)
             else:  # decode rows: known ids, one token each, not prefill; the rest are prefill rows
                 nd, rest = len(decode), work[len(decode):]
-                if ctx is None:
-                    ctx = [r.computed for r in decode]
+                if ctx is None and nd:
+                    c = [r.computed for r in decode]
+                    ctx = DecodeContexts(c, 0, sum(c), max(c))
+                later = [w[0].computed for w in rest]
                 if rest:
-                    reqs = PlannedRequests(rids + [w[0].rid for w in rest], ctx + [w[0].computed for w in rest],
-                                           [1] * nd + [w[1] for w in rest], [False] * nd + [True] * len(rest),
-                                           group_of, shared_of, n_decode=nd)
+                    reqs = PlannedRequests(rids + [w[0].rid for w in rest], later, [1] * nd + [w[1] for w in rest],
+                                           [False] * nd + [True] * len(rest), group_of, shared_of, n_decode=nd,
+                                           decode_contexts=ctx)
                 else:
-                    reqs = PlannedRequests(list(rids), ctx, [1] * nd, [False] * nd, group_of, shared_of, n_decode=nd)
+                    reqs = PlannedRequests(list(rids), later, [1] * nd, [False] * nd, group_of, shared_of,
+                                           n_decode=nd, decode_contexts=ctx)
         plan = batch_plan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups), tuple(alloc.take_copies()),
                           transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:

@@ -27,6 +27,7 @@ import heapq
 
 import numpy as np
 
+from granisim.core.planned import DecodeContexts
 from granisim.core.request import DecodeClock, Request
 
 
@@ -44,6 +45,8 @@ class DecodeBatch:
         self._reqs: dict[int, Request] = {}
         self._order: list[Request] = []  # the members in running order
         self._keys: list[int] = []  # computed - clock.now of each, in running order
+        self._ksum = 0
+        self._kmax: int | None = None  # None: to be found again (the largest key left)
         self.special: dict[int, Request] = {}  # members off the clock, in running order
         self._heap: list[tuple[int, int, Request]] = []  # (finish clock, admit_order, member on the clock)
         # members on the clock, each at a slot: their finish clocks and (n_tokens - computed) summed
@@ -73,6 +76,9 @@ class DecodeBatch:
         """``r`` (off any clock, its counters current) starts decoding; running order is admit_order."""
         order = self._order
         key = r.computed - self.clock.now
+        self._ksum += key
+        if not order or (self._kmax is not None and key > self._kmax):
+            self._kmax = key
         if not order or order[-1].admit_order < r.admit_order:
             self._reqs[r.rid] = r
             order.append(r)
@@ -99,7 +105,11 @@ class DecodeBatch:
         """``r`` stops decoding (finished or preempted); its counters are brought up to date."""
         rid = r.rid
         pos = self._order.index(r)
+        key = self._keys[pos]
         del self._reqs[rid], self._order[pos], self._keys[pos]
+        self._ksum -= key
+        if key == self._kmax:
+            self._kmax = None
         if self.special.pop(rid, None) is None:
             self._off_clock(r)
 
@@ -134,9 +144,11 @@ class DecodeBatch:
         return slot is not None and r.admit_order == order and self._fin[slot] == fin
 
     # ---- what plans read ------------------------------------------------------------------------
-    def contexts(self) -> list[int]:
-        """``[r.computed for r in self.values()]``."""
-        return list(map(self.clock.now.__add__, self._keys))
+    def contexts(self) -> DecodeContexts:
+        """``[r.computed for r in self.values()]`` as a :class:`DecodeContexts` (a snapshot)."""
+        if self._kmax is None:
+            self._kmax = max(self._keys, default=0)
+        return DecodeContexts(self._keys[:], self.clock.now, self._ksum, self._kmax)
 
     def advance(self, steps: int) -> list[Request]:
         """Every member on the clock takes ``steps`` decode steps; returns those that reached their
@@ -178,6 +190,7 @@ class DecodeBatch:
             r._sync()
             r._clock = None
         self._reqs, self._order, self._keys, self.special = {}, [], [], {}
+        self._ksum, self._kmax = 0, None
         self._heap, self._slot, self._slotted, self._held = [], {}, [], 0
         for r in members:
             self.join(r)

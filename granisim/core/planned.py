@@ -20,15 +20,35 @@ class PlannedRequests(Sequence):
 
     ``n_decode``, when not None, says how the rows are ordered (the batch builder's plans): rows
     ``0 .. n_decode - 1`` are decode rows (not prefill, one new token each) and every later row is a
-    prefill row, so readers need no pass to find them. It is not part of the sequence's value."""
+    prefill row, so readers need no pass to find them. It is not part of the sequence's value.
 
-    __slots__ = ("rid", "context_len", "num_new", "is_prefill", "group", "shared_len", "n_decode")
+    ``decode_contexts`` (with ``n_decode``): the decode rows' contexts as :class:`DecodeContexts`
+    instead of in ``context_len`` (which then holds the later rows' only): the column is built when
+    first read, and ``decode_sums`` gives their sum and maximum without it."""
+
+    __slots__ = ("rid", "_context_len", "num_new", "is_prefill", "group", "shared_len", "n_decode", "_decode")
 
     def __init__(self, rid: list[int], context_len: list[int], num_new: list[int], is_prefill: list[bool],
-                 group: list[int], shared_len: list[int], n_decode: int | None = None):
-        self.rid, self.context_len, self.num_new = rid, context_len, num_new
+                 group: list[int], shared_len: list[int], n_decode: int | None = None,
+                 decode_contexts: DecodeContexts | None = None):
+        self.rid, self._context_len, self.num_new = rid, context_len, num_new
         self.is_prefill, self.group, self.shared_len = is_prefill, group, shared_len
         self.n_decode = n_decode
+        self._decode = decode_contexts
+
+    @property
+    def context_len(self) -> list[int]:
+        d = self._decode
+        if d is not None:  # built on first read
+            self._context_len = d.tolist() + self._context_len
+            self._decode = None
+        return self._context_len
+
+    @property
+    def decode_sums(self) -> tuple[int, int] | None:
+        """(sum, max) of the decode rows' contexts when known without the column (else None)."""
+        d = self._decode
+        return (d.sum, d.max) if d is not None else None
 
     def __len__(self) -> int:
         return len(self.rid)
@@ -36,8 +56,13 @@ class PlannedRequests(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return tuple(self)[i]
-        return planned_request(self.rid[i], self.context_len[i], self.num_new[i], self.is_prefill[i],
-                               self.group[i], self.shared_len[i])
+        d = self._decode
+        if d is not None and i >= 0:  # a later row's context without building the decode rows' column
+            ctx = self._context_len[i - d.n] if i >= d.n else d.at(i)
+        else:
+            ctx = self.context_len[i]
+        return planned_request(self.rid[i], ctx, self.num_new[i], self.is_prefill[i], self.group[i],
+                               self.shared_len[i])
 
     def __iter__(self):
         return map(planned_request, self.rid, self.context_len, self.num_new, self.is_prefill, self.group,
@@ -59,6 +84,24 @@ class PlannedRequests(Sequence):
 
     def __repr__(self) -> str:
         return f"PlannedRequests({list(self)!r})"
+
+
+class DecodeContexts:
+    """The decode rows' contexts as ``keys[i] + now`` (a snapshot of the scheduler's keys), with their
+    sum and maximum (granisim.core.decode_batch)."""
+
+    __slots__ = ("keys", "now", "n", "sum", "max")
+
+    def __init__(self, keys: list[int], now: int, key_sum: int, key_max: int):
+        self.keys, self.now, self.n = keys, now, len(keys)
+        self.sum = key_sum + self.n * now
+        self.max = key_max + now
+
+    def at(self, i: int) -> int:
+        return self.keys[i] + self.now
+
+    def tolist(self) -> list[int]:
+        return list(map(self.now.__add__, self.keys))
 
 
 def columns(requests: Sequence[PlannedRequest]) -> PlannedRequests:

@@ -20,14 +20,18 @@ from .operators import BREAKDOWN_KEYS
 def _ungrouped_rows(cols):
     """(T, decode rows, their tokens read, their longest context, prefill row indices) of ungrouped
     rows, as sums over the columns; None when a non-prefill row computes other than one token."""
-    pre, nn, ctx = cols.is_prefill, cols.num_new, cols.context_len
+    pre, nn = cols.is_prefill, cols.num_new
     nd = getattr(cols, "n_decode", None)
     if nd is not None:  # decode rows first, one token each; then the prefill rows (the same sums)
         n = len(nn)
+        sums = cols.decode_sums if nd else (0, -1)  # (sum, max) of the decode rows' contexts, if known
+        if sums is None:
+            dec = cols.context_len[:nd]
+            sums = sum(dec), max(dec)
         if nd == n:
-            return n, n, sum(ctx) + n, max(ctx) + 1, []
-        dec = ctx[:nd]
-        return nd + sum(nn[nd:]), nd, sum(dec) + nd, max(dec) + 1 if dec else 0, list(range(nd, n))
+            return n, n, sums[0] + n, sums[1] + 1, []
+        return nd + sum(nn[nd:]), nd, sums[0] + nd, sums[1] + 1, list(range(nd, n))
+    ctx = cols.context_len
     pidx = list(compress(range(len(pre)), pre)) if True in pre else []
     n_dec = len(nn) - len(pidx)
     if nn.count(1) - sum(1 for i in pidx if nn[i] == 1) != n_dec:
@@ -131,7 +135,6 @@ class StepPricing:
         fresh = [True] * len(gpaged)  # a paged group's first member streams its prefix; the rest re-read it
         cols = columns(plan.requests)
         n_req = len(cols)
-        ctx_col = cols.context_len
         fast = _ungrouped_rows(cols) if n_req and not plan.groups else None
         sums = _grouped_rows(cols, plan.groups) if n_req and plan.groups else None
         if fast is not None:  # no groups: every decode row reads its whole context (the loop below, as sums)
@@ -140,7 +143,7 @@ class StepPricing:
             T, n_dec, tok, lmax, merge_rows, tok_s, lmax_s, pidx = sums
         else:
             pidx = []
-            for i, (ctx, nn, pre, g, s) in enumerate(zip(ctx_col, cols.num_new, cols.is_prefill, cols.group,
+            for i, (ctx, nn, pre, g, s) in enumerate(zip(cols.context_len, cols.num_new, cols.is_prefill, cols.group,
                                                          cols.shared_len)):
                 T += nn
                 if nn == 1 and not pre:

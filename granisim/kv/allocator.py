@@ -51,7 +51,7 @@ from granisim.kv.layout import AllocatorStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
 from granisim.kv.protocol import CachedRun
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode
-from granisim.kv.sequence import GrowthClock, Requests, _Seq, path_slots
+from granisim.kv.sequence import GrowthClock, Requests, _CountedSeq, _Seq, path_slots
 from granisim.kv.stores import PageStore, TokenStore
 from granisim.kv.views import AllocatorViews, prefix_group_of
 
@@ -160,7 +160,11 @@ class KVAllocator:
         self.counters.lookups += 1
         self.counters.hit_tokens += m.length
         self.counters.lookup_tokens += tokens.size
-        seq = _Seq(rid, m.node, m.length, shared_len)
+        pool = self.store.pool
+        if type(pool) is CountingColdPool:  # its slots are counted, not named
+            seq = _CountedSeq(rid, m.node, m.length, shared_len, pool._ids)
+        else:
+            seq = _Seq(rid, m.node, m.length, shared_len)
         if self._owing:
             seq._owed_pool = self.store.pool  # grow() may count its decode slots
         self.requests.add(seq)

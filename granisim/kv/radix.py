@@ -211,7 +211,10 @@ class RadixIndex:
         match = self._match_below(self.root if below is None else below, skip, tokens, now)
         node, pos = match.node, match.length
         if pos < tokens.size:
-            leaf = RadixNode(self._next_id, tokens[pos:].copy(), slots[pos - skip:].copy(), pool, node)
+            value = slots[pos - skip:]
+            if value.flags.writeable:  # a read-only array (a counting pool's placeholder ids) stays as it is
+                value = value.copy()
+            leaf = RadixNode(self._next_id, tokens[pos:].copy(), value, pool, node)
             self._next_id += 1
             self.num_nodes += 1
             leaf.last_access = self._tick()

@@ -143,6 +143,30 @@ class _Seq:
         return self.cached_len + self.n_new
 
 
+class _CountedSeq(_Seq):
+    """A ``_Seq`` whose private slots a counting pool (:class:`granisim.kv.cold_pool.CountingColdPool`)
+    only counts: it keeps how many it holds, not which, and its ``priv`` is that many placeholder ids
+    (a read-only view of the pool's, never copied)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, rid: int, node: RadixNode, cached_len: int, shared_len: int, ids: np.ndarray):
+        super().__init__(rid, node, cached_len, shared_len)
+        self._ids = ids
+
+    @property
+    def priv(self) -> np.ndarray:
+        if self.owed:
+            self.settle()
+        return self._ids[: self._hi]
+
+    def push(self, slots: np.ndarray) -> None:
+        self._hi += slots.size
+
+    def drop_front(self, k: int) -> None:
+        self._hi -= k
+
+
 class Requests:
     """Live requests by id, in admission order."""
 

@@ -43,7 +43,10 @@ def _check(batch: DecodeBatch, ref: list[Request], want: dict[int, tuple[int, in
     assert [r.rid for r in batch.values()] == [r.rid for r in ref]
     for r in ref:
         assert (r.computed, r.n_tokens, r.generated) == want[r.rid]
-    assert batch.contexts() == [want[r.rid][0] for r in ref]
+    ctx = batch.contexts()
+    assert ctx.tolist() == [want[r.rid][0] for r in ref]
+    if ref:
+        assert (ctx.sum, ctx.max) == (sum(ctx.tolist()), max(ctx.tolist()))
     left = [r.output_len - want[r.rid][2] for r in ref]
     assert batch.min_remaining() == (min(left) if left else None)
     plain = [r for r in ref if r.rid not in batch.special]
@@ -127,5 +130,5 @@ def test_rebuild_after_counters_changed_one_by_one():
     rs[0].n_tokens += 1
     rs[0].generated += 1
     batch.rebuild()
-    assert batch.contexts() == [r.prompt_len + i + 2 + (i == 0) for i, r in enumerate(rs)]
+    assert batch.contexts().tolist() == [r.prompt_len + i + 2 + (i == 0) for i, r in enumerate(rs)]
     assert batch.min_remaining() == 20 - (3 + 3)

@@ -10,7 +10,7 @@ kept. ``m_sat`` takes effect in :func:`choose_path`'s threshold rule: dense when
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import repeat
+from itertools import chain, repeat
 from dataclasses import dataclass, replace
 
 from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, batch_plan
@@ -69,17 +69,20 @@ class BatchBuilder:
                            allow_paged=allow_paged)
 
     def build(self, work, alloc, step_id: int, *, decode: list | None = None, rids: list | None = None,
-              ctx: list | None = None) -> BatchPlan:
-        """``work``: (request, new tokens, their slots) per request, in scheduling order. ``decode`` (with
-        their ``rids`` and their contexts ``ctx``, a :class:`DecodeContexts`), when given: the decoding
-        requests of ``work``, which are its first rows (one new token each); every later row is not
-        decoding (the scheduler's order)."""
-        members: dict[int, list[int]] = {}  # group node id -> indices into work
+              ctx: DecodeContexts | None = None, decode_slots: list | None = None,
+              any_group: bool = True) -> BatchPlan:
+        """``work``: (request, new tokens, their slots) per request, in scheduling order. With ``decode``:
+        the plan's first rows are these decoding requests (one new token each; their ``rids``, their
+        contexts ``ctx`` when known, their slots ``decode_slots`` when the executor needs layouts) and
+        ``work`` holds the rows after them, none decoding (the scheduler's order); ``any_group=False``
+        says that none of them has a prefix group."""
+        members: dict[int, list[int]] = {}  # group node id -> row indices
         if decode is None:
             grouped = [(i, r.group) for i, (r, n, _) in enumerate(work) if r.decoding]
+            first = [w[0] for w in work]  # the row's request, by row index (the rows that may group)
         else:
-            grp = [r.group for r in decode]
-            grouped = enumerate(grp) if grp.count(None) != len(grp) else ()
+            grouped = enumerate([r.group for r in decode]) if any_group else ()
+            first = decode
         for i, g in grouped:
             if g is not None:
                 idx = members.get(g[0])
@@ -87,17 +90,18 @@ class BatchBuilder:
                     members[g[0]] = [i]
                 else:
                     idx.append(i)
+        n_rows = len(work) + (len(decode) if decode is not None else 0)
         groups, private = [], []
-        group_of = shared_of = None  # per work index: its group (-1: none) and the group's prefix length
+        group_of = shared_of = None  # per row: its group (-1: none) and the group's prefix length
         for key, idx in members.items():
             if len(idx) < 2:
                 continue  # a lone request gains nothing from a prefix pass
-            _, prefix_len, storage = work[idx[-1]][0].group  # as the last member sees it
+            _, prefix_len, storage = first[idx[-1]].group  # as the last member sees it
             own = 0
             if self.dispatch == "auto":  # members' own tokens, on average (the chooser weighs re-reading)
-                own = sum(work[i][0].computed for i in idx) // len(idx) - prefix_len
+                own = sum(first[i].computed for i in idx) // len(idx) - prefix_len
             if group_of is None:
-                group_of, shared_of = [-1] * len(work), [0] * len(work)
+                group_of, shared_of = [-1] * n_rows, [0] * n_rows
             gno = len(groups)
             for i in idx:
                 group_of[i] = gno
@@ -108,25 +112,26 @@ class BatchBuilder:
         if self.needs_layouts:
             if group_of is None:
                 group_of, shared_of = repeat(-1), repeat(0)
+            rows = work if decode is None else chain(zip(decode, repeat(1), decode_slots), work)
             reqs = tuple(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, sh, slots,
                                         r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid))
-                         for (r, n, slots), g, sh in zip(work, group_of, shared_of))
+                         for (r, n, slots), g, sh in zip(rows, group_of, shared_of))
         else:  # columns, no PlannedRequest object per request per plan (they are built when read)
             if group_of is None:
-                group_of, shared_of = [-1] * len(work), [0] * len(work)
+                group_of, shared_of = [-1] * n_rows, [0] * n_rows
             if decode is None:
                 rs = [w[0] for w in work]
                 reqs = PlannedRequests([r.rid for r in rs], [r.computed for r in rs], [w[1] for w in work],
                                        [not r.decoding for r in rs], group_of, shared_of)
             else:  # decode rows: known ids, one token each, not prefill; the rest are prefill rows
-                nd, rest = len(decode), work[len(decode):]
+                nd = len(decode)
                 if ctx is None and nd:
                     c = [r.computed for r in decode]
                     ctx = DecodeContexts(c, 0, sum(c), max(c))
-                later = [w[0].computed for w in rest]
-                if rest:
-                    reqs = PlannedRequests(rids + [w[0].rid for w in rest], later, [1] * nd + [w[1] for w in rest],
-                                           [False] * nd + [True] * len(rest), group_of, shared_of, n_decode=nd,
+                later = [w[0].computed for w in work]
+                if work:
+                    reqs = PlannedRequests(rids + [w[0].rid for w in work], later, [1] * nd + [w[1] for w in work],
+                                           [False] * nd + [True] * len(work), group_of, shared_of, n_decode=nd,
                                            decode_contexts=ctx)
                 else:
                     reqs = PlannedRequests(list(rids), later, [1] * nd, [False] * nd, group_of, shared_of,

@@ -48,6 +48,7 @@ class DecodeBatch:
         self._ksum = 0
         self._kmax: int | None = None  # None: to be found again (the largest key left)
         self.special: dict[int, Request] = {}  # members off the clock, in running order
+        self._grouped: set[int] = set()  # members with a prefix group (``Request.group``)
         self._heap: list[tuple[int, int, Request]] = []  # (finish clock, admit_order, member on the clock)
         # members on the clock, each at a slot: their finish clocks and (n_tokens - computed) summed
         self._fin = np.empty(64, np.int64)
@@ -76,6 +77,8 @@ class DecodeBatch:
         """``r`` (off any clock, its counters current) starts decoding; running order is admit_order."""
         order = self._order
         key = r.computed - self.clock.now
+        if r.group is not None:
+            self._grouped.add(r.rid)
         self._ksum += key
         if not order or (self._kmax is not None and key > self._kmax):
             self._kmax = key
@@ -99,6 +102,8 @@ class DecodeBatch:
     def promote(self, r: Request) -> None:
         """A special member whose prefix is now cached goes on the clock."""
         del self.special[r.rid]
+        if r.group is not None:  # caching its prefix gave it a group
+            self._grouped.add(r.rid)
         self._on_clock(r)
 
     def leave(self, r: Request) -> None:
@@ -110,6 +115,7 @@ class DecodeBatch:
         self._ksum -= key
         if key == self._kmax:
             self._kmax = None
+        self._grouped.discard(rid)
         if self.special.pop(rid, None) is None:
             self._off_clock(r)
 
@@ -144,6 +150,11 @@ class DecodeBatch:
         return slot is not None and r.admit_order == order and self._fin[slot] == fin
 
     # ---- what plans read ------------------------------------------------------------------------
+    @property
+    def any_group(self) -> bool:
+        """Some member has a prefix group."""
+        return bool(self._grouped)
+
     def contexts(self) -> DecodeContexts:
         """``[r.computed for r in self.values()]`` as a :class:`DecodeContexts` (a snapshot)."""
         if self._kmax is None:
@@ -190,7 +201,7 @@ class DecodeBatch:
             r._sync()
             r._clock = None
         self._reqs, self._order, self._keys, self.special = {}, [], [], {}
-        self._ksum, self._kmax = 0, None
+        self._ksum, self._kmax, self._grouped = 0, None, set()
         self._heap, self._slot, self._slotted, self._held = [], {}, [], 0
         for r in members:
             self.join(r)

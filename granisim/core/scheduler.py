@@ -24,7 +24,6 @@ queue limit, are rejected, with the reason recorded.
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
 
 import numpy as np
 
@@ -108,7 +107,7 @@ class Scheduler:
     def schedule(self, now: float) -> BatchPlan | None:
         alloc, cfg = self.alloc, self.cfg
         alloc.rebalance()  # adaptive HOT moves its boundary here, between plans (else a no-op)
-        work: list[tuple[Request, int, np.ndarray]] = []
+        work: list[tuple[Request, int, np.ndarray]] = []  # the rows after the decode rows
         # (1) decodes: one token each, preempting until they all fit
         decode = list(self._decoding.values())
         rids = list(self._decoding)
@@ -116,11 +115,11 @@ class Scheduler:
             self._preempt(self._victim())  # a victim that was decoding leaves _decoding
             decode = list(self._decoding.values())
             rids = list(self._decoding)
+        decode_slots = None
         if self.batch.needs_layouts:  # the executor writes K/V: it needs the slot ids
-            work.extend(zip(decode, repeat(1), alloc.extend_all(rids, 1)))
+            decode_slots = alloc.extend_all(rids, 1)
         elif decode:
             alloc.grow_tracked(rids, 1)  # the decoding requests are the allocator's tracked ones
-            work.extend(zip(decode, repeat(1), repeat(None)))
         budget = cfg.max_batch_tokens - len(decode)
         # (2) chunked prefills in progress
         for r in list(self._prefilling.values()):
@@ -152,16 +151,18 @@ class Scheduler:
             budget -= n
             reserve += self._reserve_of(r) - n
         self.waiting.extendleft(reversed(skipped))
-        if not work:
+        if not work and not decode:
             if self.running:  # every running request is blocked: free memory for the oldest
                 self._preempt(self._victim())
                 return self.schedule(now)
             return None
         self.step_id += 1
-        plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids,
-                                ctx=self._decoding.contexts() if decode and not self.batch.needs_layouts else None)
+        batch = self._decoding
+        plan = self.batch.build(work, alloc, self.step_id, decode=decode, rids=rids, decode_slots=decode_slots,
+                                ctx=batch.contexts() if decode and not self.batch.needs_layouts else None,
+                                any_group=batch.any_group)
         # a decode-only plan: fast_forward_limit / extend_plan reuse its requests and ids
-        self._decode_plan = (plan, decode, rids) if len(work) == len(decode) else None
+        self._decode_plan = (plan, decode, rids) if not work else None
         self._plan_rows = (plan.requests, decode)
         return plan
 

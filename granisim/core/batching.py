@@ -13,8 +13,10 @@ from collections.abc import Callable
 from itertools import chain, repeat
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, batch_plan
-from granisim.core.planned import DecodeContexts, PlannedRequests
+from granisim.core.planned import DecodeContexts, PlannedRequests, group_columns
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
 PathChooser = Callable[..., str]
@@ -76,66 +78,57 @@ class BatchBuilder:
         contexts ``ctx`` when known, their slots ``decode_slots`` when the executor needs layouts) and
         ``work`` holds the rows after them, none decoding (the scheduler's order); ``any_group=False``
         says that none of them has a prefix group."""
-        members: dict[int, list[int]] = {}  # group node id -> row indices
-        if decode is None:
-            grouped = [(i, r.group) for i, (r, n, _) in enumerate(work) if r.decoding]
-            first = [w[0] for w in work]  # the row's request, by row index (the rows that may group)
-        else:
-            grouped = enumerate([r.group for r in decode]) if any_group else ()
-            first = decode
-        for i, g in grouped:
-            if g is not None:
-                idx = members.get(g[0])
-                if idx is None:
-                    members[g[0]] = [i]
-                else:
-                    idx.append(i)
         n_rows = len(work) + (len(decode) if decode is not None else 0)
-        groups, private = [], []
-        group_of = shared_of = None  # per row: its group (-1: none) and the group's prefix length
+        sums = None  # group node id -> (rows, context sum, longest context), when the batch kept them
+        if decode is None:
+            first = [w[0] for w in work]  # the row's request, by row index (the rows that may group)
+            members = _members((i, r.group) for i, r in enumerate(first) if r.decoding)
+        else:
+            first = decode
+            if not any_group:
+                members = {}
+            elif ctx is not None and ctx.groups is not None:
+                members, sums = _members_of(*ctx.groups)
+            else:
+                members = _members(enumerate([r.group for r in decode]))
+        groups, private, group_rows = [], [], []
         for key, idx in members.items():
             if len(idx) < 2:
                 continue  # a lone request gains nothing from a prefix pass
             _, prefix_len, storage = first[idx[-1]].group  # as the last member sees it
             own = 0
             if self.dispatch == "auto":  # members' own tokens, on average (the chooser weighs re-reading)
-                own = sum(first[i].computed for i in idx) // len(idx) - prefix_len
-            if group_of is None:
-                group_of, shared_of = [-1] * n_rows, [0] * n_rows
-            gno = len(groups)
-            for i in idx:
-                group_of[i] = gno
-                shared_of[i] = prefix_len
+                total = sums[key][1] if sums is not None else sum(first[i].computed for i in idx)
+                own = total // len(idx) - prefix_len
+            idx = tuple(idx)
+            group_rows.append((idx, prefix_len))
             groups.append(PrefixGroup(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
-                                      tuple(idx), len(idx) * self.group_size))
+                                      idx, len(idx) * self.group_size))
             private.append(own)
         if self.needs_layouts:
-            if group_of is None:
-                group_of, shared_of = repeat(-1), repeat(0)
+            group_of, shared_of = group_columns(n_rows, group_rows)
             rows = work if decode is None else chain(zip(decode, repeat(1), decode_slots), work)
             reqs = tuple(PlannedRequest(r.rid, r.computed, n, not r.decoding, g, sh, slots,
                                         r.tokens[r.computed : r.computed + n].copy(), alloc.layout(r.rid))
                          for (r, n, slots), g, sh in zip(rows, group_of, shared_of))
-        else:  # columns, no PlannedRequest object per request per plan (they are built when read)
-            if group_of is None:
-                group_of, shared_of = [-1] * n_rows, [0] * n_rows
-            if decode is None:
-                rs = [w[0] for w in work]
-                reqs = PlannedRequests([r.rid for r in rs], [r.computed for r in rs], [w[1] for w in work],
-                                       [not r.decoding for r in rs], group_of, shared_of)
-            else:  # decode rows: known ids, one token each, not prefill; the rest are prefill rows
-                nd = len(decode)
-                if ctx is None and nd:
-                    c = [r.computed for r in decode]
-                    ctx = DecodeContexts(c, 0, sum(c), max(c))
-                later = [w[0].computed for w in work]
-                if work:
-                    reqs = PlannedRequests(rids + [w[0].rid for w in work], later, [1] * nd + [w[1] for w in work],
-                                           [False] * nd + [True] * len(work), group_of, shared_of, n_decode=nd,
-                                           decode_contexts=ctx)
-                else:
-                    reqs = PlannedRequests(list(rids), later, [1] * nd, [False] * nd, group_of, shared_of,
-                                           n_decode=nd, decode_contexts=ctx)
+        elif decode is None:  # columns, no PlannedRequest object per request per plan (built when read)
+            rs = [w[0] for w in work]
+            reqs = PlannedRequests([r.rid for r in rs], [r.computed for r in rs], [w[1] for w in work],
+                                   [not r.decoding for r in rs], *group_columns(n_rows, group_rows))
+        else:  # decode rows: known ids, one token each, not prefill; the rest are prefill rows; the group
+            # and shared-prefix columns are built when read
+            nd = len(decode)
+            if ctx is None and nd:
+                c = [r.computed for r in decode]
+                ctx = DecodeContexts(c, 0, sum(c), max(c))
+            later = [w[0].computed for w in work]
+            if work:
+                reqs = PlannedRequests(rids + [w[0].rid for w in work], later, [1] * nd + [w[1] for w in work],
+                                       [False] * nd + [True] * len(work), None, None, n_decode=nd,
+                                       decode_contexts=ctx, group_rows=group_rows)
+            else:
+                reqs = PlannedRequests(list(rids), later, [1] * nd, [False] * nd, None, None, n_decode=nd,
+                                       decode_contexts=ctx, group_rows=group_rows)
         plan = batch_plan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups), tuple(alloc.take_copies()),
                           transfers=tuple(alloc.take_transfers()))
         if self.dispatch == "auto" and groups and self.step_pricer is not None:
@@ -159,3 +152,25 @@ class BatchBuilder:
             if s < best_s:
                 best, best_s = alt, s
         return best
+
+
+def _members(grouped) -> dict[int, list[int]]:
+    """group node id -> the row indices of its members, in order of first appearance, from (row, the
+    request's group or None) pairs."""
+    members: dict[int, list[int]] = {}
+    for i, g in grouped:
+        if g is not None:
+            idx = members.get(g[0])
+            if idx is None:
+                members[g[0]] = [i]
+            else:
+                idx.append(i)
+    return members
+
+
+def _members_of(row_groups: list[int], sums: dict) -> tuple[dict[int, list[int]], dict]:
+    """``_members`` of the groups with two members or more, from each row's group node id (-1: none) and
+    the groups' kept sums (granisim.core.decode_batch): one array comparison a group."""
+    a = np.array(row_groups)
+    found = sorted((int(p[0]), k, p) for k in sums if k >= 0 and sums[k][0] >= 2 for p in (np.flatnonzero(a == k),))
+    return {k: p.tolist() for _, k, p in found}, sums

@@ -7,7 +7,8 @@ one of its counters is read (:class:`~granisim.core.request.Request`'s propertie
 needs of the batch is kept as requests join (their first token) and leave (finish or preemption):
 
 * each member's context as ``computed - clock`` in running order (constant while it decodes: both
-  grow by one a step), so a plan's context column is one array addition;
+  grow by one a step), and its prefix group; per group (and for the members without one) the count,
+  sum and maximum of those keys, so a plan prices its decode rows without a pass over them;
 * when each member on the clock finishes (the clock value at which ``generated`` reaches
   ``output_len``), in a heap: a step's finishers are what it pops and the fast-forward limit is its
   top;
@@ -45,10 +46,9 @@ class DecodeBatch:
         self._reqs: dict[int, Request] = {}
         self._order: list[Request] = []  # the members in running order
         self._keys: list[int] = []  # computed - clock.now of each, in running order
-        self._ksum = 0
-        self._kmax: int | None = None  # None: to be found again (the largest key left)
+        self._gk: list[int] = []  # each one's prefix group node id (-1: none), in running order
+        self._stats: dict[int, list] = {}  # group node id (-1: none) -> [members, key sum, key max or None]
         self.special: dict[int, Request] = {}  # members off the clock, in running order
-        self._grouped: set[int] = set()  # members with a prefix group (``Request.group``)
         self._heap: list[tuple[int, int, Request]] = []  # (finish clock, admit_order, member on the clock)
         # members on the clock, each at a slot: their finish clocks and (n_tokens - computed) summed
         self._fin = np.empty(64, np.int64)
@@ -77,19 +77,18 @@ class DecodeBatch:
         """``r`` (off any clock, its counters current) starts decoding; running order is admit_order."""
         order = self._order
         key = r.computed - self.clock.now
-        if r.group is not None:
-            self._grouped.add(r.rid)
-        self._ksum += key
-        if not order or (self._kmax is not None and key > self._kmax):
-            self._kmax = key
+        g = _group_key(r)
+        self._count(g, key)
         if not order or order[-1].admit_order < r.admit_order:
             self._reqs[r.rid] = r
             order.append(r)
             self._keys.append(key)
+            self._gk.append(g)
         else:  # an earlier-admitted request decodes after a later one: insert it at its place
             pos = sum(1 for q in order if q.admit_order < r.admit_order)
             order.insert(pos, r)
             self._keys.insert(pos, key)
+            self._gk.insert(pos, g)
             self._reqs = {q.rid: q for q in order}
             if not _plain(r):
                 self.special = {q.rid: q for q in order if q.rid in self.special or q is r}
@@ -102,22 +101,48 @@ class DecodeBatch:
     def promote(self, r: Request) -> None:
         """A special member whose prefix is now cached goes on the clock."""
         del self.special[r.rid]
-        if r.group is not None:  # caching its prefix gave it a group
-            self._grouped.add(r.rid)
+        g = _group_key(r)
+        pos = self._order.index(r)
+        if g != self._gk[pos]:  # caching its prefix gave it a group
+            self._uncount(self._gk[pos], self._keys[pos])
+            self._count(g, self._keys[pos])
+            self._gk[pos] = g
         self._on_clock(r)
 
     def leave(self, r: Request) -> None:
         """``r`` stops decoding (finished or preempted); its counters are brought up to date."""
         rid = r.rid
         pos = self._order.index(r)
-        key = self._keys[pos]
-        del self._reqs[rid], self._order[pos], self._keys[pos]
-        self._ksum -= key
-        if key == self._kmax:
-            self._kmax = None
-        self._grouped.discard(rid)
+        self._uncount(self._gk[pos], self._keys[pos])
+        del self._reqs[rid], self._order[pos], self._keys[pos], self._gk[pos]
         if self.special.pop(rid, None) is None:
             self._off_clock(r)
+
+    def _count(self, g: int, key: int) -> None:
+        st = self._stats.get(g)
+        if st is None:
+            self._stats[g] = [1, key, key]
+        else:
+            st[0] += 1
+            st[1] += key
+            if st[2] is not None and key > st[2]:
+                st[2] = key
+
+    def _uncount(self, g: int, key: int) -> None:
+        st = self._stats[g]
+        if st[0] == 1:
+            del self._stats[g]
+            return
+        st[0] -= 1
+        st[1] -= key
+        if key == st[2]:
+            st[2] = None  # found again when next read
+
+    def _max(self, g: int) -> int:
+        st = self._stats[g]
+        if st[2] is None:
+            st[2] = max(k for k, h in zip(self._keys, self._gk) if h == g)
+        return st[2]
 
     def _on_clock(self, r: Request) -> None:
         now = self.clock.now
@@ -153,13 +178,17 @@ class DecodeBatch:
     @property
     def any_group(self) -> bool:
         """Some member has a prefix group."""
-        return bool(self._grouped)
+        return len(self._stats) > (-1 in self._stats)
 
     def contexts(self) -> DecodeContexts:
-        """``[r.computed for r in self.values()]`` as a :class:`DecodeContexts` (a snapshot)."""
-        if self._kmax is None:
-            self._kmax = max(self._keys, default=0)
-        return DecodeContexts(self._keys[:], self.clock.now, self._ksum, self._kmax)
+        """``[r.computed for r in self.values()]`` as a :class:`DecodeContexts` (a snapshot), with each
+        prefix group's member count, context sum and longest context when some member has a group."""
+        now, stats = self.clock.now, self._stats
+        by_group = {g: (st[0], st[1] + st[0] * now, self._max(g) + now) for g, st in stats.items()}
+        total = sum(st[1] for st in stats.values())
+        longest = max((v[2] for v in by_group.values()), default=now) - now
+        groups = (self._gk[:], by_group) if self.any_group else None
+        return DecodeContexts(self._keys[:], now, total, longest, groups)
 
     def advance(self, steps: int) -> list[Request]:
         """Every member on the clock takes ``steps`` decode steps; returns those that reached their
@@ -200,11 +229,14 @@ class DecodeBatch:
         for r in self._slotted:
             r._sync()
             r._clock = None
-        self._reqs, self._order, self._keys, self.special = {}, [], [], {}
-        self._ksum, self._kmax, self._grouped = 0, None, set()
+        self._reqs, self._order, self._keys, self._gk, self._stats, self.special = {}, [], [], [], {}, {}
         self._heap, self._slot, self._slotted, self._held = [], {}, [], 0
         for r in members:
             self.join(r)
 
 
 _add = np.add.reduce  # ndarray.sum without its Python wrapper
+
+
+def _group_key(r: Request) -> int:
+    return r.group[0] if r.group is not None else -1

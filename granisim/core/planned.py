@@ -22,33 +22,58 @@ class PlannedRequests(Sequence):
     ``0 .. n_decode - 1`` are decode rows (not prefill, one new token each) and every later row is a
     prefill row, so readers need no pass to find them. It is not part of the sequence's value.
 
-    ``decode_contexts`` (with ``n_decode``): the decode rows' contexts as :class:`DecodeContexts`
-    instead of in ``context_len`` (which then holds the later rows' only): the column is built when
-    first read, and ``decode_sums`` gives their sum and maximum without it."""
+    Two columns may come in a cheaper form and are built when first read: ``decode_contexts`` (with
+    ``n_decode``), the decode rows' contexts as :class:`DecodeContexts` (``context_len`` then holds the
+    later rows' only; ``decode_sums`` and ``decode_groups`` read its sums without the column); and
+    ``group_rows``, ``(row indices, prefix length)`` of each group in order, instead of ``group`` and
+    ``shared_len`` (None)."""
 
-    __slots__ = ("rid", "_context_len", "num_new", "is_prefill", "group", "shared_len", "n_decode", "_decode")
+    __slots__ = ("rid", "_context_len", "num_new", "is_prefill", "_group", "_shared_len", "n_decode", "_decode",
+                 "_later", "_group_rows")
 
     def __init__(self, rid: list[int], context_len: list[int], num_new: list[int], is_prefill: list[bool],
-                 group: list[int], shared_len: list[int], n_decode: int | None = None,
-                 decode_contexts: DecodeContexts | None = None):
-        self.rid, self._context_len, self.num_new = rid, context_len, num_new
-        self.is_prefill, self.group, self.shared_len = is_prefill, group, shared_len
+                 group: list[int] | None, shared_len: list[int] | None, n_decode: int | None = None,
+                 decode_contexts: DecodeContexts | None = None, group_rows: list | None = None):
+        self.rid, self.num_new, self.is_prefill = rid, num_new, is_prefill
+        self._group, self._shared_len, self._group_rows = group, shared_len, group_rows
         self.n_decode = n_decode
         self._decode = decode_contexts
+        self._context_len, self._later = (None, context_len) if decode_contexts is not None else (context_len, None)
 
     @property
     def context_len(self) -> list[int]:
-        d = self._decode
-        if d is not None:  # built on first read
-            self._context_len = d.tolist() + self._context_len
-            self._decode = None
-        return self._context_len
+        c = self._context_len
+        if c is None:  # built on first read
+            c = self._context_len = self._decode.tolist() + self._later
+        return c
+
+    @property
+    def group(self) -> list[int]:
+        if self._group is None:
+            self._fill_groups()
+        return self._group
+
+    @property
+    def shared_len(self) -> list[int]:
+        if self._shared_len is None:
+            self._fill_groups()
+        return self._shared_len
+
+    def _fill_groups(self) -> None:
+        self._group, self._shared_len = group_columns(len(self.rid), self._group_rows or ())
 
     @property
     def decode_sums(self) -> tuple[int, int] | None:
         """(sum, max) of the decode rows' contexts when known without the column (else None)."""
         d = self._decode
         return (d.sum, d.max) if d is not None else None
+
+    @property
+    def decode_groups(self) -> dict | None:
+        """{group node id or -1: (decode rows, their context sum, their longest context)} of the decode
+        rows when known without the columns (else None)."""
+        d = self._decode
+        return d.groups[1] if d is not None and d.groups is not None else None
 
     def __len__(self) -> int:
         return len(self.rid)
@@ -57,8 +82,8 @@ class PlannedRequests(Sequence):
         if isinstance(i, slice):
             return tuple(self)[i]
         d = self._decode
-        if d is not None and i >= 0:  # a later row's context without building the decode rows' column
-            ctx = self._context_len[i - d.n] if i >= d.n else d.at(i)
+        if self._context_len is None and i >= 0:  # a row's context without building the column
+            ctx = self._later[i - d.n] if i >= d.n else d.at(i)
         else:
             ctx = self.context_len[i]
         return planned_request(self.rid[i], ctx, self.num_new[i], self.is_prefill[i], self.group[i],
@@ -88,20 +113,33 @@ class PlannedRequests(Sequence):
 
 class DecodeContexts:
     """The decode rows' contexts as ``keys[i] + now`` (a snapshot of the scheduler's keys), with their
-    sum and maximum (granisim.core.decode_batch)."""
+    sum and maximum (granisim.core.decode_batch). ``groups``, when some row has a prefix group: (each
+    row's group node id or -1, {node id or -1: (rows, context sum, longest context)})."""
 
-    __slots__ = ("keys", "now", "n", "sum", "max")
+    __slots__ = ("keys", "now", "n", "sum", "max", "groups")
 
-    def __init__(self, keys: list[int], now: int, key_sum: int, key_max: int):
+    def __init__(self, keys: list[int], now: int, key_sum: int, key_max: int,
+                 groups: tuple[list[int], dict] | None = None):
         self.keys, self.now, self.n = keys, now, len(keys)
         self.sum = key_sum + self.n * now
         self.max = key_max + now
+        self.groups = groups
 
     def at(self, i: int) -> int:
         return self.keys[i] + self.now
 
     def tolist(self) -> list[int]:
         return list(map(self.now.__add__, self.keys))
+
+
+def group_columns(n_rows: int, group_rows) -> tuple[list[int], list[int]]:
+    """The group and shared-prefix columns of ``n_rows`` rows from each group's (row indices, prefix length)."""
+    group, shared = [-1] * n_rows, [0] * n_rows
+    for gno, (idx, prefix_len) in enumerate(group_rows):
+        for i in idx:
+            group[i] = gno
+            shared[i] = prefix_len
+    return group, shared
 
 
 def columns(requests: Sequence[PlannedRequest]) -> PlannedRequests:

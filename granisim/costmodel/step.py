@@ -50,6 +50,9 @@ def _grouped_rows(cols, groups):
     nd = getattr(cols, "n_decode", None)
     if nd is None or any(g.path == "paged" for g in groups):
         return None
+    kept = _kept_group_sums(cols, groups, nd)
+    if kept is not None:
+        return kept
     ctx, shared, nn = cols.context_len, cols.shared_len, cols.num_new
     n = len(nn)
     merge_rows = tok_s = lmax_s = member_ctx = 0
@@ -72,6 +75,31 @@ def _grouped_rows(cols, groups):
         lone = [c for c, g in zip(dec, cols.group) if g < 0]
         lmax = max(lone) + 1
     return nd + sum(nn[nd:]), nd, tok, lmax, merge_rows, tok_s, lmax_s, list(range(nd, n))
+
+
+def _kept_group_sums(cols, groups, nd: int):
+    """``_grouped_rows`` from the sums the scheduler's decode batch kept (``PlannedRequests.decode_groups``:
+    per group node id, its decode rows, their context sum and longest context; the plan's groups are its
+    groups of two rows or more, every other decode row reads its whole context); None without them."""
+    kept = cols.decode_groups
+    if kept is None:
+        return None
+    merge_rows = tok_s = lmax_s = member_ctx = 0
+    for g in groups:
+        rows, ctx_sum, ctx_max = kept.get(g.key, (0, 0, 0))
+        if rows != len(g.members) or rows < 2:  # not the batch's group: price row by row
+            return None
+        merge_rows += rows
+        member_ctx += ctx_sum
+        tok_s += ctx_sum - rows * g.prefix_len + rows  # each member's suffix tokens, plus one
+        lmax_s = max(lmax_s, ctx_max - g.prefix_len + 1)
+    tok = cols.decode_sums[0] - member_ctx + (nd - merge_rows) + tok_s
+    lmax = 0
+    if merge_rows != nd:  # the rows outside every group: their longest whole context
+        in_groups = {g.key for g in groups}
+        lmax = max(v[2] for k, v in kept.items() if k not in in_groups) + 1
+    nn = cols.num_new
+    return nd + sum(nn[nd:]), nd, tok, lmax, merge_rows, tok_s, lmax_s, list(range(nd, len(nn)))
 
 
 class StepPricing:

@@ -132,3 +132,33 @@ def test_rebuild_after_counters_changed_one_by_one():
     batch.rebuild()
     assert batch.contexts().tolist() == [r.prompt_len + i + 2 + (i == 0) for i, r in enumerate(rs)]
     assert batch.min_remaining() == 20 - (3 + 3)
+
+
+def test_kept_group_sums_price_as_the_rows_do(monkeypatch):
+    """Every plan of a multi-agent run (prefix groups forming and dissolving, lone decode rows, prefill
+    rows) gives the same integer sums from the decode batch's kept group sums as from its rows. Planted
+    bugs caught (each tried): a member's suffix counted without its one new token, the lone rows'
+    longest context taken over every group, a group's stale maximum not found again."""
+    from granisim.core.planned import PlannedRequests
+    from granisim.core.scheduler import Scheduler
+    from granisim.costmodel import step
+    from tests.granisim.simhelpers import run, small
+
+    seen = {"kept": 0}
+    build = Scheduler.schedule
+
+    def checked(s, now):
+        plan = build(s, now)
+        cols = plan.requests if plan is not None else None
+        if isinstance(cols, PlannedRequests) and plan.groups and cols.decode_groups is not None:
+            kept = step._kept_group_sums(cols, plan.groups, cols.n_decode)
+            rows = PlannedRequests(cols.rid, list(cols.context_len), cols.num_new, cols.is_prefill, cols.group,
+                                   cols.shared_len, n_decode=cols.n_decode)
+            assert kept == step._grouped_rows(rows, plan.groups)
+            seen["kept"] += kept is not None
+        return plan
+
+    monkeypatch.setattr(Scheduler, "schedule", checked)
+    run(small(**{"workload.roles": 4, "workload.num_requests": 120, "workload.rate": 40.0,
+                 "hardware.kv_budget_tokens": 30000}))
+    assert seen["kept"] > 50

@@ -193,16 +193,17 @@ class Scheduler:
 
     def _admit(self, r: Request, now: float, outstanding: int) -> bool:
         tokens = r.tokens[: r.n_tokens]
+        prefix = r.spec.prefix  # the prompt starts with it: its role's cached nodes need no second look
         reserve = outstanding + int(self.cfg.new_token_ratio * r.remaining_output)
-        if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve):
-            if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0):
+        if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve, prefix):
+            if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
                 # nothing running and it still does not fit: the cache must give way
                 self.alloc.clear_cache()
-                if not self.alloc.can_admit(tokens, r.spec.shared_len, 0):
+                if not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
                     return False
             elif self.running:
                 return False
-        r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len)
+        r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len, prefix)
         r.group = self.alloc.prefix_group(r.rid)  # changes only when its prefix is cached (postprocess)
         if r.admitted_s is None:
             r.admitted_s = now

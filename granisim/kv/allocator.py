@@ -127,10 +127,12 @@ class KVAllocator:
         self._tracked: dict[int, _Seq] = {}
 
     # ---- admission ------------------------------------------------------------------------
-    def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0) -> bool:
-        """Would the whole uncached prompt plus ``reserve`` more tokens fit right now?"""
+    def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0,
+                  prefix: np.ndarray | None = None) -> bool:
+        """Would the whole uncached prompt plus ``reserve`` more tokens fit right now? ``prefix``: an array
+        the prompt starts with (its role's system prompt; see ``RadixIndex.match_prefix``)."""
         tokens = np.asarray(tokens, TOKEN_DTYPE)
-        m = self.radix.match_prefix(tokens, tokens.size - 1)
+        m = self.radix.match_prefix(tokens, tokens.size - 1, prefix)
         need = tokens.size - m.length + reserve
         hot = self.hot_slabs
         if hot is not None and shared_len:
@@ -143,8 +145,9 @@ class KVAllocator:
         avail = self.store.free + self.radix.evictable.get(self.store.name, 0) - on_path
         return self.store.need(0, need) <= avail
 
-    def admit(self, rid: int, tokens: np.ndarray, shared_len: int = 0) -> int:
-        """Start a request: lock its longest cached prefix; returns the cached length."""
+    def admit(self, rid: int, tokens: np.ndarray, shared_len: int = 0, prefix: np.ndarray | None = None) -> int:
+        """Start a request: lock its longest cached prefix; returns the cached length. ``prefix``: as for
+        ``can_admit``."""
         if rid in self.requests:
             raise ValueError(f"request id {rid} is already admitted")
         tokens = np.asarray(tokens, TOKEN_DTYPE)
@@ -152,7 +155,7 @@ class KVAllocator:
             raise ValueError(f"request {rid} has an empty prompt")
         if not 0 <= shared_len <= tokens.size:
             raise ValueError(f"request {rid}: shared_len {shared_len} outside [0, {tokens.size}]")
-        m = self.radix.match_prefix(tokens, tokens.size - 1)  # at least one token is computed
+        m = self.radix.match_prefix(tokens, tokens.size - 1, prefix)  # at least one token is computed
         hot = self.hot_slabs
         if hot is not None and shared_len:
             hot.note_demand(tokens, shared_len, admitted=True)

@@ -30,7 +30,8 @@ TOKEN_DTYPE = np.int32  # token ids (below 2^31 for every vocabulary): as reques
 
 
 class RadixNode:
-    __slots__ = ("id", "key", "value", "pool", "slab", "parent", "children", "lock_ref", "last_access", "run")
+    __slots__ = ("id", "key", "value", "pool", "slab", "parent", "children", "lock_ref", "last_access", "run",
+                 "same_as")
 
     def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray, pool: str, parent: "RadixNode | None"):
         self.id = node_id
@@ -45,6 +46,9 @@ class RadixNode:
         # (value, whether its slot ids are consecutive ascending): the prefix-group test's cache, valid
         # while ``value`` is that array (values are replaced, never written in place)
         self.run: tuple[np.ndarray, bool] | None = None
+        # (array, offset): ``key`` was found equal to ``array[offset : offset + len(key)]`` (a prompt's
+        # known prefix, see match_prefix), so a later match against the same array need not compare them
+        self.same_as: tuple[np.ndarray, int] | None = None
 
     def __len__(self) -> int:
         return self.key.size  # a Python int already
@@ -147,6 +151,9 @@ class RadixIndex:
         head.last_access = child.last_access
         child.key = child.key[m:]
         child.value = child.value[m:]
+        if child.same_as is not None:  # the head keeps the known prefix's offset, the tail moves on
+            head.same_as = child.same_as
+            child.same_as = (child.same_as[0], child.same_as[1] + m)
         child.parent = head
         head.children[self._child_key(child.key)] = child
         parent.children[self._child_key(head.key)] = head
@@ -155,20 +162,32 @@ class RadixIndex:
         return head
 
     # ---- matching and insertion ------------------------------------------------------------
-    def match_prefix(self, tokens: np.ndarray, max_len: int | None = None) -> MatchResult:
-        """Longest cached prefix of ``tokens`` (at most ``max_len``), splitting a partially matched node."""
+    def match_prefix(self, tokens: np.ndarray, max_len: int | None = None,
+                     known: np.ndarray | None = None) -> MatchResult:
+        """Longest cached prefix of ``tokens`` (at most ``max_len``), splitting a partially matched node.
+        ``known``: an array ``tokens`` starts with (a role's system prompt); a node found equal to part of
+        it in an earlier match with the same array is not compared again (``RadixNode.same_as``)."""
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
         if max_len is not None:
             tokens = tokens[: max(0, max_len)]
-        return self._match_below(self.root, 0, tokens, self._tick())
+        return self._match_below(self.root, 0, tokens, self._tick(), known)
 
-    def _match_below(self, node: RadixNode, pos: int, tokens: np.ndarray, now: int) -> MatchResult:
+    def _match_below(self, node: RadixNode, pos: int, tokens: np.ndarray, now: int,
+                     known: np.ndarray | None = None) -> MatchResult:
         """``match_prefix``'s walk from ``node``, which holds ``tokens[:pos]`` on its path."""
         while pos + self.page_size <= tokens.size:
             child = node.children.get(self._child_key(tokens[pos:]))
             if child is None:
                 break
-            m = self._common(child.key, tokens[pos:])
+            end = pos + child.key.size
+            if known is None or end > known.size or end > tokens.size:
+                m = self._common(child.key, tokens[pos:])
+            elif child.same_as is not None and child.same_as[0] is known and child.same_as[1] == pos:
+                m = child.key.size  # equal to this part of the known prefix when last compared
+            else:
+                m = self._common(child.key, tokens[pos:])
+                if m == child.key.size:
+                    child.same_as = (known, pos)
             if m == 0:
                 break
             partial = m < len(child)

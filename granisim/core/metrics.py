@@ -55,20 +55,20 @@ class StepLog:
             dense, cascade, paged = paths.count("dense"), paths.count("cascade"), paths.count("paged")
         else:
             dense = cascade = paged = 0
-        occ = allocator.occupancy()
         if self._pools is None:
-            self._pools = tuple(occ)
+            self._pools = tuple(allocator.occupancy())  # the pools of one allocator: the same every plan
             self._log = PackedRows(self.CHUNK)
             if getattr(allocator, "host_tier", None) is not None:
                 self._keys = (*BREAKDOWN_KEYS, "host_copy")
             self._zeros = (0.0,) * len(self._keys)
-        elif tuple(occ) != self._pools:
-            raise ValueError(f"step {plan.step}: pools {tuple(occ)} differ from the log's {self._pools}")
+        stats = allocator.step_row()
+        if len(stats) != 2 + 2 * len(self._pools):
+            raise ValueError(f"step {plan.step}: pools {tuple(allocator.occupancy())} differ from the log's "
+                             f"{self._pools}")
         bd = result.breakdown
         self._log.append((plan.step, start, result.duration_s, plan.num_steps, n, prefill_tokens, decode, dense,
-                          cascade, paged, sum(x.length for x in plan.copies) if plan.copies else 0,
-                          allocator.hit_rate, allocator.evictions) + sum(occ.values(), ())
-                         + tuple(map(bd.get, self._keys, self._zeros)))
+                          cascade, paged, sum(x.length for x in plan.copies) if plan.copies else 0)
+                         + stats + tuple(map(bd.get, self._keys, self._zeros)))
 
     def _columns(self) -> list[str]:
         pools = [f"{n}_{what}" for n in self._pools for what in ("used", "cached")]

@@ -498,6 +498,10 @@ class KVAllocator:
         """(used, cached) tokens per pool — the cheap part of :meth:`stats`, for per-step logs."""
         return self.views.occupancy()
 
+    def step_row(self) -> tuple:
+        """(hit rate, evictions, used and cached tokens of each pool in ``occupancy()`` order)."""
+        return self.views.step_row()
+
     def stats(self) -> AllocatorStats:
         return self.views.stats()
 

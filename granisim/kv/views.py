@@ -147,6 +147,19 @@ class AllocatorViews:
             out[name] = (pool.capacity - pool.free - cached, cached)
         return out
 
+    def step_row(self) -> tuple:
+        """(hit rate, evictions, then used and cached tokens of each pool in ``occupancy`` order): what the
+        step log records after every plan, without the dicts."""
+        radix_cached, store, n = self.radix.evictable, self.store, self.counters
+        cached = radix_cached.get(store.name, 0)
+        row = (n.hit_tokens / n.lookup_tokens if n.lookup_tokens else 0.0, n.evictions,
+               store.capacity - store.free - cached, cached)
+        hot = self.hot
+        if hot is None:
+            return row
+        cached = radix_cached.get("hot", 0)
+        return row + (hot.capacity - hot.free - cached, cached)
+
     def hit_rate(self) -> float:
         n = self.counters
         return n.hit_tokens / n.lookup_tokens if n.lookup_tokens else 0.0

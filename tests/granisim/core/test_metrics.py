@@ -79,16 +79,22 @@ def test_empty_step_frame_has_the_columns():
     assert len(df) == 0 and list(df.columns)[:3] == ["step", "start_s", "duration_s"]
 
 
+class Alloc:
+    """What the step log reads of an allocator: one pool's counts, whatever the plan."""
+
+    hit_rate, evictions = 0.0, 0
+
+    def __init__(self, pools=("cold",)):
+        self.pools = pools
+
+    def occupancy(self):
+        return {p: (1, 2) for p in self.pools}
+
+    def step_row(self):
+        return (self.hit_rate, self.evictions) + sum(self.occupancy().values(), ())
+
+
 def test_a_pool_appearing_mid_run_is_named():
-    class Alloc:
-        hit_rate, evictions = 0.0, 0
-
-        def __init__(self, pools):
-            self.pools = pools
-
-        def occupancy(self):
-            return {p: (1, 2) for p in self.pools}
-
     plan = BatchPlan(4, "granikv", 1, (PlannedRequest(0, 0, 1, False, -1, 0),), (), ())
     log = StepLog()
     log.record(0.0, plan, StepResult(0.1, {}), Alloc(["cold"]))
@@ -112,12 +118,6 @@ def test_requests_frame_equals_a_frame_of_row_dicts():
 def test_step_frames_are_independent_and_rows_after_a_frame_are_kept():
     """frame() shares the log's arrays, yet changing one frame changes neither the log nor a later
     frame, and plans recorded after a frame appear in the next one (the framed arrays untouched)."""
-    class Alloc:
-        hit_rate, evictions = 0.0, 0
-
-        def occupancy(self):
-            return {"cold": (1, 2)}
-
     log = StepLog()
     log.CHUNK = 3
     plan = BatchPlan(4, "granikv", 1, (PlannedRequest(0, 0, 1, False, -1, 0),), (), ())

@@ -55,6 +55,7 @@ class DecodeBatch:
         self._slot: dict[int, int] = {}
         self._slotted: list[Request] = []
         self._held = 0  # sum of n_tokens - computed of the slotted members
+        self._fin_sum = 0  # sum of their finish clocks
 
     # ---- a mapping in running order ----------------------------------------------------------
     def __len__(self) -> int:
@@ -153,6 +154,7 @@ class DecodeBatch:
         if slot == self._fin.size:
             self._fin = np.concatenate([self._fin, np.empty(slot, np.int64)])
         self._fin[slot] = fin
+        self._fin_sum += fin
         self._slot[r.rid] = slot
         self._slotted.append(r)
         self._held += r._n_tokens - r._computed
@@ -161,6 +163,7 @@ class DecodeBatch:
         r._sync()
         r._clock = None
         slot = self._slot.pop(r.rid)
+        self._fin_sum -= int(self._fin[slot])
         last = self._slotted.pop()
         if last is not r:  # the last slot's member moves into the hole
             self._slotted[slot] = last
@@ -184,11 +187,13 @@ class DecodeBatch:
         """``[r.computed for r in self.values()]`` as a :class:`DecodeContexts` (a snapshot), with each
         prefix group's member count, context sum and longest context when some member has a group."""
         now, stats = self.clock.now, self._stats
+        if not self.any_group:  # (the common case without shared prefixes: one set of keys)
+            st = stats.get(-1)
+            return DecodeContexts(self._keys[:], now, st[1], self._max(-1)) if st else DecodeContexts([], now, 0, 0)
         by_group = {g: (st[0], st[1] + st[0] * now, self._max(g) + now) for g, st in stats.items()}
         total = sum(st[1] for st in stats.values())
         longest = max((v[2] for v in by_group.values()), default=now) - now
-        groups = (self._gk[:], by_group) if self.any_group else None
-        return DecodeContexts(self._keys[:], now, total, longest, groups)
+        return DecodeContexts(self._keys[:], now, total, longest, (self._gk[:], by_group))
 
     def advance(self, steps: int) -> list[Request]:
         """Every member on the clock takes ``steps`` decode steps; returns those that reached their
@@ -223,6 +228,12 @@ class DecodeBatch:
         left = self._fin[:n] - self.clock.now
         return int(_add(np.multiply(ratio, left).astype(np.int64))) + self._held
 
+    def outstanding_bound(self, ratio: float) -> int:
+        """An upper bound of ``outstanding(ratio)`` without a pass: the products summed before truncating
+        (int(ratio * sum) + 1 covers the sum's rounding for any sum below 2**40)."""
+        n = len(self._slotted)
+        return int(ratio * (self._fin_sum - n * self.clock.now)) + 1 + self._held if n else 0
+
     def rebuild(self) -> None:
         """Members' counters were changed one by one (not by the clock): derive the state again."""
         members = self._order
@@ -230,7 +241,7 @@ class DecodeBatch:
             r._sync()
             r._clock = None
         self._reqs, self._order, self._keys, self._gk, self._stats, self.special = {}, [], [], [], {}, {}
-        self._heap, self._slot, self._slotted, self._held = [], {}, [], 0
+        self._heap, self._slot, self._slotted, self._held, self._fin_sum = [], {}, [], 0, 0
         for r in members:
             self.join(r)
 

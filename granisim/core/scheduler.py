@@ -28,6 +28,7 @@ from collections import deque
 import numpy as np
 
 from granisim.kv.allocator import KVAllocator
+from granisim.kv.reserve import LazyReserve
 from granisim.core.batching import BatchBuilder, PathChooser, StepPricer
 from granisim.core.contract import BatchPlan, StepResult
 from granisim.core.decode_batch import DecodeBatch
@@ -133,7 +134,7 @@ class Scheduler:
         if cfg.admission == "prefix" and len(self.waiting) > 1:
             self._group_by_prefix(now)
         skipped: list[Request] = []
-        reserve = self._outstanding() if self.waiting else 0
+        reserve = self._reserve() if self.waiting else 0
         while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
             r = self.waiting.popleft()
             key = (r.spec.role, r.spec.shared_len)
@@ -149,7 +150,7 @@ class Scheduler:
             n = min(r.n_tokens - r.computed, budget)
             work.append((r, n, alloc.extend(r.rid, n)))
             budget -= n
-            reserve += self._reserve_of(r) - n
+            reserve = reserve.plus(self._reserve_of(r) - n)
         self.waiting.extendleft(reversed(skipped))
         if not work and not decode:
             if self.running:  # every running request is blocked: free memory for the oldest
@@ -183,18 +184,25 @@ class Scheduler:
         """Tokens a running request may still claim: its unfinished prompt + a share of its outputs."""
         return int(self.cfg.new_token_ratio * q.remaining_output) + (q.n_tokens - q.computed)
 
-    def _outstanding(self) -> int:
-        """``sum(self._reserve_of(q) for q in self.running.values())``: the decoding requests on the clock
-        from its arrays, the others (prefilling, or decoding that caches its prefix) one by one."""
+    def _reserve(self) -> LazyReserve:
+        """``sum(self._reserve_of(q) for q in self.running.values())`` as a LazyReserve: an upper bound from
+        the decode batch's sums, the exact sum (its arrays) only if an admission asks for it."""
+        ratio = self.cfg.new_token_ratio
+        others = self._others_outstanding()
+        return LazyReserve(self._decoding.outstanding_bound(ratio) + others,
+                           lambda: self._decoding.outstanding(ratio) + others)
+
+    def _others_outstanding(self) -> int:
+        """``_reserve_of`` summed over the running requests off the decode clock (prefilling ones, and
+        decoding ones that cache their prefix)."""
         ratio = self.cfg.new_token_ratio
         others = [*self._prefilling.values(), *self._decoding.special.values()]
-        return self._decoding.outstanding(ratio) + sum([
-            int(ratio * (q.output_len - q.generated)) + (q.n_tokens - q.computed) for q in others])
+        return sum([int(ratio * (q.output_len - q.generated)) + (q.n_tokens - q.computed) for q in others])
 
-    def _admit(self, r: Request, now: float, outstanding: int) -> bool:
+    def _admit(self, r: Request, now: float, outstanding: LazyReserve) -> bool:
         tokens = r.tokens[: r.n_tokens]
         prefix = r.spec.prefix  # the prompt starts with it: its role's cached nodes need no second look
-        reserve = outstanding + int(self.cfg.new_token_ratio * r.remaining_output)
+        reserve = outstanding.plus(int(self.cfg.new_token_ratio * r.remaining_output))
         if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve, prefix):
             if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
                 # nothing running and it still does not fit: the cache must give way

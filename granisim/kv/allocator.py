@@ -51,6 +51,8 @@ from granisim.kv.layout import AllocatorStats, RequestLayout
 from granisim.kv.paged_pool import PagedPool
 from granisim.kv.protocol import CachedRun
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode
+from granisim.kv.reserve import LazyReserve
+from granisim.kv.reserve import exact as exact_reserve
 from granisim.kv.sequence import GrowthClock, Requests, _CountedSeq, _Seq, path_slots
 from granisim.kv.stores import PageStore, TokenStore
 from granisim.kv.views import AllocatorViews, prefix_group_of
@@ -127,23 +129,32 @@ class KVAllocator:
         self._tracked: dict[int, _Seq] = {}
 
     # ---- admission ------------------------------------------------------------------------
-    def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int = 0,
+    def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int | LazyReserve = 0,
                   prefix: np.ndarray | None = None) -> bool:
         """Would the whole uncached prompt plus ``reserve`` more tokens fit right now? ``prefix``: an array
-        the prompt starts with (its role's system prompt; see ``RadixIndex.match_prefix``)."""
+        the prompt starts with (its role's system prompt; see ``RadixIndex.match_prefix``). A
+        :class:`~granisim.kv.reserve.LazyReserve` is computed exactly only when its bound does not fit."""
         tokens = np.asarray(tokens, TOKEN_DTYPE)
         m = self.radix.match_prefix(tokens, tokens.size - 1, prefix)
-        need = tokens.size - m.length + reserve
+        need = tokens.size - m.length
         hot = self.hot_slabs
         if hot is not None and shared_len:
             hot.note_demand(tokens, shared_len)
         if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
             n = shared_len - m.length
-            if hot.can_place(n, need - n, m):
+            cold_need = 0  # read by adaptive HOT only: it grows by the COLD tokens needed, reserve included
+            if hot.demand is not None:
+                reserve = exact_reserve(reserve)
+                cold_need = need + reserve - n
+            if hot.can_place(n, cold_need, m):
                 need -= n
         on_path = sum(len(n) for n in m.path() if n.lock_ref == 0 and n.pool == self.store.name)
         avail = self.store.free + self.radix.evictable.get(self.store.name, 0) - on_path
-        return self.store.need(0, need) <= avail
+        if isinstance(reserve, LazyReserve):
+            if self.store.need(0, need + reserve.bound) <= avail:
+                return True
+            reserve = reserve.exact()
+        return self.store.need(0, need + reserve) <= avail
 
     def admit(self, rid: int, tokens: np.ndarray, shared_len: int = 0, prefix: np.ndarray | None = None) -> int:
         """Start a request: lock its longest cached prefix; returns the cached length. ``prefix``: as for

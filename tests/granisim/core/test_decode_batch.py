@@ -50,7 +50,9 @@ def _check(batch: DecodeBatch, ref: list[Request], want: dict[int, tuple[int, in
     left = [r.output_len - want[r.rid][2] for r in ref]
     assert batch.min_remaining() == (min(left) if left else None)
     plain = [r for r in ref if r.rid not in batch.special]
-    assert batch.outstanding(RATIO) == sum(int(RATIO * (r.output_len - want[r.rid][2])) + 1 for r in plain)
+    exact = sum(int(RATIO * (r.output_len - want[r.rid][2])) + 1 for r in plain)
+    assert batch.outstanding(RATIO) == exact
+    assert exact <= batch.outstanding_bound(RATIO) <= exact + len(plain) + 1
 
 
 def _life(ops):
@@ -103,7 +105,7 @@ def _life(ops):
 @given(ops=st.lists(_op, min_size=1, max_size=80))
 def test_batch_steps_as_every_request_stepping_itself(ops):
     """Planted bugs this catches (each tried): ``leave`` dropping the wrong context key (off by one);
-    the outstanding reserve without the members' one held token; ``promote`` forgetting to put the
+    the outstanding reserve without the members' one held token, and its bound without them; ``promote`` forgetting to put the
     member on the clock (its counters stop); an out-of-order join appended at the end."""
     _life(ops)
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from granisim.kv import make_allocator
+from granisim.kv.reserve import LazyReserve
 
 CAP = 400
 PREFIXES = [np.arange(k * 1000, k * 1000 + 48, dtype=np.int64) for k in range(3)]
@@ -156,8 +157,9 @@ def _life_tracked(policy, ops, hot_fraction=0.25):
         if op[0] == "admit":
             tokens, shared = _prompt(op[1], rid, op[2])
             total = np.concatenate([tokens, np.arange(60, dtype=np.int64) + 900_000 + rid * 100])
-            fits = a.can_admit(tokens, shared, 0)  # (it notes demand: adaptive HOT)
-            assert fits == c.can_admit(tokens, shared, 0)
+            reserve, slack = (rid * 37) % 300, rid % 50  # c gets the reserve as a bound and, if asked, exactly
+            fits = a.can_admit(tokens, shared, reserve)  # (it notes demand: adaptive HOT)
+            assert fits == c.can_admit(tokens, shared, LazyReserve(reserve + slack, lambda: reserve))
             if fits:
                 a.admit(rid, tokens, shared)
                 reqs[rid] = [total, shared, c.admit(rid, tokens, shared), tokens.size]
@@ -211,8 +213,10 @@ def _life_tracked(policy, ops, hot_fraction=0.25):
 @given(ops=st.lists(_op, min_size=1, max_size=60))
 def test_grow_tracked_counts_as_grow_does(policy, hot, ops):
     """The scheduler grows its decoding requests with one clock (grow_tracked) instead of a pass over
-    them. Planted bugs this catches (each tried): the clock not moved (token counts differ), untrack
-    without catching the request up first (a finish caches fewer tokens)."""
+    them; it also asks can_admit with the reserve as a LazyReserve (a bound, the exact value on demand).
+    Planted bugs this catches (each tried): the clock not moved (token counts differ), untrack
+    without catching the request up first (a finish caches fewer tokens), can_admit answering from the
+    bound when it does not fit."""
     _life_tracked(policy, ops, hot)
 
 

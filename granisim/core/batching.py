@@ -168,9 +168,9 @@ def _members(grouped) -> dict[int, list[int]]:
     return members
 
 
-def _members_of(row_groups: list[int], sums: dict) -> tuple[dict[int, list[int]], dict]:
+def _members_of(row_groups: np.ndarray, sums: dict) -> tuple[dict[int, list[int]], dict]:
     """``_members`` of the groups with two members or more, from each row's group node id (-1: none) and
     the groups' kept sums (granisim.core.decode_batch): one array comparison a group."""
-    a = np.array(row_groups)
+    a = np.asarray(row_groups)
     found = sorted((int(p[0]), k, p) for k in sums if k >= 0 and sums[k][0] >= 2 for p in (np.flatnonzero(a == k),))
     return {k: p.tolist() for _, k, p in found}, sums

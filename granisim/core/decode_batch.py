@@ -46,7 +46,7 @@ class DecodeBatch:
         self._reqs: dict[int, Request] = {}
         self._order: list[Request] = []  # the members in running order
         self._keys: list[int] = []  # computed - clock.now of each, in running order
-        self._gk: list[int] = []  # each one's prefix group node id (-1: none), in running order
+        self._gk = np.empty(64, np.int64)  # each one's prefix group node id (-1: none), in running order
         self._stats: dict[int, list] = {}  # group node id (-1: none) -> [members, key sum, key max or None]
         self.special: dict[int, Request] = {}  # members off the clock, in running order
         self._heap: list[tuple[int, int, Request]] = []  # (finish clock, admit_order, member on the clock)
@@ -80,16 +80,21 @@ class DecodeBatch:
         key = r.computed - self.clock.now
         g = _group_key(r)
         self._count(g, key)
+        n = len(order)
+        if n == self._gk.size:
+            self._gk = np.concatenate([self._gk, np.empty(n, np.int64)])
+        gk = self._gk
         if not order or order[-1].admit_order < r.admit_order:
             self._reqs[r.rid] = r
             order.append(r)
             self._keys.append(key)
-            self._gk.append(g)
+            gk[n] = g
         else:  # an earlier-admitted request decodes after a later one: insert it at its place
             pos = sum(1 for q in order if q.admit_order < r.admit_order)
             order.insert(pos, r)
             self._keys.insert(pos, key)
-            self._gk.insert(pos, g)
+            gk[pos + 1 : n + 1] = gk[pos:n].copy()
+            gk[pos] = g
             self._reqs = {q.rid: q for q in order}
             if not _plain(r):
                 self.special = {q.rid: q for q in order if q.rid in self.special or q is r}
@@ -105,7 +110,7 @@ class DecodeBatch:
         g = _group_key(r)
         pos = self._order.index(r)
         if g != self._gk[pos]:  # caching its prefix gave it a group
-            self._uncount(self._gk[pos], self._keys[pos])
+            self._uncount(int(self._gk[pos]), self._keys[pos])
             self._count(g, self._keys[pos])
             self._gk[pos] = g
         self._on_clock(r)
@@ -114,8 +119,10 @@ class DecodeBatch:
         """``r`` stops decoding (finished or preempted); its counters are brought up to date."""
         rid = r.rid
         pos = self._order.index(r)
-        self._uncount(self._gk[pos], self._keys[pos])
-        del self._reqs[rid], self._order[pos], self._keys[pos], self._gk[pos]
+        self._uncount(int(self._gk[pos]), self._keys[pos])
+        del self._reqs[rid], self._order[pos], self._keys[pos]
+        n = len(self._order)
+        self._gk[pos:n] = self._gk[pos + 1 : n + 1]
         if self.special.pop(rid, None) is None:
             self._off_clock(r)
 
@@ -142,7 +149,7 @@ class DecodeBatch:
     def _max(self, g: int) -> int:
         st = self._stats[g]
         if st[2] is None:
-            st[2] = max(k for k, h in zip(self._keys, self._gk) if h == g)
+            st[2] = max(k for k, h in zip(self._keys, self._gk[: len(self._keys)].tolist()) if h == g)
         return st[2]
 
     def _on_clock(self, r: Request) -> None:
@@ -193,7 +200,7 @@ class DecodeBatch:
         by_group = {g: (st[0], st[1] + st[0] * now, self._max(g) + now) for g, st in stats.items()}
         total = sum(st[1] for st in stats.values())
         longest = max((v[2] for v in by_group.values()), default=now) - now
-        return DecodeContexts(self._keys[:], now, total, longest, (self._gk[:], by_group))
+        return DecodeContexts(self._keys[:], now, total, longest, (self._gk[: len(self._keys)].copy(), by_group))
 
     def advance(self, steps: int) -> list[Request]:
         """Every member on the clock takes ``steps`` decode steps; returns those that reached their
@@ -240,7 +247,7 @@ class DecodeBatch:
         for r in self._slotted:
             r._sync()
             r._clock = None
-        self._reqs, self._order, self._keys, self._gk, self._stats, self.special = {}, [], [], [], {}, {}
+        self._reqs, self._order, self._keys, self._stats, self.special = {}, [], [], {}, {}
         self._heap, self._slot, self._slotted, self._held, self._fin_sum = [], {}, [], 0, 0
         for r in members:
             self.join(r)

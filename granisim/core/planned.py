@@ -114,12 +114,12 @@ class PlannedRequests(Sequence):
 class DecodeContexts:
     """The decode rows' contexts as ``keys[i] + now`` (a snapshot of the scheduler's keys), with their
     sum and maximum (granisim.core.decode_batch). ``groups``, when some row has a prefix group: (each
-    row's group node id or -1, {node id or -1: (rows, context sum, longest context)})."""
+    row's group node id or -1 as an array, {node id or -1: (rows, context sum, longest context)})."""
 
     __slots__ = ("keys", "now", "n", "sum", "max", "groups")
 
     def __init__(self, keys: list[int], now: int, key_sum: int, key_max: int,
-                 groups: tuple[list[int], dict] | None = None):
+                 groups: tuple | None = None):
         self.keys, self.now, self.n = keys, now, len(keys)
         self.sum = key_sum + self.n * now
         self.max = key_max + now

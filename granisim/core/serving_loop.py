@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 from simpy.core import URGENT
-from tqdm import tqdm
 
 from granisim.kv.allocator import make_allocator
 from granisim.kv.host_tier import host_tier_config
 from granisim.core.metrics import StepLog
+from granisim.core.progress import NoBar, request_bar
 from granisim.core.contract import Executor, with_steps
 from granisim.core.request import RequestRecord, RequestRecords
 from granisim.core.scheduler import Scheduler
@@ -134,7 +134,7 @@ class ServingLoop:
     def run(self) -> SimResult:
         env = self.env = simpy.Environment()
         initial = self.workload.initial_specs()
-        self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
+        self._bar = request_bar(len(initial), self.progress)
         self._add_arrivals(initial)
         del initial  # the arrival queue builds each spec when it comes up, a running request holds it until it ends
         env.process(self._engine())
@@ -146,7 +146,7 @@ class ServingLoop:
     def start(self, env: simpy.Environment) -> simpy.Process:
         """Fleet replica: run the engine as one process of a shared environment."""
         self.env = env
-        self._bar = tqdm(disable=True)
+        self._bar = NoBar()
         self._proc = env.process(self._replica_engine())
         return self._proc
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import simpy
-from tqdm import tqdm
 
+from granisim.core.progress import request_bar
 from granisim.core.request import RequestRecord
 from granisim.core.serving_loop import UrgentTimeout
 from granisim.core.workload import ArrivalQueue, Workload
@@ -78,7 +78,7 @@ class FleetLoop:
     def run(self) -> FleetResult:
         env = self.env = simpy.Environment()
         initial = self.workload.initial_specs()  # each spec built when it comes up
-        self._bar = tqdm(total=len(initial), unit="req", delay=2.0, disable=not self.progress, leave=False)
+        self._bar = request_bar(len(initial), self.progress)
         self._add_arrivals(initial)  # before the engines, as the single loop orders its processes
         for rep in self.replicas:
             rep.start(env)

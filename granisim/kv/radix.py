@@ -64,12 +64,7 @@ class MatchResult:
 
     def path(self) -> list[RadixNode]:
         """Nodes from the root's first child down to ``node``."""
-        out = []
-        n = self.node
-        while n.parent is not None:
-            out.append(n)
-            n = n.parent
-        return out[::-1]
+        return path_to(self.node)
 
 
 _MATCH_NODE, _MATCH_LENGTH = slot_setters(MatchResult)
@@ -85,7 +80,12 @@ def match_result(node: RadixNode, length: int) -> MatchResult:
 
 
 def path_to(node: RadixNode) -> list[RadixNode]:
-    return MatchResult(node, 0).path()
+    """Nodes from the root's first child down to ``node``."""
+    out = []
+    while node.parent is not None:
+        out.append(node)
+        node = node.parent
+    return out[::-1]
 
 
 class RadixIndex:

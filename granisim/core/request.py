@@ -8,6 +8,7 @@ import numpy as np
 
 from granisim.core.columns import PackedRows
 from granisim.core.workload import PROMPT_DTYPE, VOCAB, LazySuffix, RequestSpec
+from granisim.lagging import lagging
 
 
 # (position * 104729) % VOCAB for positions 0 .. VOCAB - 1: stand_in_tokens' per-position term
@@ -94,41 +95,9 @@ class Request:
             self._generated += d
             self._at += d
 
-    @property
-    def computed(self) -> int:
-        if self._clock is not None:
-            self._sync()
-        return self._computed
-
-    @computed.setter
-    def computed(self, v: int) -> None:
-        if self._clock is not None:
-            self._sync()
-        self._computed = v
-
-    @property
-    def n_tokens(self) -> int:
-        if self._clock is not None:
-            self._sync()
-        return self._n_tokens
-
-    @n_tokens.setter
-    def n_tokens(self, v: int) -> None:
-        if self._clock is not None:
-            self._sync()
-        self._n_tokens = v
-
-    @property
-    def generated(self) -> int:
-        if self._clock is not None:
-            self._sync()
-        return self._generated
-
-    @generated.setter
-    def generated(self, v: int) -> None:
-        if self._clock is not None:
-            self._sync()
-        self._generated = v
+    computed = lagging("_computed", "_clock", "_sync")
+    n_tokens = lagging("_n_tokens", "_clock", "_sync")
+    generated = lagging("_generated", "_clock", "_sync")
 
     @property
     def tokens(self) -> np.ndarray:

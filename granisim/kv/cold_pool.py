@@ -18,13 +18,7 @@ class ColdPool:
     """Free list over slots ``[slot_start, slot_start + capacity)``."""
 
     def __init__(self, capacity: int, slot_start: int = 0, name: str = "cold"):
-        if not isinstance(capacity, (int, np.integer)) or capacity < 0:
-            raise ValueError(f"{name} pool capacity must be an integer >= 0, got {capacity!r}")
-        if slot_start < 0:
-            raise ValueError(f"{name} pool slot_start must be >= 0, got {slot_start!r}")
-        self.name = name
-        self.capacity = int(capacity)
-        self.slot_start = int(slot_start)
+        self._bounds(capacity, slot_start, name)
         # Stack of free slots; allocation pops from the top so ids are reused LIFO
         # (deterministic, and recently freed rows are likely still in cache on a GPU). Held as int32 where
         # the ids fit (half the memory); allocate() hands out SLOT_DTYPE ids either way.
@@ -38,6 +32,16 @@ class ColdPool:
         # Scratch for the O(n) repeated-id check in free_slots (not state: never read across calls).
         self._stamp = np.zeros(self.capacity, dtype=np.int32)
         self._arange = np.arange(1024, dtype=np.int32)
+
+    def _bounds(self, capacity: int, slot_start: int, name: str) -> None:
+        """Check and set the pool's name, capacity and first slot."""
+        if not isinstance(capacity, (int, np.integer)) or capacity < 0:
+            raise ValueError(f"{name} pool capacity must be an integer >= 0, got {capacity!r}")
+        if slot_start < 0:
+            raise ValueError(f"{name} pool slot_start must be >= 0, got {slot_start!r}")
+        self.name = name
+        self.capacity = int(capacity)
+        self.slot_start = int(slot_start)
 
     @property
     def free(self) -> int:
@@ -133,13 +137,7 @@ class CountingColdPool(ColdPool):
     (``free_mask``, hence the fuzzers' ownership checks) is refused."""
 
     def __init__(self, capacity: int, slot_start: int = 0, name: str = "cold"):
-        if not isinstance(capacity, (int, np.integer)) or capacity < 0:
-            raise ValueError(f"{name} pool capacity must be an integer >= 0, got {capacity!r}")
-        if slot_start < 0:
-            raise ValueError(f"{name} pool slot_start must be >= 0, got {slot_start!r}")
-        self.name = name
-        self.capacity = int(capacity)
-        self.slot_start = int(slot_start)
+        self._bounds(capacity, slot_start, name)
         self._top = self.capacity  # free slots (owed ones included)
         self._owed = 0
         self._ids = np.arange(slot_start, slot_start + capacity, dtype=SLOT_DTYPE)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from granisim.kv.radix import RadixNode, path_to
+from granisim.lagging import lagging
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -86,29 +87,8 @@ class _Seq:
             self._n_new += d
             self._gat += d
 
-    @property
-    def owed(self) -> int:
-        if self._growth is not None:
-            self.sync()
-        return self._owed
-
-    @owed.setter
-    def owed(self, v: int) -> None:
-        if self._growth is not None:
-            self.sync()
-        self._owed = v
-
-    @property
-    def n_new(self) -> int:
-        if self._growth is not None:
-            self.sync()
-        return self._n_new
-
-    @n_new.setter
-    def n_new(self, v: int) -> None:
-        if self._growth is not None:
-            self.sync()
-        self._n_new = v
+    owed = lagging("_owed", "_growth", "sync")
+    n_new = lagging("_n_new", "_growth", "sync")
 
     @property
     def priv(self) -> np.ndarray:

@@ -55,18 +55,23 @@ _op = st.one_of(
 )
 
 
-def _life(policy, ops, hot_fraction=0.25):
-    """Replay ``ops`` on a grow() allocator and an extend_all() one; compare after each op."""
-    a = make_allocator(policy, CAP, hot_fraction=hot_fraction)  # grow
-    b = make_allocator(policy, CAP, hot_fraction=hot_fraction)  # extend_all
+def _life(policy, ops, hot_fraction=0.25, tracked=False):
+    """Replay ``ops`` on a grow() allocator ``a`` and another ``b``; compare after each op. ``b`` grows
+    with extend_all(), or with ``tracked`` as the scheduler does: every request tracked from its first
+    decode step to its release, every decode step growing every decoding request by grow_tracked(),
+    and can_admit asked with the reserve as a LazyReserve (a bound, the exact value on demand)."""
+    a = make_allocator(policy, CAP, hot_fraction=hot_fraction)
+    b = make_allocator(policy, CAP, hot_fraction=hot_fraction)
     reqs = {}  # rid -> [tokens, shared, done, limit]
     rid = 0
     for op in ops:
         if op[0] == "admit":
             tokens, shared = _prompt(op[1], rid, op[2])
             total = np.concatenate([tokens, np.arange(60, dtype=np.int64) + 900_000 + rid * 100])
-            fits = a.can_admit(tokens, shared, 0)
-            assert fits == b.can_admit(tokens, shared, 0)
+            reserve, slack = ((rid * 131) % 390, rid % 50) if tracked else (0, 0)
+            fits = a.can_admit(tokens, shared, reserve)  # (it notes demand: adaptive HOT)
+            assert fits == b.can_admit(tokens, shared, LazyReserve(reserve + slack, lambda: reserve)
+                                       if tracked else reserve)
             if fits:
                 done = a.admit(rid, tokens, shared)
                 assert b.admit(rid, tokens, shared) == done
@@ -89,30 +94,30 @@ def _life(policy, ops, hot_fraction=0.25):
             if q[1] and q[2] >= q[1]:
                 a.cache_prefix(r, q[0][: q[1]])
                 b.cache_prefix(r, q[0][: q[1]])
+            if tracked and q[2] == q[3]:  # its prompt is computed: it decodes from now on
+                b.track(r)
         elif op[0] == "decode":
             n = op[1]
-            rids = sorted(r for r, q in reqs.items() if q[2] >= q[3] and q[2] + n <= q[0].size)
-            if not rids:
+            decoding = sorted(r for r, q in reqs.items() if q[2] >= q[3])
+            rids = [r for r in decoding if reqs[r][2] + n <= reqs[r][0].size]
+            if not rids or (tracked and rids != decoding):
                 continue
             fits = a.can_grow(rids, n)
-            assert fits == b.can_extend_all(rids, n)
+            assert fits == (b.can_grow(rids, n) if tracked else b.can_extend_all(rids, n))
             if not fits:
                 continue
             a.grow(rids, n)
-            b.extend_all(rids, n)
+            b.grow_tracked(rids, n) if tracked else b.extend_all(rids, n)
             for r in rids:
                 reqs[r][2] += n
         elif reqs:
             r = sorted(reqs)[op[1] % len(reqs)]
             q = reqs.pop(r)
-            if op[0] == "finish":
-                a.release(r, q[0][: q[2]])
-                b.release(r, q[0][: q[2]])
-            else:
-                a.release(r)
-                b.release(r)
-        assert _counts(a) == _counts(b), op
-        assert _nodes(a) == _nodes(b), op
+            for x in (a, b):
+                x.release(r, q[0][: q[2]]) if op[0] == "finish" else x.release(r)
+        if not (tracked and op[0] == "decode"):  # (reading counts catches a tracked request up: let some lag)
+            assert _counts(a) == _counts(b), op
+            assert _nodes(a) == _nodes(b), op
     _check_ownership(a)
     _check_ownership(b)
     assert _counts(a) == _counts(b)
@@ -145,94 +150,37 @@ def test_grow_counts_slots_without_picking_them_then_settles_on_read():
     assert a.store.pool._owed == 0 and a.store.free == free - 12
 
 
-def _life_tracked(policy, ops, hot_fraction=0.25):
-    """Replay ``ops`` on a grow() allocator and a grow_tracked() one (each request tracked from its
-    first decode step to its release); every decode step grows every decoding request, as the
-    scheduler's do. Compare after each op."""
-    a = make_allocator(policy, CAP, hot_fraction=hot_fraction)  # grow
-    c = make_allocator(policy, CAP, hot_fraction=hot_fraction)  # grow_tracked
-    reqs = {}  # rid -> [tokens, shared, done, limit]
-    rid = 0
-    for op in ops:
-        if op[0] == "admit":
-            tokens, shared = _prompt(op[1], rid, op[2])
-            total = np.concatenate([tokens, np.arange(60, dtype=np.int64) + 900_000 + rid * 100])
-            reserve, slack = (rid * 37) % 300, rid % 50  # c gets the reserve as a bound and, if asked, exactly
-            fits = a.can_admit(tokens, shared, reserve)  # (it notes demand: adaptive HOT)
-            assert fits == c.can_admit(tokens, shared, LazyReserve(reserve + slack, lambda: reserve))
-            if fits:
-                a.admit(rid, tokens, shared)
-                reqs[rid] = [total, shared, c.admit(rid, tokens, shared), tokens.size]
-            rid += 1
-        elif op[0] == "prefill":
-            todo = sorted(r for r, q in reqs.items() if q[2] < q[3])
-            if not todo:
-                continue
-            r = todo[op[1] % len(todo)]
-            q = reqs[r]
-            n = min(op[2], q[3] - q[2])
-            fits = a.can_extend({r: n})
-            assert fits == c.can_extend({r: n})
-            if not fits:
-                continue
-            a.extend(r, n)
-            c.extend(r, n)
-            q[2] += n
-            if q[1] and q[2] >= q[1]:
-                a.cache_prefix(r, q[0][: q[1]])
-                c.cache_prefix(r, q[0][: q[1]])
-            if q[2] == q[3]:  # its prompt is computed: it decodes from now on
-                c.track(r)
-        elif op[0] == "decode":
-            n = op[1]
-            rids = sorted(r for r, q in reqs.items() if q[2] >= q[3])
-            if not rids or any(reqs[r][2] + n > reqs[r][0].size for r in rids):
-                continue
-            fits = a.can_grow(rids, n)
-            assert fits == c.can_grow(rids, n)
-            if not fits:
-                continue
-            a.grow(rids, n)
-            c.grow_tracked(rids, n)
-            for r in rids:
-                reqs[r][2] += n
-        elif reqs:
-            r = sorted(reqs)[op[1] % len(reqs)]
-            q = reqs.pop(r)
-            for x in (a, c):
-                x.release(r, q[0][: q[2]]) if op[0] == "finish" else x.release(r)
-        if op[0] != "decode":  # (reading counts catches a tracked request up: let some steps lag)
-            assert _counts(a) == _counts(c), op
-            assert _nodes(a) == _nodes(c), op
-    _check_ownership(c)
-    assert _counts(a) == _counts(c)
-
-
 @pytest.mark.parametrize("policy,hot", [("granikv", 0.25), ("token", 0.2), ("paged16", 0.2), ("granikv", "adaptive")])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(ops=st.lists(_op, min_size=1, max_size=60))
 def test_grow_tracked_counts_as_grow_does(policy, hot, ops):
     """The scheduler grows its decoding requests with one clock (grow_tracked) instead of a pass over
     them; it also asks can_admit with the reserve as a LazyReserve (a bound, the exact value on demand).
-    Planted bugs this catches (each tried): the clock not moved (token counts differ), untrack
-    without catching the request up first (a finish caches fewer tokens), can_admit answering from the
-    bound when it does not fit."""
-    _life_tracked(policy, ops, hot)
+    Planted bugs this catches (each tried): the clock not moved (token counts differ), can_admit
+    answering from the bound when it does not fit."""
+    _life(policy, ops, hot, tracked=True)
 
 
 def test_a_released_request_leaves_the_tracked_ones():
-    """Finished and preempted requests stop being tracked: the others then grow alone, each by what it
-    took. Planted bug caught: release leaving the request tracked (grow_tracked refuses the list)."""
-    a = make_allocator("token", CAP)
+    """Finished and preempted requests stop being tracked, with the steps they took: what a finish
+    caches and frees equals a grow() allocator's, and the others then grow alone. Planted bugs caught:
+    release leaving the request tracked (grow_tracked refuses the list); untrack without catching the
+    request up first (the finish caches and frees two tokens too few)."""
+    a, b = make_allocator("token", CAP), make_allocator("token", CAP)  # grow, grow_tracked
+    for x in (a, b):
+        for r in range(3):
+            x.admit(r, np.arange(10, dtype=np.int64) + 100 * r)
+            x.extend(r, 10)
     for r in range(3):
-        a.admit(r, np.arange(10, dtype=np.int64) + 100 * r)
-        a.extend(r, 10)
-        a.track(r)
-    a.grow_tracked([0, 1, 2], 2)
-    a.release(1, np.arange(12, dtype=np.int64) + 100)
-    a.release(2)
-    a.grow_tracked([0], 3)
-    assert a.num_tokens(0) == 15 and sorted(a.live_requests()) == [0]
+        b.track(r)
+    a.grow([0, 1, 2], 2)
+    b.grow_tracked([0, 1, 2], 2)
+    for x in (a, b):
+        x.release(1, np.arange(12, dtype=np.int64) + 100)
+        x.release(2)
+    assert _counts(a) == _counts(b) and _nodes(a) == _nodes(b)
+    b.grow_tracked([0], 3)
+    assert b.num_tokens(0) == 15 and sorted(b.live_requests()) == [0]
 
 
 def test_grow_tracked_needs_every_tracked_request():

@@ -6,7 +6,10 @@ Sources (each row names its own): the kernel benchmark (``reports/kernels/h200.j
 with torch SDPA beside it, extend), the decode-GEMM benchmark (``reports/kernels/decode_gemm_order/
 skinny_gemm_h200.json``: cuBLAS at the engine's fused shapes) and the real-engine speedup grid
 (``reports/engine/speedups.json``: 64-request bursts, the decode step's parts at the median) and the paper's
-setting (``reports/engine/paper_setting/``: ``granisim validation gpu-run paper`` units, where committed). A goal whose
+setting (``reports/engine/paper_setting/``: ``granisim validation gpu-run paper`` units, where committed); the decode
+step's total and host part from the engine's host-work benchmark where committed (``reports/engine/host_work/
+engine_host.json``: ``python -m gpu_backend.bench.engine_host``, the same burst's decode steps under the committed
+executor, beside the earlier one, on an H200). A goal whose
 measurement no committed report holds is listed with ``measured: null`` and ``met: false``. Prints both tables and
 writes both JSON files.
 """
@@ -22,6 +25,7 @@ KERNELS = ROOT / "reports/kernels/h200.json"
 GEMMS = ROOT / "reports/kernels/decode_gemm_order/skinny_gemm_h200.json"
 SPEEDUPS = ROOT / "reports/engine/speedups.json"
 PAPER = ROOT / "reports/engine/paper_setting"  # paper_*.json of granisim validation gpu-run paper
+HOST = ROOT / "reports/engine/host_work/engine_host.json"  # python -m gpu_backend.bench.engine_host --out ...
 MODEL = "llama-3.1-8b"
 DECODE_POINT = (16384, 4)  # the decode step of the issue: L_p = 16K, 4 roles, 64-request bursts
 
@@ -47,7 +51,27 @@ def prefix_kv_bytes(model, prefix_len: int, roles: int) -> int:
     return roles * prefix_len * model.kv_bytes_per_token
 
 
-def decode_step_rows(speedups: dict, copy_gbs: float) -> list[dict]:
+def host_work(doc: dict | None) -> dict | None:
+    """The engine host-work benchmark's granikv decode steps at the decode point, under the committed executor
+    ('after') and the earlier one ('before'): per variant, the unit medians of the step and of its host part over
+    the plain repetitions (probe units left out). None without a committed H200 run."""
+    if not doc or "H200" not in doc["meta"].get("gpu", ""):
+        return None
+    args = doc["meta"]["args"]
+    if (args.get("lp"), args.get("k")) != DECODE_POINT:
+        return None
+    out = {}
+    for v in ("before", "after"):
+        units = [u["decode"] for u in doc["units"] if u["policy"] == "granikv" and u["variant"] == v
+                 and not u["probe"] and "decode" in u]
+        if units:
+            out[v] = {k: _spread([u[f"{k}_ms_p50"] for u in units]) for k in ("step", "overhead")}
+    return out if "after" in out else None
+
+
+def decode_step_rows(speedups: dict, copy_gbs: float, host: dict | None = None, host_src: str = "") -> list[dict]:
+    """The decode step's rows from the speedup grid; its total and host part from the host-work run where one is
+    given (`host_work`), from the source named `host_src`."""
     from granisim.config.models import get_model
 
     lp, k = DECODE_POINT
@@ -59,16 +83,30 @@ def decode_step_rows(speedups: dict, copy_gbs: float) -> list[dict]:
     prefix_ms = prefix_kv_bytes(m, lp, k) / (copy_gbs * 1e9) * 1e3
     src = f"{_rel(SPEEDUPS)}: L_p = {lp}, k = {k}, granikv, repetition 0, decode steps' medians"
     lin = parts["linear"] + parts["lm_head"]
+    step_row = row("decode step, Llama-3.1-8B, B = 64, 4 roles x 16K (ms)", step, "<= 9.2 (1.15x the 8.0 ms floor: "
+                   f"weights {weights_ms:.2f} + prefix KV {prefix_ms:.2f} + suffix KV 2.21, issue's derivation)",
+                   step <= 9.2, src)
+    host_row = row("decode step: host work (ms)", parts["overhead"], "<= 0.3", parts["overhead"] <= 0.3, src)
+    if host is not None:  # the newer run of the same steps: the committed executor's host path
+        a, b = host["after"], host.get("before")
+        hsrc = f"{host_src}: L_p = {lp}, k = {k}, granikv, committed executor, decode steps' medians per repetition"
+
+        def was(key: str) -> str:
+            return f"; the earlier executor in the same run: {b[key]['median']:.2f} ms" if b else ""
+
+        step_row = row(step_row["name"], a["step"], step_row["goal"], a["step"]["median"] <= 9.2, hsrc,
+                       "median over repetitions" + was("step"))
+        host_row = row(host_row["name"], a["overhead"], "<= 0.3", a["overhead"]["median"] <= 0.3, hsrc,
+                       "median over repetitions" + was("overhead"))
     return [
-        row("decode step, Llama-3.1-8B, B = 64, 4 roles x 16K (ms)", step, "<= 9.2 (1.15x the 8.0 ms floor: weights "
-            f"{weights_ms:.2f} + prefix KV {prefix_ms:.2f} + suffix KV 2.21, issue's derivation)", step <= 9.2, src),
+        step_row,
         row("decode step: linear + LM head, share of copy bandwidth", weights_ms / lin, ">= 0.85",
             weights_ms / lin >= 0.85, src, f"{lin:.2f} ms against {weights_ms:.2f} ms of weights at "
             f"{copy_gbs:.0f} GB/s (element-wise operators included)"),
         row("decode step: prefix pass over its floor", parts["attn_prefix"] / prefix_ms, "<= 1.3",
             parts["attn_prefix"] / prefix_ms <= 1.3, src, f"{parts['attn_prefix']:.2f} ms against {prefix_ms:.2f} ms "
             f"(4 prefixes of 16K tokens read once)"),
-        row("decode step: host work (ms)", parts["overhead"], "<= 0.3", parts["overhead"] <= 0.3, src),
+        host_row,
     ]
 
 
@@ -175,17 +213,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", type=Path, default=ROOT / "reports/engine/summary.json")
     ap.add_argument("--paper", type=Path, default=PAPER,
                     help="the paper-setting units (granisim validation gpu-run paper --out DIR)")
+    ap.add_argument("--host", type=Path, default=HOST, help="the engine host-work benchmark's JSON (engine_host.py)")
     args = ap.parse_args(argv)
     from granisim.config.hardware import get_profile
 
     kernels, gemms, speedups = (json.loads(p.read_text()) for p in (KERNELS, GEMMS, SPEEDUPS))
     m_sat = float(get_profile("h200")["m_sat"])
     copy_gbs = kernels["sections"]["ceilings"]["copy_GBps"]
-    krows = decode_step_rows(speedups, copy_gbs) + [gemm_row(gemms)] + kernel_rows(kernels, m_sat)
+    host_doc = json.loads(args.host.read_text()) if args.host.is_file() else None
+    krows = (decode_step_rows(speedups, copy_gbs, host_work(host_doc), _rel(args.host)) + [gemm_row(gemms)]
+             + kernel_rows(kernels, m_sat))
     units = [json.loads(f.read_text()) for f in sorted(args.paper.glob("paper_*.json"))] if args.paper.is_dir() else []
     erows = engine_rows(speedups) + paper_rows(units, _rel(args.paper))
     runs = {_rel(KERNELS): kernels["meta"], _rel(SPEEDUPS): {"run": speedups["run"], "commit": speedups["commit"]},
             _rel(args.paper): {"units": len(units)},
+            _rel(args.host): ({k: host_doc["meta"].get(k) for k in ("gpu", "torch", "triton", "commit", "date")}
+                              if host_doc else {}),
             _rel(GEMMS): {k: gemms[k] for k in ("gpu", "torch", "triton", "python", "note")}}
     for path, rows in ((args.kernels, krows), (args.engine, erows)):
         used = {src: meta for src, meta in runs.items() if any(r["source"].startswith(src) for r in rows)}

@@ -79,3 +79,28 @@ def test_paper_rows_take_each_repetitions_ratio_and_need_three():
     assert rows["paper's setting, L_p = 4K, k = 4: granikv / token throughput"]["met"] is None
     none = goals.paper_rows([], "x")
     assert [r["measured"] for r in none] == [None] * 4 and [r["met"] for r in none] == [False, False, None, None]
+
+
+def test_host_work_rows_take_the_committed_executor_over_plain_repetitions():
+    """The decode step's total and host part come from the host-work run's granikv units under the committed
+    executor ('after'), median over its plain repetitions (a probe unit, slowed by its wrappers, left out), with the
+    earlier executor's figure of the same run in the note; a run on another GPU or at another point is not taken."""
+    def unit(v, step, ov, probe=False, policy="granikv"):
+        return {"policy": policy, "variant": v, "probe": probe,
+                "decode": {"step_ms_p50": step, "overhead_ms_p50": ov}}
+
+    doc = {"meta": {"gpu": "NVIDIA H200", "args": {"lp": 16384, "k": 4}},
+           "units": [unit("before", 13.9, 1.6), unit("after", 12.5, 0.3), unit("after", 12.7, 0.5),
+                     unit("after", 12.6, 0.4), unit("after", 20.0, 9.0, probe=True),
+                     unit("after", 30.0, 5.0, policy="token")]}
+    host = goals.host_work(doc)
+    assert host["after"]["overhead"]["median"] == pytest.approx(0.4) and host["after"]["overhead"]["points"] == 3
+    assert host["before"]["step"]["median"] == pytest.approx(13.9)
+    sp = json.loads(goals.SPEEDUPS.read_text())
+    rows = goals.decode_step_rows(sp, 4000.0, host, "HOST")
+    step, ov = rows[0], rows[-1]
+    assert step["measured"]["median"] == pytest.approx(12.6) and step["source"].startswith("HOST")
+    assert ov["measured"]["median"] == pytest.approx(0.4) and ov["met"] is False and "1.60 ms" in ov["note"]
+    assert goals.host_work({**doc, "meta": {**doc["meta"], "gpu": "NVIDIA H100 80GB HBM3"}}) is None
+    assert goals.host_work({**doc, "meta": {**doc["meta"], "args": {"lp": 4096, "k": 4}}}) is None
+    assert goals.decode_step_rows(sp, 4000.0)[-1]["source"].startswith("reports/engine/speedups.json")

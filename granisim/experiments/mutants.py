@@ -81,7 +81,10 @@ try:
         run_state_machine_as_test(Counting, settings=settings)
 except BaseException as err:
     msg = str(err).splitlines()[0] if str(err) else ""
-    out = dict(caught=True, examples=count[0], error=f"{type(err).__name__}: {msg}"[:160])
+    # a mutant whose code does not run (a name it uses is gone) plants no bug: it is broken, not caught
+    broken = isinstance(err, (NameError, SyntaxError, ImportError))
+    out = dict(caught=not broken, examples=count[0],
+               error=("broken mutant: " if broken else "") + f"{type(err).__name__}: {msg}"[:160])
 out["cpu_s"] = round(time.process_time() - t0, 2)
 print("RESULT " + json.dumps(out))
 """

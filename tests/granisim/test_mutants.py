@@ -30,3 +30,20 @@ def test_sampled_mutant_is_caught(name):
     res = run_one(mutant, mutant.policies[0], examples=300, seed=1, fixes=FIXES)
     assert res["caught"], res
     assert not res["error"].startswith(("TypeError", "NameError", "AttributeError")), res
+
+
+def test_a_mutant_whose_code_does_not_run_is_not_caught():
+    """A mutant that refers to a name the source no longer has fails with a NameError at its first
+    example; that is a broken mutant, not a bug the fuzzer caught. Planted bug caught: counting any
+    exception as a catch (the whole list then reported such a mutant as caught)."""
+    from granisim.experiments.mutants import Mutant
+
+    broken = Mutant("uses_a_gone_name", "broken", "kv/allocator.py", old="""
+        seq.drop_front(k)
+""", new="""
+        seq.drop_front(k)
+        self.store.release(no_such_name[-1:])
+""", policies=["token"])
+    res = run_one(broken, "token", examples=300, seed=1)
+    assert not res["caught"] and res["error"].startswith("broken mutant: NameError"), res
+

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from .host_work import code_commit
+
 NAMES = ("rows", "arena", "metadata", "executor")
 
 
@@ -202,18 +204,6 @@ def _q(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _commit() -> str | None:
-    """The code's commit: a COMMIT file at the tree's root (a copy made by `git archive`), else git's HEAD."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "COMMIT").is_file():
-        return (root / "COMMIT").read_text().strip()
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _gpu_state() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu",
@@ -253,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     device = "cpu" if args.smoke else "cuda"
     meta = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "triton": triton.__version__, "python": sys.version.split()[0], "gpu_state_start": _gpu_state(),
-            "host_probe": host_probe(1 if args.smoke else 3), "commit": _commit(),
+            "host_probe": host_probe(1 if args.smoke else 3), "commit": code_commit(),
             "date": time.strftime("%Y-%m-%d %H:%M %Z"),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     t0 = time.time()

@@ -97,7 +97,10 @@ def _cpu() -> str:
         return platform.processor()
 
 
-def _commit() -> str | None:
+def code_commit() -> str | None:
+    """The code's commit: a COMMIT file at the tree's root (a copy made by `git archive`), else git's HEAD."""
+    if (ROOT / "COMMIT").is_file():
+        return (ROOT / "COMMIT").read_text().strip()
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     meta = {"cpu": _cpu(), "cores": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
-            "torch": torch.__version__, "device": args.device, "commit": _commit(),
+            "torch": torch.__version__, "device": args.device, "commit": code_commit(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     print(f"host work of a decode step, B = {args.requests}, {args.k} roles x {args.lp} tokens ({meta['cpu']}); "
           f"us per call, median over plans (min-max)")

@@ -10,7 +10,7 @@ import pandas as pd
 from granisim.core.columns import PackedRows, pages
 from granisim.core.contract import BatchPlan, StepResult
 from granisim.core.planned import columns
-from granisim.core.request import RequestRecord, RequestRecords
+from granisim.core.request import JoinedRecords, RequestRecord, RequestRecords
 
 BREAKDOWN_KEYS = ("linear", "lm_head", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write",
                   "kv_copy", "overhead")
@@ -88,12 +88,13 @@ REQUEST_COLS = ("rid", "role", "session", "turn", "status", "reason", "arrival_s
                 "generated", "cached_tokens", "preemptions", "queue_s", "ttft_s", "tpot_s", "e2e_s", "finish_s")
 
 
-def requests_frame(records: RequestRecords | list[RequestRecord]) -> pd.DataFrame:
+def requests_frame(records: RequestRecords | JoinedRecords | list[RequestRecord]) -> pd.DataFrame:
     """One row per request, by rid (stable: records of one rid keep their order), built from the
-    records' columns (:class:`RequestRecords`; a list of records is put into one first): one array
+    records' columns (:class:`RequestRecords` or :class:`JoinedRecords`; a list of records is put into
+    one first): one array
     per column, the derived latencies computed on whole columns (the same float operations as
     :class:`RequestRecord`'s properties), and no per-request object."""
-    if not isinstance(records, RequestRecords):
+    if not isinstance(records, (RequestRecords, JoinedRecords)):
         records = RequestRecords(records)
     if not len(records):
         return pd.DataFrame({k: [] for k in REQUEST_COLS}).sort_values("rid", kind="stable").reset_index(drop=True)

@@ -269,3 +269,31 @@ class RequestRecords:
             reason[i] = why
         cols["reason"] = reason
         return cols
+
+
+class JoinedRecords:
+    """Several :class:`RequestRecords` read as one, in order: ``len``, iteration (:class:`RequestRecord`)
+    and ``columns()`` (each column the parts' columns concatenated), without building a record
+    (a fleet's replicas each keep their own)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = [p for p in parts if len(p)]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def __iter__(self):
+        for p in self.parts:
+            yield from p
+
+    def __repr__(self) -> str:
+        return f"JoinedRecords({len(self)} records)"
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """As :meth:`RequestRecords.columns` of all the records in one. Needs a record."""
+        cols = [p.columns() for p in self.parts]
+        if len(cols) == 1:
+            return cols[0]
+        return {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}

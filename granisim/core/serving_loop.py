@@ -36,14 +36,14 @@ from granisim.kv.host_tier import host_tier_config
 from granisim.core.metrics import StepLog
 from granisim.core.progress import NoBar, request_bar
 from granisim.core.contract import Executor, with_steps
-from granisim.core.request import RequestRecord, RequestRecords
+from granisim.core.request import JoinedRecords, RequestRecords
 from granisim.core.scheduler import Scheduler
 from granisim.core.workload import ArrivalQueue, InitialSpecs, Workload
 
 
 @dataclass
 class SimResult:
-    records: RequestRecords | list[RequestRecord]  # a fleet's: a list
+    records: RequestRecords | JoinedRecords  # a fleet's: its replicas' records joined
     steps: StepLog
     end_s: float
     info: dict = field(default_factory=dict)

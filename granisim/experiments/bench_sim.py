@@ -117,10 +117,7 @@ def measure(name: str, policy: str, router: str = "round_robin") -> dict:
     result = simulate(setup, progress=False)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     steps = result.steps.frame()
-    records = result.records  # RequestRecords (the single loop's columns) or a list of RequestRecord
-    if isinstance(records, list):
-        records = [r[1] if isinstance(r, tuple) else r for r in records]
-    n = len(requests_frame(records))
+    n = len(requests_frame(result.records))
     peak = _peak_rss()
     return {"case": name, **({"router": router} if case.replicas else {}), "requests": n, "simulated_s": result.end_s, "plans": len(steps),
             "steps": int(steps.num_steps.sum()), "cpu_s": cpu, "wall_s": wall, "speed_x_real_time": result.end_s / cpu,

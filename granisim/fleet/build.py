@@ -94,7 +94,7 @@ def simulate_setup(setup, executor=None, progress: bool = True):
     make = (lambda _setup: executor) if executor is not None else None
     res = simulate_fleet(setup.scenario, "<scenario>", make, progress, trace=setup.trace)
     steps = fleet_steps(res)
-    return SimResult([r for _, r in res.records], _Frame(steps), res.end_s,
+    return SimResult(res.records.requests, _Frame(steps), res.end_s,
                      dict(kv_budget=setup.kv_budget, replicas=len(res.replicas), router=res.router))
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import simpy
 
 from granisim.core.progress import request_bar
-from granisim.core.request import RequestRecord
+from granisim.core.request import JoinedRecords, RequestRecord, RequestRecords
 from granisim.core.serving_loop import UrgentTimeout
 from granisim.core.workload import ArrivalQueue, Workload
 from granisim.fleet.replica import Replica, ReplicaSpec
@@ -28,9 +29,34 @@ from granisim.fleet.views import ReplicaView, request_view
 NO_REPLICA = -1  # the `replica` of a request rejected at the router
 
 
+class FleetRecords:
+    """The fleet's request records as (replica, :class:`RequestRecord`) pairs: the router's rejections
+    (replica NO_REPLICA), then each replica's, incarnation by incarnation, each part kept as its serving
+    loop's :class:`RequestRecords` columns. ``requests`` reads them as one (the records alone, for
+    ``requests_frame``); ``replicas()`` gives each record's replica in the same order."""
+
+    __slots__ = ("_parts", "requests")
+
+    def __init__(self, parts: list[tuple[int, RequestRecords]]):
+        self._parts = [(i, recs) for i, recs in parts if len(recs)]
+        self.requests = JoinedRecords([recs for _, recs in self._parts])
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self):
+        for i, recs in self._parts:
+            for r in recs:
+                yield i, r
+
+    def replicas(self) -> np.ndarray:
+        return np.concatenate([np.full(len(recs), i, dtype=np.int64) for i, recs in self._parts]
+                              or [np.zeros(0, dtype=np.int64)])
+
+
 @dataclass
 class FleetResult:
-    records: list[tuple[int, RequestRecord]]  # (replica, record)
+    records: FleetRecords
     replicas: list[Replica]
     end_s: float
     rerouted: dict[int, int] = field(default_factory=dict)  # rid -> times handed back by a failing replica
@@ -87,12 +113,12 @@ class FleetLoop:
             env.process(self._fault(f))
         env.run()
         self._bar.close()
-        records = [(NO_REPLICA, self._reject(spec, "no replica up (every replica down for good)"))
-                   for spec in self._held]
+        parts = [(NO_REPLICA, RequestRecords(self._reject(spec, "no replica up (every replica down for good)")
+                                             for spec in self._held))]
         for rep in self.replicas:
             rep.finish(env.now)
-            records.extend((rep.index, r) for r in rep.records)
-        return FleetResult(records, self.replicas, env.now, self.rerouted, self.recomputed,
+            parts.extend((rep.index, recs) for recs in rep.records)
+        return FleetResult(FleetRecords(parts), self.replicas, env.now, self.rerouted, self.recomputed,
                            self.router.name, self.router.decisions)
 
     def _add_arrivals(self, specs) -> None:

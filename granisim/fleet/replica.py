@@ -40,7 +40,7 @@ class Replica:
         self.loop: ServingLoop | None = None
         self._proc: simpy.Process | None = None
         self._down = 0  # overlapping faults: up again when the last one ends
-        self.records: list = []  # of finished incarnations
+        self.records: list = []  # each finished incarnation's RequestRecords
         self._frames: list[pd.DataFrame] = []
         self.totals = dict(hit_tokens=0, lookup_tokens=0, evictions=0, preemptions=0, incarnations=0)
         self.executors: list = []
@@ -100,7 +100,7 @@ class Replica:
             self.down_s += now - self._down_since
 
     def _retire(self, loop: ServingLoop) -> None:
-        self.records.extend(loop.scheduler.records)
+        self.records.append(loop.scheduler.records)
         self.outputs.update(loop.outputs)
         frame = loop.steps.frame()
         if len(frame):

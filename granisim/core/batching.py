@@ -127,7 +127,7 @@ class BatchBuilder:
                                        [False] * nd + [True] * len(work), None, None, n_decode=nd,
                                        decode_contexts=ctx, group_rows=group_rows)
             else:
-                reqs = PlannedRequests(list(rids), later, [1] * nd, [False] * nd, None, None, n_decode=nd,
+                reqs = PlannedRequests(rids, later, [1] * nd, [False] * nd, None, None, n_decode=nd,
                                        decode_contexts=ctx, group_rows=group_rows)
         plan = batch_plan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups), tuple(alloc.take_copies()),
                           transfers=tuple(alloc.take_transfers()))

@@ -56,6 +56,7 @@ class DecodeBatch:
         self._slotted: list[Request] = []
         self._held = 0  # sum of n_tokens - computed of the slotted members
         self._fin_sum = 0  # sum of their finish clocks
+        self._members: tuple[list[Request], list[int]] | None = None  # members(), until one joins or leaves
 
     # ---- a mapping in running order ----------------------------------------------------------
     def __len__(self) -> int:
@@ -73,9 +74,18 @@ class DecodeBatch:
     def values(self):
         return self._reqs.values()
 
+    def members(self) -> tuple[list[Request], list[int]]:
+        """``(list(self.values()), list(self))``: the same two lists, never changed, until a member joins or
+        leaves (a plan per step reads them; the batch changes far less often)."""
+        m = self._members
+        if m is None:
+            m = self._members = (list(self._order), list(self._reqs))
+        return m
+
     # ---- joining and leaving ------------------------------------------------------------------
     def join(self, r: Request) -> None:
         """``r`` (off any clock, its counters current) starts decoding; running order is admit_order."""
+        self._members = None
         order = self._order
         key = r.computed - self.clock.now
         g = _group_key(r)
@@ -117,6 +127,7 @@ class DecodeBatch:
 
     def leave(self, r: Request) -> None:
         """``r`` stops decoding (finished or preempted); its counters are brought up to date."""
+        self._members = None
         rid = r.rid
         pos = self._order.index(r)
         self._uncount(int(self._gk[pos]), self._keys[pos])
@@ -244,6 +255,7 @@ class DecodeBatch:
     def rebuild(self) -> None:
         """Members' counters were changed one by one (not by the clock): derive the state again."""
         members = self._order
+        self._members = None
         for r in self._slotted:
             r._sync()
             r._clock = None

@@ -110,12 +110,10 @@ class Scheduler:
         alloc.rebalance()  # adaptive HOT moves its boundary here, between plans (else a no-op)
         work: list[tuple[Request, int, np.ndarray]] = []  # the rows after the decode rows
         # (1) decodes: one token each, preempting until they all fit
-        decode = list(self._decoding.values())
-        rids = list(self._decoding)
+        decode, rids = self._decoding.members()  # read-only lists
         while decode and not alloc.can_grow(rids, 1):
             self._preempt(self._victim())  # a victim that was decoding leaves _decoding
-            decode = list(self._decoding.values())
-            rids = list(self._decoding)
+            decode, rids = self._decoding.members()
         decode_slots = None
         if self.batch.needs_layouts:  # the executor writes K/V: it needs the slot ids
             decode_slots = alloc.extend_all(rids, 1)

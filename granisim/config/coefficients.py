@@ -116,6 +116,12 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     "attn.decode.shared_reread": ("", "frac", 1.0),
     # an eager step launches every operator from the host: its linear part takes at least this long
     "engine.eager.linear_floor_s": ("s", "nonneg", 0.0),
+    # an eager step that prefills n requests runs their prefill attention slower than the same launch alone
+    # (reports/validation/, "Eager prefill steps"): the kernel's time times 1 + multi_gain * (n - 1) / n, and
+    # times 1 + multi_cached * multi_gain * (n - 1) / n where every one of them prefills over cached context
+    # (a prefix hit or an earlier chunk); multi_gain 0 = no such effect
+    "engine.eager.attn_prefill.multi_gain": ("", "nonneg", 0.0),
+    "engine.eager.attn_prefill.multi_cached": ("", "share", 1.0),
     "overhead.per_request_s": ("s", "nonneg", 0.0),
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
     "overhead.per_pass_s": ("s", "nonneg", 0.0),  # host metadata of each prefix pass (group maps, storage)

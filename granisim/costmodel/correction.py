@@ -74,3 +74,15 @@ def page_eff(storage, page_size: int, page1: float, page16: float) -> float:
         raise ValueError(f"unknown KV storage {storage!r}; expected slab, cold, token, hot or paged")
     x = min(1.0, math.log2(max(1, page_size)) / 4.0)
     return page1 + (page16 - page1) * x
+
+
+def multi_prefill_factor(reqs, gain: float, cached: float) -> float:
+    """How much longer an eager step's prefill attention takes when it prefills the requests ``reqs`` together
+    than the same launch alone: ``1 + g * (n - 1) / n`` for ``n`` requests (1 for one; saturating at ``1 + g``),
+    ``g = gain``, or ``cached * gain`` where every request prefills over cached context (``context_len`` > 0)."""
+    n = len(reqs)
+    if n < 2:
+        return 1.0
+    if cached != 1.0 and all(r.context_len > 0 for r in reqs):
+        gain *= cached
+    return 1.0 + gain * (n - 1) / n

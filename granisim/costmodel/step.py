@@ -13,7 +13,7 @@ from granisim.config.coefficients import LINEAR_KNOTS
 from granisim.core.contract import BatchPlan, StepResult, step_result
 from granisim.core.planned import columns
 
-from .correction import storage_class
+from .correction import multi_prefill_factor, storage_class
 from .operators import BREAKDOWN_KEYS
 
 
@@ -225,6 +225,8 @@ class StepPricing:
         host_tok = tok + shared_len
         overhead = self._host(n_req, host_tok, len(passes))
         eager = bool(self.graph_max) and T > self.graph_max
+        if eager and prefill_reqs and self.pf_multi[0]:  # several requests' prefill attention inside the step
+            attn_prefill *= multi_prefill_factor(prefill_reqs, *self.pf_multi)
         if self.engine:
             linear = self._in_engine("linear", linear, eager, offset=None if eager else self._linear_offset(T))
             lm_head, attn_prefill, merge, kv_write = (

@@ -92,6 +92,9 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         self.engine = engine if any(v != (1.0, 0.0) for v in (*engine.values(), *eager.values())) else {}
         self.engine_eager = eager if self.graph_max else engine
         self.eager_floor = {"linear": p["engine.eager.linear_floor_s"]}  # per key: at least this long
+        # eager steps prefilling several requests: (gain, share where all read cached context) of their
+        # prefill attention's factor (correction.multi_prefill_factor)
+        self.pf_multi = (p["engine.eager.attn_prefill.multi_gain"], p["engine.eager.attn_prefill.multi_cached"])
         knots = [n for n in LINEAR_KNOTS if f"engine.linear.offset_t{n}_s" in p.coefficients]
         self.linear_knots = (np.log2(knots), np.array([p[f"engine.linear.offset_t{n}_s"] for n in knots])) \
             if knots else None

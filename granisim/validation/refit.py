@@ -11,8 +11,11 @@ leave-one-machine-out check (``granisim validation report OTHER --check-profile 
 workloads (VALIDATION's ``held_out``) join no fit. The profile is ``--base`` plus the fit, with the
 coefficients that other fits own (``report.KEEP``, from ``--keep-from``) and the engine's host-tier
 constants. ``--only PREFIX ...`` (e.g. ``engine.eager.linear``) refits just the coefficients named so: the profile
-is ``--keep-from`` with those replaced by the pooled fit's values, everything else as it was. Nothing here needs a
-GPU; a bad folder or a run without units is one line and exit 2.
+is ``--keep-from`` with those replaced by the pooled fit's values, everything else as it was. The factor on eager
+steps that prefill several requests (``engine.eager.attn_prefill.multi_gain`` / ``multi_cached``:
+`fit_multi_prefill`) is fitted only when ``--only`` names it, on the eager prefill correction the profile will carry
+(``--keep-from``'s), and may pool several ``--model``s (it is a ratio). Nothing here needs a GPU; a bad folder or a
+run without units is one line and exit 2.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ import argparse
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile
@@ -29,9 +35,13 @@ from granisim.validation.report import KEEP, graph_limit, held_out, kept_coeffic
 from granisim.validation.validate import reprice
 
 
-def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str]]:
-    """(engine-correction values, units fitted): every non-held-out unit of ``model`` in ``runs``, each
-    re-priced with ``base`` plus ``keep`` (the coefficients the fit leaves alone)."""
+MULTI = "engine.eager.attn_prefill.multi"  # the prefix of the factor's coefficients (gain, cached share)
+
+
+def pooled_frames(runs: list[Path], model: str, base, keep) -> tuple[list[pd.DataFrame], list[str], int]:
+    """(steps, units, CUDA-graph limit): every non-held-out unit of ``model`` in ``runs``, each re-priced with
+    ``base`` plus ``keep`` (the coefficients the fit leaves alone), with each step's prefilling requests
+    (``prefill_requests``) and whether every one of them reads cached context (``prefill_cached``)."""
     prof = replace(base, coefficients={**base.coefficients, **keep})
     m = get_model(model)
     frames, names, limits = [], [], {}
@@ -41,7 +51,10 @@ def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str
             name = unit.split("/", 1)[1]
             if unit_model != model or held_out(name):
                 continue
-            frames.append(reprice(steps, plans, prof, m))
+            pf = [[r for r in p.requests if r.is_prefill] for p in plans]
+            frames.append(reprice(steps, plans, prof, m).assign(
+                prefill_requests=[len(r) for r in pf],
+                prefill_cached=[bool(r) and all(q.context_len > 0 for q in r) for r in pf]))
             names.append(unit)
             fitted[name] = steps
         if fitted:
@@ -52,14 +65,71 @@ def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str
     if len(set(limits.values())) != 1:  # the fit prices eager and graph-replayed steps apart
         raise ValueError("the runs had different CUDA-graph limits (" +
                          ", ".join(f"{r}: {g}" for r, g in limits.items()) + "); refit runs of one limit at a time")
-    return fit(frames, limits.popitem()[1], m.num_layers), names
+    return frames, names, limits.popitem()[1]
+
+
+def pooled_fit(runs: list[Path], model: str, base, keep) -> tuple[dict, list[str]]:
+    """(engine-correction values, units fitted): every non-held-out unit of ``model`` in ``runs``, each
+    re-priced with ``base`` plus ``keep`` (the coefficients the fit leaves alone)."""
+    frames, names, graph_max = pooled_frames(runs, model, base, keep)
+    return fit(frames, graph_max, get_model(model).num_layers), names
+
+
+def fit_multi_prefill(steps: pd.DataFrame, graph_max: int) -> dict[str, float]:
+    """``engine.eager.attn_prefill.multi_gain`` and ``multi_cached`` from re-priced steps whose
+    ``predicted_attn_prefill`` is the kernel's time alone (no engine correction) and whose ``scale`` and
+    ``offset`` columns are the eager prefill correction the profile carries (offset per step, for the step's model's
+    layers): measured = scale * factor * predicted + offset over the eager steps that prefill two requests or more,
+    factor = 1 + g (n - 1) / n. Least squares on the relative error; g is ``multi_gain`` on steps where a request
+    prefills without cached context and ``multi_cached * multi_gain`` where every one reads cached context (the two
+    kinds of steps fit apart); gain >= 0, share within [0, 1]; share 1 (no distinction) without such steps (pure)."""
+    df = steps[(steps["tokens"] > graph_max) & (steps["prefill_requests"] >= 2)
+               & (steps["measured_attn_prefill"] > 0) & (steps["predicted_attn_prefill"] > 0)]
+    if not len(df):
+        raise ValueError(f"{MULTI}_gain: no eager step (over {graph_max} tokens) prefills two requests or more")
+    n = df["prefill_requests"].to_numpy(float)
+    y = df["measured_attn_prefill"].to_numpy(float)
+    base = df["scale"].to_numpy(float) * df["predicted_attn_prefill"].to_numpy(float)
+    x = base * (n - 1) / n  # d(price) / d(g)
+    r = y - base - df["offset"].to_numpy(float)  # what the factor has to add
+
+    def lsq(m: np.ndarray) -> float | None:  # argmin_g sum(((g x - r) / y)^2) over the steps m
+        if not m.any():
+            return None
+        xw, rw = x[m] / y[m], r[m] / y[m]
+        return float((xw * rw).sum() / (xw * xw).sum())
+
+    cached = df["prefill_cached"].to_numpy(bool)
+    g_fresh, g_cached = lsq(~cached), lsq(cached)
+    if g_fresh is None:  # every step reads cached context: one gain for them all
+        return {f"{MULTI}_gain": max(0.0, g_cached), f"{MULTI}_cached": 1.0}
+    gain = max(0.0, g_fresh)
+    share = 1.0 if g_cached is None or gain == 0 else min(1.0, max(0.0, g_cached / gain))
+    return {f"{MULTI}_gain": gain, f"{MULTI}_cached": share}
+
+
+def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target) -> tuple[dict, list[str]]:
+    """(``fit_multi_prefill``'s values, units fitted) over the runs' units of every model in ``models``, each step
+    with ``target``'s eager prefill correction (its scale, and its offset scaled to the model's layers)."""
+    frames, names, limits = [], [], set()
+    for model in models:
+        f, n, g = pooled_frames(runs, model, base, keep)
+        layers, fit_layers = get_model(model).num_layers, target["engine.fit_layers"]
+        offset = target["engine.eager.attn_prefill.offset_s"] * (layers / fit_layers if fit_layers else 1.0)
+        frames += [x.assign(scale=target["engine.eager.attn_prefill.scale"], offset=offset) for x in f]
+        names += n
+        limits.add(g)
+    if len(limits) != 1:
+        raise ValueError(f"the models' runs had different CUDA-graph limits ({sorted(limits)}); fit one at a time")
+    return fit_multi_prefill(pd.concat(frames, ignore_index=True), limits.pop()), names
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="granisim validation refit", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, required=True, help="the profile to write (.json)")
-    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--model", nargs="+", default=["llama-3.1-8b"],
+                    help=f"the model whose units are fitted (several only for --only {MULTI})")
     ap.add_argument("--base", default="h200", help="the microbenchmark profile the corrections go on")
     ap.add_argument("--keep-from", default="h200-engine", help="take the coefficients other fits own from it")
     ap.add_argument("--except", dest="skip", type=Path, nargs="*", default=[], help="leave these runs out")
@@ -81,10 +151,22 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--only {p}: no profile coefficient is named so (e.g. engine.eager.linear)")
     base, kept_from = get_profile(args.base), get_profile(args.keep_from)
     keep = {k: kept_from.coefficients[k] for k in KEEP if k in kept_from.coefficients}
-    values, units = pooled_fit(runs, args.model, base, keep)
-    cmd = "granisim validation refit " + " ".join(map(str, runs)) + f" --model {args.model} --base {args.base}"
+    only = args.only or []
+    multi_alone = bool(only) and all(p.startswith(MULTI) for p in only)  # the factor and nothing else
+    if len(args.model) > 1 and not multi_alone:
+        raise ValueError(f"--model {' '.join(args.model)}: several models are pooled only for --only {MULTI}")
+    if multi_alone:
+        values, units = multi_prefill_values(runs, args.model, base, keep, kept_from)
+        how = "granisim.validation.refit.fit_multi_prefill"
+    else:
+        values, units = pooled_fit(runs, args.model[0], base, keep)
+        how = "granisim.calibration.engine_fit"
+        if any(MULTI.startswith(p) for p in only):
+            values.update(multi_prefill_values(runs, args.model, base, keep, kept_from)[0])
+    cmd = ("granisim validation refit " + " ".join(map(str, runs)) + f" --model {' '.join(args.model)}"
+           f" --base {args.base}")
     source = Source("measured", date=datetime.now(timezone.utc).date().isoformat(), command=cmd,
-                    note=f"granisim.calibration.engine_fit pooled over {len(units)} units: {', '.join(units)}")
+                    note=f"{how} pooled over {len(units)} units: {', '.join(units)}")
     keep_file = Path(args.keep_from) if args.keep_from.endswith(".json") else PROFILE_DIR / f"{args.keep_from}.json"
     fitted_on = f"{len(units)} units of {len(runs)} runs"
     if args.only:

@@ -16,3 +16,50 @@ def test_only_takes_the_named_families_and_nothing_else():
 def test_a_prefix_that_names_nothing_is_refused():
     with pytest.raises(ValueError, match="--only engine.eager.linaer: the fit has no coefficient"):
         only_values(FIT, ["engine.eager.linear", "engine.eager.linaer"])
+
+
+def _steps(gain, cached_share, n_steps=60, seed=0):
+    """Eager and graph steps whose measured prefill attention carries the factor (scale 1, offset 1 ms)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    n = rng.integers(1, 6, n_steps)
+    cached = rng.random(n_steps) < 0.4
+    tokens = rng.choice([1024, 4096, 8192], n_steps)
+    kernel = rng.uniform(5e-3, 4e-2, n_steps)
+    g = np.where(cached, gain * cached_share, gain)
+    factor = np.where(tokens > 2048, 1 + g * (n - 1) / n, 1.3)  # graph steps: anything, never fitted
+    return pd.DataFrame({"tokens": tokens, "prefill_requests": n, "prefill_cached": cached & (n > 0),
+                         "predicted_attn_prefill": kernel, "measured_attn_prefill": factor * kernel + 1e-3,
+                         "scale": 1.0, "offset": 1e-3})
+
+
+def test_the_multi_prefill_fit_recovers_gain_and_cached_share():
+    from granisim.validation.refit import fit_multi_prefill
+
+    v = fit_multi_prefill(_steps(0.3, 0.25), 2048)
+    assert v["engine.eager.attn_prefill.multi_gain"] == pytest.approx(0.3, rel=1e-6)
+    assert v["engine.eager.attn_prefill.multi_cached"] == pytest.approx(0.25, rel=1e-6)
+
+
+def test_the_multi_prefill_fit_keeps_its_bounds():
+    """Cached-context steps priced over (a negative gain of their own) share 0; no such steps: share 1."""
+    from granisim.validation.refit import fit_multi_prefill
+
+    steps = _steps(0.3, -0.5)
+    v = fit_multi_prefill(steps, 2048)
+    assert v["engine.eager.attn_prefill.multi_gain"] == pytest.approx(0.3, rel=1e-6)
+    assert v["engine.eager.attn_prefill.multi_cached"] == 0.0
+    v = fit_multi_prefill(steps[~steps.prefill_cached], 2048)
+    assert v["engine.eager.attn_prefill.multi_cached"] == 1.0
+    with pytest.raises(ValueError, match="no eager step"):
+        fit_multi_prefill(steps[steps.prefill_requests < 2], 2048)
+
+
+def test_several_models_are_pooled_only_for_the_multi_prefill_factor(tmp_path):
+    from granisim.validation.refit import main
+
+    with pytest.raises(ValueError, match="several models are pooled only for --only engine.eager.attn_prefill.multi"):
+        main([str(tmp_path), "--model", "llama-3.1-8b", "qwen-2.5-14b", "--only", "engine.eager.linear",
+              "--out", str(tmp_path / "p.json")])

@@ -41,6 +41,8 @@ def _request(rid: int, order: int, out: int, gen: int, special: bool) -> Request
 def _check(batch: DecodeBatch, ref: list[Request], want: dict[int, tuple[int, int, int]]) -> None:
     assert list(batch) == [r.rid for r in ref]
     assert [r.rid for r in batch.values()] == [r.rid for r in ref]
+    decode, rids = batch.members()
+    assert [r.rid for r in decode] == rids == [r.rid for r in ref]
     for r in ref:
         assert (r.computed, r.n_tokens, r.generated) == want[r.rid]
     ctx = batch.contexts()
@@ -106,7 +108,8 @@ def _life(ops):
 def test_batch_steps_as_every_request_stepping_itself(ops):
     """Planted bugs this catches (each tried): ``leave`` dropping the wrong context key (off by one);
     the outstanding reserve without the members' one held token, and its bound without them; ``promote`` forgetting to put the
-    member on the clock (its counters stop); an out-of-order join appended at the end."""
+    member on the clock (its counters stop); an out-of-order join appended at the end; ``members()`` kept
+    across a join or a leave."""
     _life(ops)
 
 

@@ -231,3 +231,25 @@ def test_request_records_iterate_as_indexed():
     table = RequestRecords(recs)
     assert repr(list(table)) == repr([table[i] for i in range(len(table))])
     assert [r.reason for r in table if r.reason] == [r.reason for r in recs if r.reason]
+
+
+def test_joined_records_frame_as_one_table_of_all_their_records():
+    """JoinedRecords (a fleet's replicas' tables read as one) gives the records of its parts in order and the
+    same requests frame as one RequestRecords of all of them; a fleet's (replica, record) pairs follow it.
+    Planted bugs caught: the parts' columns joined in another order; an empty part counted."""
+    from granisim.core.request import JoinedRecords, RequestRecords
+    from granisim.fleet.loop import FleetRecords
+
+    def rec(rid, status="completed", arrival=1.0):
+        return RequestRecord(rid, rid % 3, -1, 0, arrival, 10 + rid, 5, status,
+                             "full" if status == "rejected" else "", 1.5, 2.0, 3.0, 4, 0, 5)
+
+    parts = [[rec(5), rec(1, "rejected")], [], [rec(3, arrival=0.5 * k) for k in range(1500)] + [rec(0), rec(5, arrival=9.0)]]
+    tables = [RequestRecords(p) for p in parts]
+    joined = JoinedRecords(tables)
+    flat = [r for p in parts for r in p]
+    assert len(joined) == len(flat) and repr(list(joined)) == repr(flat)
+    pd.testing.assert_frame_equal(requests_frame(joined), requests_frame(RequestRecords(flat)), check_exact=True)
+    fleet = FleetRecords([(-1, tables[0]), (0, tables[1]), (2, tables[2])])
+    assert [(i, r.rid) for i, r in fleet] == [(-1, 5), (-1, 1)] + [(2, r.rid) for r in parts[2]]
+    assert fleet.replicas().tolist() == [i for i, _ in fleet]

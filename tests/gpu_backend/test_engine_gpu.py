@@ -12,7 +12,10 @@ pytestmark = pytest.mark.gpu
 # bf16 logits against the float64 reference: the engine's layer ops in bf16 on a 32-layer model of width 1024
 # (on a CPU) come out 1.4-1.6% off by relative L2, and the error is one of rounding, not of width
 BF16_LOGIT_RTOL = 3e-2
-MIN_AGREEMENT = 0.9
+# where a path's greedy token differs from the token path's, the float64 reference must call it a near tie: the
+# two tokens' reference logits closer than this many times the path's RMS logit error at that position (bf16
+# rounding flips such ties; the max of ~128K rounding errors is ~4.5 RMS, a flip needs two of them)
+TIE_RMS = 12.0
 
 
 def _run(policy, m_sat, graphs=True):
@@ -70,9 +73,10 @@ def _gpu_memory_back():
         _free_gpu()
 
 
-def _logit_errors(eng, ex, specs, logits) -> list[float]:
+def _logit_errors(eng, ex, specs, logits, rows: dict | None = None) -> list[float]:
     """Relative L2 error of the engine's logits at every generated token against the float64 reference over the
-    request's own sequence (its prompt and the tokens it generated before)."""
+    request's own sequence (its prompt and the tokens it generated before); ``rows`` (if given) gets (rid, n) ->
+    (the reference's logits for output n, the engine's RMS error there)."""
     from gpu_backend.executor.reference import all_logits
 
     errs = []
@@ -84,13 +88,31 @@ def _logit_errors(eng, ex, specs, logits) -> list[float]:
             assert int(got.argmax()) == int(tok), (rid, n)  # the token is its own logits' argmax
             want = ref[len(prompt) + n - 1]
             errs.append(float((got - want).norm() / want.norm()))
+            if rows is not None:
+                rows[rid, n] = (want, float((got - want).norm()) / want.numel() ** 0.5)
     return errs
+
+
+def _flips(outputs, ref, rows) -> list[tuple]:
+    """Each request's first output where ``outputs`` differs from ``ref`` (the same context up to there): (rid, n,
+    the two tokens' float64 reference logits apart, in RMS errors of the engine there). A flip at a near tie is
+    bf16 rounding; one at a clear margin (over TIE_RMS) is a wrong token."""
+    out = []
+    for rid, want_tokens in ref.items():
+        diff = np.flatnonzero(outputs[rid] != want_tokens)
+        if diff.size:
+            n = int(diff[0])
+            want, rms = rows[rid, n]
+            margin = abs(float(want[int(want_tokens[n])] - want[int(outputs[rid][n])]))
+            out.append((rid, n, round(margin / rms, 2)))
+    return out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_llama_shape_paths_agree_in_bf16():
     """Every path's logits at every generated token are within BF16_LOGIT_RTOL (relative L2) of the float64
-    reference's over the same sequence, and the paths' greedy tokens mostly agree (a near tie may flip one)."""
+    reference's over the same sequence, and where a path's greedy tokens part from the token path's they part at
+    a near tie of the reference (after it the contexts differ, so later tokens are not compared)."""
     ref = None
     for name, pol, m in [("token", "token", 4), ("dense", "granikv", 4), ("cascade", "granikv", 10**6),
                          ("paged16", "paged16", 4)]:
@@ -98,12 +120,15 @@ def test_llama_shape_paths_agree_in_bf16():
         ref = ref or eng.outputs
         same = sum(int(np.array_equal(eng.outputs[r], ref[r])) for r in ref)
         tok = sum(int((eng.outputs[r] == ref[r]).sum()) for r in ref) / sum(len(ref[r]) for r in ref)
-        errs = _logit_errors(eng, ex, specs, logits)
+        rows = {}
+        errs = _logit_errors(eng, ex, specs, logits, rows)
         print(f"{name}: {same}/{len(ref)} requests identical, token agreement {tok:.3f}; logits vs reference: "
               f"relative L2 median {np.median(errs):.2e}, max {max(errs):.2e} over {len(errs)} tokens")
         assert len(errs) == sum(len(o) for o in eng.outputs.values()) > 0, name
         assert max(errs) < BF16_LOGIT_RTOL, name
-        assert tok >= MIN_AGREEMENT, name
+        flips = _flips(eng.outputs, ref, rows)
+        print(f"{name}: first flips (rid, output, reference margin / RMS error): {flips}")
+        assert all(f[2] <= TIE_RMS for f in flips), name
         if name in ("dense", "cascade"):
             assert ex.stats()["graph_replays"] > 0, name
         del eng, ex, logits

@@ -90,10 +90,9 @@ REQUEST_COLS = ("rid", "role", "session", "turn", "status", "reason", "arrival_s
 
 def requests_frame(records: RequestRecords | JoinedRecords | list[RequestRecord]) -> pd.DataFrame:
     """One row per request, by rid (stable: records of one rid keep their order), built from the
-    records' columns (:class:`RequestRecords` or :class:`JoinedRecords`; a list of records is put into
-    one first): one array
-    per column, the derived latencies computed on whole columns (the same float operations as
-    :class:`RequestRecord`'s properties), and no per-request object."""
+    records' columns (:class:`RequestRecords` or :class:`JoinedRecords`; a list of records is put
+    into one first): one array per column, the derived latencies computed on whole columns (the same
+    float operations as :class:`RequestRecord`'s properties), and no per-request object."""
     if not isinstance(records, (RequestRecords, JoinedRecords)):
         records = RequestRecords(records)
     if not len(records):

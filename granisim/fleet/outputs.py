@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from granisim.core.metrics import requests_frame, summarize
@@ -22,8 +21,8 @@ from granisim.core.metrics import requests_frame, summarize
 def fleet_requests(result) -> pd.DataFrame:
     recs = result.records
     reqs = requests_frame(recs.requests)
-    rids = recs.requests.columns()["rid"] if len(recs) else []
-    where = dict(zip(np.asarray(rids).tolist(), recs.replicas().tolist()))  # a rid's last record's replica
+    rids = recs.requests.columns()["rid"].tolist() if len(recs) else []
+    where = dict(zip(rids, recs.replicas().tolist()))  # a rid's last record's replica
     reqs.insert(1, "replica", reqs.rid.map(where).astype("int64"))
     reqs.insert(2, "rerouted", reqs.rid.map(lambda rid: result.rerouted.get(rid, 0)).astype("int64"))
     return reqs

@@ -30,6 +30,7 @@ import pandas as pd
 from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile
 from granisim.config.models import get_model
+from granisim.costmodel import cost_tables
 from granisim.validation.clock_term import run_units, units_folder
 from granisim.validation.report import KEEP, graph_limit, held_out, kept_coefficients, write_engine_profile
 from granisim.validation.validate import reprice
@@ -114,9 +115,8 @@ def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target
     frames, names, limits = [], [], set()
     for model in models:
         f, n, g = pooled_frames(runs, model, base, keep)
-        layers, fit_layers = get_model(model).num_layers, target["engine.fit_layers"]
-        offset = target["engine.eager.attn_prefill.offset_s"] * (layers / fit_layers if fit_layers else 1.0)
-        frames += [x.assign(scale=target["engine.eager.attn_prefill.scale"], offset=offset) for x in f]
+        scale, offset = cost_tables(target, get_model(model)).engine_eager["attn_prefill"]  # as the cost model prices
+        frames += [x.assign(scale=scale, offset=offset) for x in f]
         names += n
         limits.add(g)
     if len(limits) != 1:

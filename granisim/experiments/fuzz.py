@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -46,6 +45,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from granisim.core.heap import fewer_collections
 from granisim.experiments.fuzz_model import ModelMismatch, ReferenceModel
 from granisim.kv.allocator import make_allocator
 from granisim.kv.host_invariants import check_host_tier, check_transfers, replay
@@ -893,8 +893,7 @@ def fuzz_settings(examples: int, steps: int = 30, *, report_multiple: bool = Tru
                      phases=[p for p in Phase if p is not Phase.explain])
 
 
-@contextlib.contextmanager
-def rare_full_collections(threshold2: int = 10**3) -> Iterator[None]:
+def rare_full_collections(threshold2: int = 10**3) -> contextlib.AbstractContextManager[None]:
     """Python's full (oldest-generation) garbage collections made rare for the length of a fuzz run.
 
     Hypothesis keeps every choice sequence it has tried (its data tree and result cache: about
@@ -905,9 +904,4 @@ def rare_full_collections(threshold2: int = 10**3) -> Iterator[None]:
 
     (``10**3``, not the literal: hypothesis draws some integers from the literals >= 100 of the code
     under test, so a new one would change which examples a seed explores.)"""
-    old = gc.get_threshold()
-    gc.set_threshold(old[0], old[1], max(old[2], threshold2))
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
+    return fewer_collections(full=threshold2)

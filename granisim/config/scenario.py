@@ -76,10 +76,11 @@ class PolicyCfg(_Strict):
     # "slabs+pages": COLD / token / paged pages too) and which host KV goes first when host memory is full
     host_tier: Literal["slabs", "slabs+pages"] = "slabs"
     host_eviction: Literal["lru", "next_use"] = "lru"
+    host_write: Literal["all", "reused"] = "all"  # "reused": only runs read since they were cached go to host
 
     @model_serializer(mode="wrap")
     def _without_default_host(self, handler):
-        return _drop_defaults(handler(self), {"host_tier": "slabs", "host_eviction": "lru"})
+        return _drop_defaults(handler(self), {"host_tier": "slabs", "host_eviction": "lru", "host_write": "all"})
 
     @field_validator("hot_fraction", mode="before")
     @classmethod
@@ -257,6 +258,7 @@ def _optional_field(parts: list[str]) -> bool:
     return len(parts) == 2 and (parts[0], parts[1]) in (("hardware", "tp"), ("hardware", "host_kv_gb"),
                                                           ("hardware", "step_time_scale"),
                                                           ("policy", "host_tier"), ("policy", "host_eviction"),
+                                                          ("policy", "host_write"),
                                                           ("model", "expert_routing"),
                                                           ("model", "expert_zipf_s"),
                                                           ("workload", "lengths_trace"))
@@ -343,6 +345,7 @@ _INERT = (
     ("policy", "host_tier", lambda sc: sc.hardware.host_kv_gb > 0, "has no effect unless hardware.host_kv_gb > 0"),
     ("policy", "host_eviction", lambda sc: sc.hardware.host_kv_gb > 0,
      "has no effect unless hardware.host_kv_gb > 0"),
+    ("policy", "host_write", lambda sc: sc.hardware.host_kv_gb > 0, "has no effect unless hardware.host_kv_gb > 0"),
 )
 
 

@@ -153,4 +153,6 @@ def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, end_s: float) -> dict:
         "dense_groups": int(path_rows["groups_dense"]) if path_rows is not None else 0,
         "cascade_groups": int(path_rows["groups_cascade"]) if path_rows is not None else 0,
         "evictions": int(steps.evictions.iloc[-1]) if len(steps) else 0,
+        # with a host tier: seconds the copies to and from host memory added to steps (what compute did not hide)
+        **({"host_copy_s": float(steps.t_host_copy.sum())} if "t_host_copy" in steps else {}),
     }

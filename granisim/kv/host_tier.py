@@ -9,6 +9,9 @@ runs exactly the code it runs without one. With a tier:
   too, and all of ``token`` / ``paged``, which move pages as SGLang's HiCache does). The part
   of the path the host does not hold yet is copied: one contiguous copy when it lies in one
   HOT slab, else one gather per page.
+  ``policy.host_write = "reused"`` writes back only runs that a request has matched since they
+  were cached (``RadixNode.hits``), as SGLang's ``write_through_selective`` writes only runs hit
+  often enough: a finished request's own tokens that nobody read again are dropped, not copied.
 * **Prefetch** (:meth:`HostTier.match`): at admission, a prompt whose prefix the host holds
   beyond the GPU match is copied back instead of recomputed; the allocator inserts the
   copied run into the GPU radix index at once (the node is restored, matchable by others).
@@ -36,11 +39,12 @@ from granisim.kv.cold_pool import ColdPool
 from granisim.kv.radix import TOKEN_DTYPE, RadixIndex, RadixNode, path_to
 from granisim.kv.sequence import path_slots, run_starts
 
-__all__ = ["HOST_MODES", "HOST_EVICTIONS", "MAX_HOST_TOKENS", "HostTierConfig", "HostTier", "KVTransfer",
-           "host_tier_config"]
+__all__ = ["HOST_MODES", "HOST_EVICTIONS", "HOST_WRITES", "MAX_HOST_TOKENS", "HostTierConfig", "HostTier",
+           "KVTransfer", "host_tier_config"]
 
 HOST_MODES = ("slabs", "slabs+pages")
 HOST_EVICTIONS = ("lru", "next_use")
+HOST_WRITES = ("all", "reused")  # which evicted runs are written back
 ROLE_KEY_TOKENS = 16  # a prefix's first tokens name its role for next_use (declared prefixes are distinct)
 
 
@@ -72,12 +76,13 @@ class HostTierConfig:
     bytes_per_token: int
     mode: str = "slabs"
     eviction: str = "lru"
+    write: str = "all"
 
     def __post_init__(self):
         if self.capacity_tokens < 1 or self.bytes_per_token < 1:
             raise ValueError(f"host tier needs positive capacity and bytes per token, got {self}")
-        if self.mode not in HOST_MODES or self.eviction not in HOST_EVICTIONS:
-            raise ValueError(f"host tier mode/eviction {self.mode!r}/{self.eviction!r} unknown")
+        if self.mode not in HOST_MODES or self.eviction not in HOST_EVICTIONS or self.write not in HOST_WRITES:
+            raise ValueError(f"host tier mode/eviction/write {self.mode!r}/{self.eviction!r}/{self.write!r} unknown")
 
 
 MAX_HOST_TOKENS = 1 << 26  # host-tier slots the simulator tracks (13 bytes of bookkeeping each): 8.8 TB of Llama-3.1-8B KV
@@ -99,7 +104,8 @@ def host_tier_config(scenario, model) -> HostTierConfig | None:
     cap = int(gb * 1e9 // per_token)
     if cap < 1:
         return None
-    return HostTierConfig(cap, per_token, scenario.policy.host_tier, scenario.policy.host_eviction)
+    pol = scenario.policy
+    return HostTierConfig(cap, per_token, pol.host_tier, pol.host_eviction, pol.host_write)
 
 
 def _path_tokens(node: RadixNode) -> np.ndarray:
@@ -124,6 +130,7 @@ class HostTier:
         self.bytes_dropped = 0
         self.bytes_prefetched = 0
         self.write_backs = 0
+        self.write_skips = 0  # evicted runs not written back: never read since cached (write = "reused")
         self.prefetches = 0
         self.prefetch_tokens = 0
         # next_use: role key -> (admissions seen, first admission clock, last admission clock)
@@ -176,6 +183,9 @@ class HostTier:
         """``node`` was just evicted from the GPU index (its parent chain is still intact and
         its slots not yet reused): copy the part of its path the host lacks."""
         if self.cfg.mode == "slabs" and node.pool != "hot":
+            return
+        if self.cfg.write == "reused" and not node.hits:
+            self.write_skips += 1
             return
         tokens = _path_tokens(node)
         m = self.index.match_prefix(tokens)
@@ -233,9 +243,3 @@ class HostTier:
     @property
     def resident_bytes(self) -> int:
         return self.pool.used * self.cfg.bytes_per_token
-
-    def summary(self) -> dict[str, int]:
-        return dict(host_write_backs=self.write_backs, host_prefetches=self.prefetches,
-                    host_prefetch_tokens=self.prefetch_tokens, host_bytes_in=self.bytes_in,
-                    host_bytes_dropped=self.bytes_dropped, host_bytes_prefetched=self.bytes_prefetched,
-                    host_resident_bytes=self.resident_bytes)

@@ -31,7 +31,7 @@ TOKEN_DTYPE = np.int32  # token ids (below 2^31 for every vocabulary): as reques
 
 class RadixNode:
     __slots__ = ("id", "key", "value", "pool", "slab", "parent", "children", "lock_ref", "last_access", "run",
-                 "same_as")
+                 "same_as", "hits")
 
     def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray, pool: str, parent: "RadixNode | None"):
         self.id = node_id
@@ -49,6 +49,7 @@ class RadixNode:
         # (array, offset): ``key`` was found equal to ``array[offset : offset + len(key)]`` (a prompt's
         # known prefix, see match_prefix), so a later match against the same array need not compare them
         self.same_as: tuple[np.ndarray, int] | None = None
+        self.hits = 0  # matches that reached into this run since it was cached (the host tier's "reused")
 
     def __len__(self) -> int:
         return self.key.size  # a Python int already
@@ -149,6 +150,7 @@ class RadixIndex:
         self.num_nodes += 1
         head.lock_ref = child.lock_ref
         head.last_access = child.last_access
+        head.hits = child.hits
         child.key = child.key[m:]
         child.value = child.value[m:]
         if child.same_as is not None:  # the head keeps the known prefix's offset, the tail moves on
@@ -193,6 +195,7 @@ class RadixIndex:
             partial = m < len(child)
             if partial:
                 child = self._split(child, m)
+            child.hits += 1
             child.last_access = now
             node, pos = child, pos + m
             if partial:

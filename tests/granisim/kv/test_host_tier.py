@@ -80,6 +80,39 @@ def test_evicting_a_prefetched_run_again_moves_nothing():
     assert a.host_tier.bytes_in == before
 
 
+def test_reused_writes_back_only_runs_read_since_they_were_cached():
+    """Request 2 reads request 1's 256-token prefix; both leave their own tokens cached (344 and 100 tokens that
+    nobody reads). Evicting everything writes back all 700 tokens under "all", and only the prefix under
+    "reused" (the two unread runs are skipped), which still comes back for a third request."""
+    moved = {}
+    for write in ("all", "reused"):
+        a = make_allocator("token", 2_000, host=HostTierConfig(10_000, BPT, "slabs+pages", "lru", write))
+        p = _prompt(4, 600)
+        q = np.concatenate([p[:256], _prompt(5, 100)])
+        _serve(a, 1, p, 256)
+        _serve(a, 2, q, 256)
+        a.take_transfers()
+        a.clear_cache()
+        out = a.take_transfers()
+        moved[write] = (sum(t.tokens for t in out if t.direction == "to_host"), a.host_tier.write_skips)
+        assert a.host_tier.bytes_in == moved[write][0] * BPT
+        r = np.concatenate([p[:256], _prompt(6, 40)])
+        assert a.admit(3, r, 256) == 256  # the prefix is prefetched under either
+    assert moved == {"all": (700, 0), "reused": (256, 2)}
+
+
+def test_a_split_run_keeps_its_reads():
+    """A run split by a partial match: the head keeps the reads the whole run had, and the match counts on it."""
+    from granisim.kv.radix import RadixIndex
+
+    r = RadixIndex()
+    t = np.arange(10, dtype=np.int64)
+    r.insert(t, np.arange(10), "cold")
+    r.match_prefix(t)
+    head = r.match_prefix(np.array([0, 1, 2, 3, 99])).node  # splits the run after 4 tokens
+    assert len(head) == 4 and head.hits == 2 and next(iter(head.children.values())).hits == 1
+
+
 def test_token_policy_moves_pages():
     a = make_allocator("token", 2_000, host=HostTierConfig(10_000, BPT, "slabs+pages", "lru"))
     b = make_allocator("paged16", 2_000, host=HostTierConfig(10_000, BPT, "slabs+pages", "lru"))
@@ -195,6 +228,8 @@ def test_page_gathers_move_at_their_directions_measured_rate():
     ({"hardware": {"host_kv_gb": 64.0}, "policy": {"hot_fraction": 0.0}}, "policy.host_tier = 'slabs'"),
     ({"policy": {"host_eviction": "next_use"}}, "policy.host_eviction = 'next_use'"),
     ({"policy": {"host_tier": "pages"}}, "policy.host_tier = 'pages'"),
+    ({"policy": {"host_write": "reused"}}, "policy.host_write = 'reused'"),
+    ({"hardware": {"host_kv_gb": 8.0}, "policy": {"host_write": "hits"}}, "policy.host_write = 'hits'"),
 ])
 def test_bad_host_tier_input_is_one_line(data, needle):
     with pytest.raises(ScenarioError) as err:
@@ -232,8 +267,11 @@ def test_tier_off_dumps_as_before():
     sc = parse_scenario_file_data({"hardware": {"host_kv_gb": 0.0}}, "f.toml")
     d = sc.model_dump()
     assert "host_kv_gb" not in d["hardware"] and "host_tier" not in d["policy"]
-    on = parse_scenario_file_data({"hardware": {"host_kv_gb": 8.0}, "policy": {"host_eviction": "next_use"}}, "f")
+    assert "host_write" not in parse_scenario_file_data({"hardware": {"host_kv_gb": 8.0}}, "f").model_dump()["policy"]
+    on = parse_scenario_file_data({"hardware": {"host_kv_gb": 8.0},
+                                   "policy": {"host_eviction": "next_use", "host_write": "reused"}}, "f")
     assert on.model_dump()["policy"]["host_eviction"] == "next_use"
+    assert on.model_dump()["policy"]["host_write"] == "reused"
 
 
 def test_the_step_log_keeps_the_host_copy_time():
@@ -256,6 +294,14 @@ def test_the_step_log_keeps_the_host_copy_time():
     assert np.allclose(steps[parts].sum(axis=1), steps.duration_s, rtol=1e-9, atol=1e-12)
     off = simulate(prepare(parse_scenario({**base, "policy": {"name": "granikv"}}))).steps.frame()
     assert [c for c in off.columns if c.startswith("t_")] == [f"t_{k}" for k in BREAKDOWN_KEYS]
+    # the summary totals it with a tier, and has no such field without one
+    from granisim.core.metrics import requests_frame, summarize
+
+    def summary(res):
+        return summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
+
+    assert summary(with_tier)["host_copy_s"] == steps.t_host_copy.sum()
+    assert "host_copy_s" not in summary(simulate(prepare(parse_scenario({**base, "policy": {"name": "granikv"}}))))
 
 
 def test_validation_prices_a_steps_transfers_as_the_simulator_does():

@@ -31,21 +31,22 @@ CAP, HOST_CAP, PREFIX, VOCAB = 160, 130, 40, 7
 _rng = np.random.default_rng(3)
 PREFIXES = [_rng.integers(0, VOCAB, PREFIX).astype(np.int64) for _ in range(3)]
 CONFIGS = {
-    "granikv-slabs": ("granikv", "slabs", "lru"),
-    "granikv-slabs+pages": ("granikv", "slabs+pages", "next_use"),
-    "token": ("token", "slabs+pages", "lru"),
-    "paged4": ("paged4", "slabs+pages", "next_use"),
+    "granikv-slabs": ("granikv", "slabs", "lru", "all"),
+    "granikv-slabs+pages": ("granikv", "slabs+pages", "next_use", "all"),
+    "granikv-reused": ("granikv", "slabs+pages", "lru", "reused"),
+    "token": ("token", "slabs+pages", "lru", "all"),
+    "paged4": ("paged4", "slabs+pages", "next_use", "all"),
 }
 
 
 def machine(name: str):
-    policy, mode, eviction = CONFIGS[name]
+    policy, mode, eviction, write = CONFIGS[name]
 
     class HostTierMachine(RuleBasedStateMachine):
         def __init__(self):
             super().__init__()
             kw = dict(hot_fraction=0.5) if policy == "granikv" else {}
-            self.alloc = make_allocator(policy, CAP, host=HostTierConfig(HOST_CAP, 2, mode, eviction), **kw)
+            self.alloc = make_allocator(policy, CAP, host=HostTierConfig(HOST_CAP, 2, mode, eviction, write), **kw)
             self.gpu = np.full(CAP, -1, np.int64)
             self.host = np.full(HOST_CAP, -1, np.int64)
             self.reqs: dict[int, dict] = {}

@@ -8,6 +8,12 @@ alone on the scenario (``RUN/../scenarios/*_<RUN name>.toml`` as ``reports/host_
 lays them out, else ``--scenario``) with ``--profile`` (default: the scenario's own), so a profile refit
 needs no new GPU run. Prints one row a run (per-step median, throughput, TTFT and TPOT errors) and
 writes the records to ``--out``.
+
+A fleet run (a scenario with ``[fleet]``; its ``plans.pkl`` from ``granisim validation rebuild-plans``) needs
+``--fleet-out DIR``: its steps are re-priced, the simulated fleet is run again with the profile, on its own router
+and on the real fleet's routing, and DIR/<machine>/<run>/ gets what ``granisim validate`` writes for a fleet
+(``validation.json``, ``validation.md``, both requests frames), for ``granisim validation fleet-summary DIR/*/*/``.
+What the engine measured is the run's own (its ``validation.json``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -53,24 +60,96 @@ def rescore(run: Path, scenario: Path, profile: str | None = None) -> dict:
             "percentile_errors": percentile_errors(mreq, sreq)}
 
 
+def rescore_fleet(run: Path, scenario: Path, out: Path, profile: str | None = None) -> dict:
+    """A fleet validation run (``granisim validate`` on a scenario with ``[fleet]``) judged again with the current
+    cost model and ``profile``: every step re-priced (fleet-wide and per replica), the simulated fleet run again on
+    its own router and on the real routing; the measured figures are the run's own. Writes ``validation.json``,
+    ``validation.md`` and both requests frames into ``out`` and returns the report."""
+    from granisim.config.scenario import load_scenario
+    from granisim.fleet.build import replica_specs, simulate_fleet
+    from granisim.fleet.outputs import fleet_requests, fleet_steps
+    from granisim.core.metrics import summarize
+    from granisim.validation.fleet_routing import on_measured_routing, same_replica
+    from granisim.validation.validate import _fleet_markdown, end_to_end, percentile_errors, reprice, step_errors
+
+    sc = load_scenario(scenario)
+    if sc.fleet is None:
+        raise ValueError(f"{scenario}: not a fleet scenario (no [fleet])")
+    if profile:
+        sc = sc.with_changes(**{"hardware.profile": profile})
+    old = json.loads((run / "validation.json").read_text())
+    steps, plans = pd.read_parquet(run / "steps.parquet"), load_plans(run / "plans.pkl")
+    if len(steps) != len(plans):
+        raise ValueError(f"{run}: {len(plans)} plans for {len(steps)} steps")
+    specs = replica_specs(sc, str(scenario))
+    parts = []
+    for k, spec in enumerate(specs):  # each replica's steps with its own profile and model
+        mine = (steps.replica == k).to_numpy()
+        if mine.any():
+            parts.append(reprice(steps[mine], [p for p, m in zip(plans, mine) if m], spec.setup.profile,
+                                 spec.setup.model))
+    steps = pd.concat(parts).sort_index() if parts else steps
+    simulated = simulate_fleet(sc, str(scenario), None, progress=False)
+    mreq = pd.read_parquet(run / "measured_requests.parquet")
+    sreq, ssteps = fleet_requests(simulated), fleet_steps(simulated)
+
+    def section(before: dict, m, s, st, paired) -> dict:
+        measured = {k: v["measured"] for k, v in before["end_to_end"].items()}
+        return {"steps": len(paired), "requests": before["requests"], "completed": before["completed"],
+                "step_errors": step_errors(paired) if len(paired) else {"total": {"n": 0}},
+                "end_to_end": end_to_end(measured, summarize(s, st, simulated.end_s)) if measured else {},
+                "percentile_errors": percentile_errors(m, s)}
+
+    def own(frame, i):
+        return frame[frame.replica == i] if len(frame) else frame
+
+    report = {**old, "profile": specs[0].setup.profile.name, "rescored_from": str(run),
+              "rescored": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              **section(old, mreq, sreq, ssteps, steps),
+              "replicas": [{"replica": r["replica"], **section(r, own(mreq, r["replica"]), own(sreq, r["replica"]),
+                                                               own(ssteps, r["replica"]), own(steps, r["replica"]))}
+                           for r in old["replicas"]]}
+    report["same_replica"] = same_replica(mreq, sreq)
+    report["measured_routing"] = on_measured_routing(sc, str(scenario), mreq)
+    out.mkdir(parents=True, exist_ok=True)
+    mreq.to_parquet(out / "measured_requests.parquet", index=False)
+    sreq.to_parquet(out / "predicted_requests.parquet", index=False)
+    (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "validation.md").write_text(_fleet_markdown(report))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="granisim validation rescore", description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--scenario", type=Path, help="the scenario every RUN ran (default: found beside each run)")
     ap.add_argument("--profile", help="price with this profile (default: the scenario's)")
     ap.add_argument("--out", type=Path, help="write the records here (JSON)")
+    ap.add_argument("--fleet-out", type=Path, help="fleet runs: write each one's re-scored run folder under "
+                    "FLEET_OUT/<machine>/<run>/ (for granisim validation fleet-summary)")
     args = ap.parse_args(argv)
     records = []
     print("| run | policy | steps | per-step median | " + " | ".join(METRICS) + " |")
     print("| --- | --- | ---: | ---: |" + " ---: |" * len(METRICS))
     for run in args.runs:
-        toml = args.scenario or _scenario_of(run)
+        toml = args.scenario or _scenario_of(run) or (run / "scenario.toml" if (run / "scenario.toml").is_file()
+                                                       else None)
         for need in (run / "steps.parquet", run / "plans.pkl", run / "measured_requests.parquet",
                      run / "validation.json", toml):
             if need is None or not Path(need).is_file():
                 hint = " (granisim validation rebuild-plans RUN SCENARIO makes it)" if need == run / "plans.pkl" else ""
                 print(f"{run}: no {need or 'scenario beside it (give --scenario)'}{hint}", file=sys.stderr)
                 return 2
+        if args.fleet_out:
+            out = args.fleet_out / run.resolve().parent.name / run.name
+            try:
+                r = rescore_fleet(run, toml, out, args.profile)
+            except ValueError as err:
+                print(f"{run}: {' '.join(str(err).split())}", file=sys.stderr)
+                return 2
+            print(f"| {run} | {r['policy']} | {r['steps']} | {r['step_errors']['total']['median']:.1%} | "
+                  + " | ".join(f"{r['end_to_end'][m]['error']:.1%}" for m in METRICS) + f" | -> {out}")
+            continue
         r = rescore(run, toml, args.profile)
         records.append(r)
         e = r["end_to_end"]

@@ -26,6 +26,7 @@ GEMMS = ROOT / "reports/kernels/decode_gemm_order/skinny_gemm_h200.json"
 SPEEDUPS = ROOT / "reports/engine/speedups.json"
 PAPER = ROOT / "reports/engine/paper_setting"  # paper_*.json of granisim validation gpu-run paper
 HOST = ROOT / "reports/engine/host_work/engine_host.json"  # python -m gpu_backend.bench.engine_host --out ...
+PEER = ROOT / "reports/kernels/flashinfer_peer.json"  # python -m gpu_backend.bench.flashinfer_peer --out ... (summary)
 MODEL = "llama-3.1-8b"
 DECODE_POINT = (16384, 4)  # the decode step of the issue: L_p = 16K, 4 roles, 64-request bursts
 
@@ -125,7 +126,23 @@ def gemm_row(gemms: dict) -> dict:
                f"{worst['torch_of_floor']:.2f}")
 
 
-def kernel_rows(kernels: dict, m_sat: float) -> list[dict]:
+def peer_row(peer: dict, source: str) -> dict:
+    """FlashInfer beside ours (`flashinfer_peer` summary): FlashInfer's time over ours at every point timed on both,
+    decode (its faster variant) and cascade together; met when both kinds of problem have such points."""
+    name = "peer: FlashInfer cascade / decode on the same problems"
+    goal = "side by side in the kernel report (measured: FlashInfer time / ours)"
+    dec = [r["fi_over_ours"] for r in peer["decode"] if "fi_over_ours" in r]
+    cas = [r["fi_over_ours"] for r in peer["cascade"] if "fi_over_ours" in r]
+    fi = peer.get("flashinfer", {})
+    if not dec and not cas:
+        return row(name, None, goal, False, source, f"FlashInfer did not run: {fi.get('reason', 'no points')}")
+    med = {k: f"{statistics.median(v):.2f} ({len(v)} points)" if v else "-" for k, v in (("dec", dec), ("cas", cas))}
+    return row(name, _spread(dec + cas), goal, bool(dec) and bool(cas), source,
+               f"FlashInfer {fi.get('version')} on {peer['meta'].get('gpu')}; median decode {med['dec']}, "
+               f"cascade {med['cas']}; > 1: ours faster")
+
+
+def kernel_rows(kernels: dict, m_sat: float, peer: dict | None = None, peer_src: str = "") -> list[dict]:
     s = kernels["sections"]
     gemm_tflops = s["ceilings"]["gemm_TFLOPs"]
     casc = [(r.get("graph") or r)["x_floor"] for r in s["cascade"]["rows"] if r["L"] >= 4096]
@@ -143,6 +160,7 @@ def kernel_rows(kernels: dict, m_sat: float) -> list[dict]:
             ">= 1.0 at every point", bool(dense) and min(dense) >= 1.0, f"{src}: dense rows, SDPA time / dense time"),
         row("extend over cached prefixes (L >= 4K): share of the bf16 GEMM rate", _spread(ext), ">= 0.60",
             bool(ext) and min(ext) >= 0.60, f"{src}: extend rows, against {gemm_tflops:.0f} TFLOP/s"),
+        peer_row(peer, peer_src) if peer is not None else
         row("peer: FlashInfer cascade / decode on the same problems", None, "side by side in the kernel report", False,
             "none", "not run: no FlashInfer build has run on the GPU machine; FlexAttention is the peer measured "
             f"({src}, section flex)"),
@@ -214,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paper", type=Path, default=PAPER,
                     help="the paper-setting units (granisim validation gpu-run paper --out DIR)")
     ap.add_argument("--host", type=Path, default=HOST, help="the engine host-work benchmark's JSON (engine_host.py)")
+    ap.add_argument("--peer", type=Path, default=PEER, help="the FlashInfer peer benchmark's summary JSON")
     args = ap.parse_args(argv)
     from granisim.config.hardware import get_profile
 
@@ -221,15 +240,17 @@ def main(argv: list[str] | None = None) -> int:
     m_sat = float(get_profile("h200")["m_sat"])
     copy_gbs = kernels["sections"]["ceilings"]["copy_GBps"]
     host_doc = json.loads(args.host.read_text()) if args.host.is_file() else None
+    peer = json.loads(args.peer.read_text()) if args.peer.is_file() else None
     krows = (decode_step_rows(speedups, copy_gbs, host_work(host_doc), _rel(args.host)) + [gemm_row(gemms)]
-             + kernel_rows(kernels, m_sat))
+             + kernel_rows(kernels, m_sat, peer, _rel(args.peer)))
     units = [json.loads(f.read_text()) for f in sorted(args.paper.glob("paper_*.json"))] if args.paper.is_dir() else []
     erows = engine_rows(speedups) + paper_rows(units, _rel(args.paper))
     runs = {_rel(KERNELS): kernels["meta"], _rel(SPEEDUPS): {"run": speedups["run"], "commit": speedups["commit"]},
             _rel(args.paper): {"units": len(units)},
             _rel(args.host): ({k: host_doc["meta"].get(k) for k in ("gpu", "torch", "triton", "commit", "date")}
                               if host_doc else {}),
-            _rel(GEMMS): {k: gemms[k] for k in ("gpu", "torch", "triton", "python", "note")}}
+            _rel(GEMMS): {k: gemms[k] for k in ("gpu", "torch", "triton", "python", "note")},
+            _rel(args.peer): ({**peer["meta"], "flashinfer": peer["flashinfer"].get("version")} if peer else {})}
     for path, rows in ((args.kernels, krows), (args.engine, erows)):
         used = {src: meta for src, meta in runs.items() if any(r["source"].startswith(src) for r in rows)}
         doc = {"command": "python -m gpu_backend.bench.goals", "measured_in": used, "rows": rows}

@@ -79,6 +79,7 @@ def _stats(t: dict, mode: str) -> dict:
     return {"us": t["median_us"], "p10_us": t["p10_us"], "p90_us": t["p90_us"], "reps": t["reps"], "mode": mode}
 
 
+
 def timed(fn) -> dict:
     """fn's device time: CUDA-graph replays where the capture works (plain launches otherwise, with the reason)."""
     if torch.cuda.is_available():
@@ -95,6 +96,23 @@ def timed(fn) -> dict:
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
+
+def _time_variants(r: dict, variants: dict, ours_fn, ours) -> dict:
+    """Each FlashInfer variant (name -> builder of its call) checked against ``ours`` and timed into ``r`` (or its
+    error recorded), then ours timed again beside them; returns {variant: median us} and marks the fastest."""
+    for v, build in variants.items():
+        try:
+            f = build()
+            r[f"fi_{v}_max_abs_diff_vs_ours"] = diff(f(), ours)
+            r[f"fi_{v}"] = timed(f)
+        except Exception as e:  # noqa: BLE001
+            r[f"fi_{v}_error"] = f"{type(e).__name__}: {e}"[:500]
+    r["ours_again"] = timed(ours_fn)
+    fis = {v: r[f"fi_{v}"]["us"] for v in variants if f"fi_{v}" in r}
+    if fis:
+        r["fi_best"] = min(fis, key=fis.get)
+    return fis
+
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -446,20 +464,9 @@ class Bench:
         pool = self.pool
         fn = p.ours(pool)
         fn()
-        ours = p.out.clone()
-        for v, tc in (("decode_cuda_cores", False), ("decode_tensor_cores", True)):
-            if f"{v}_page{p.page}" not in usable:
-                continue
-            try:
-                f = fi_decode(fi, ws, pool, p, tc)
-                r[f"fi_{v}_max_abs_diff_vs_ours"] = diff(f(), ours)
-                r[f"fi_{v}"] = timed(f)
-            except Exception as e:  # noqa: BLE001
-                r[f"fi_{v}_error"] = f"{type(e).__name__}: {e}"[:500]
-        r["ours_again"] = timed(fn)
-        fis = {v: r[f"fi_{v}"]["us"] for v in ("decode_cuda_cores", "decode_tensor_cores") if f"fi_{v}" in r}
-        if fis:
-            r["fi_best"] = min(fis, key=fis.get)
+        variants = {v: (lambda tc=tc: fi_decode(fi, ws, pool, p, tc)) for v, tc in
+                    (("decode_cuda_cores", False), ("decode_tensor_cores", True)) if f"{v}_page{p.page}" in usable}
+        fis = _time_variants(r, variants, fn, p.out.clone())
         print(f"decode page {p.page:2d} L {p.L:6d} B {p.B:4d}: ours {r['ours_again']['us']:9.1f} us, "
               + ", ".join(f"FI {k} {u:9.1f} us" for k, u in fis.items()), flush=True)
 
@@ -467,20 +474,9 @@ class Bench:
         pool = self.pool
         fn = p.ours(pool, p.path)
         fn()
-        ours = p.o.clone()
-        for v, backend in FI_CASCADES.items():
-            if v not in usable:
-                continue
-            try:
-                f = fi_cascade(fi, ws, pool, p, backend)
-                r[f"fi_{v}_max_abs_diff_vs_ours"] = diff(f(), ours)
-                r[f"fi_{v}"] = timed(f)
-            except Exception as e:  # noqa: BLE001
-                r[f"fi_{v}_error"] = f"{type(e).__name__}: {e}"[:500]
-        r["ours_again"] = timed(fn)
-        fis = {v: r[f"fi_{v}"]["us"] for v in FI_CASCADES if f"fi_{v}" in r}
-        if fis:
-            r["fi_best"] = min(fis, key=fis.get)
+        variants = {v: (lambda b=backend: fi_cascade(fi, ws, pool, p, b)) for v, backend in FI_CASCADES.items()
+                    if v in usable}
+        fis = _time_variants(r, variants, fn, p.o.clone())
         print(f"cascade {p.kind:7s} L {p.L:6d} B {p.B:4d}: ours ({p.path}) {r['ours_again']['us']:9.1f} us, "
               + ", ".join(f"FI {k} {u:9.1f} us" for k, u in fis.items()) + f"; floor {r['floor_us']:.1f} us",
               flush=True)
@@ -518,6 +514,18 @@ class Bench:
 
 # ---------------------------------------------------------------------------------------------------------------
 
+def _with_fi(s: dict, r: dict, variants, ours: dict, floor_us: float) -> dict:
+    """A summary row ``s`` with each FlashInfer variant's time of raw row ``r``, and the fastest one's figures."""
+    for v in variants:
+        if f"fi_{v}" in r:
+            s[f"fi_{v}_us"] = r[f"fi_{v}"]["us"]
+    if "fi_best" in r:
+        b = r[f"fi_{r['fi_best']}"]
+        s.update(fi_us=b["us"], fi_p10_p90=[b["p10_us"], b["p90_us"]], fi_variant=r["fi_best"],
+                 fi_x_floor=b["us"] / floor_us, fi_over_ours=b["us"] / ours["us"])
+    return s
+
+
 def summarize(res: dict) -> dict:
     """The table's rows: per point our time, FlashInfer's (its faster decode variant), the floor, the ratios."""
     fi = res.get("flashinfer", {})
@@ -530,14 +538,7 @@ def summarize(res: dict) -> dict:
         ours = r.get("ours_again", r["ours"])
         s = {"page": r["page"], "L": r["L"], "B": r["B"], "ours_us": ours["us"], "ours_p10_p90": [ours["p10_us"],
              ours["p90_us"]], "floor_us": r["copy_floor_us"], "ours_x_floor": ours["us"] / r["copy_floor_us"]}
-        for v in ("decode_cuda_cores", "decode_tensor_cores"):
-            if f"fi_{v}" in r:
-                s[f"fi_{v}_us"] = r[f"fi_{v}"]["us"]
-        if "fi_best" in r:
-            b = r[f"fi_{r['fi_best']}"]
-            s.update(fi_us=b["us"], fi_p10_p90=[b["p10_us"], b["p90_us"]], fi_variant=r["fi_best"],
-                     fi_x_floor=b["us"] / r["copy_floor_us"], fi_over_ours=b["us"] / ours["us"])
-        out["decode"].append(s)
+        out["decode"].append(_with_fi(s, r, ("decode_cuda_cores", "decode_tensor_cores"), ours, r["copy_floor_us"]))
     for r in res.get("cascade", {}).get("rows", []):
         ours = r.get("ours_again", r["ours"])
         s = {"prefix": r["prefix"], "L": r["L"], "B": r["B"], "suffix": r["suffix"], "engine_path": r["engine_path"],
@@ -546,14 +547,7 @@ def summarize(res: dict) -> dict:
              "copy_floor_us": r["copy_floor_us"], "ours_x_floor": ours["us"] / r["floor_us"]}
         if "ours_dense" in r:
             s["ours_dense_us"] = r["ours_dense"]["us"]
-        for v in FI_CASCADES:
-            if f"fi_{v}" in r:
-                s[f"fi_{v}_us"] = r[f"fi_{v}"]["us"]
-        if "fi_best" in r:
-            b = r[f"fi_{r['fi_best']}"]
-            s.update(fi_us=b["us"], fi_p10_p90=[b["p10_us"], b["p90_us"]], fi_variant=r["fi_best"],
-                     fi_x_floor=b["us"] / r["floor_us"], fi_over_ours=b["us"] / ours["us"])
-        out["cascade"].append(s)
+        out["cascade"].append(_with_fi(s, r, FI_CASCADES, ours, r["floor_us"]))
     rows = res.get("decode", {}).get("rows", []) + res.get("cascade", {}).get("rows", [])
     tail = "_max_abs_diff_vs_ours"
     diffs = {k[3:-len(tail)]: [r[k] for r in rows if k in r]

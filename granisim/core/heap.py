@@ -45,7 +45,7 @@ def fewer_collections(young: int = 0, full: int = 0) -> Iterator[None]:
     A simulation allocates few cyclic objects but keeps many alive (requests, radix nodes, columns), so
     at the default thresholds (700, 10, 10) the collector walks the growing heap again and again and
     finds little to free: 16 replicas on 16x the Azure trace spend about 2.7 s in 2,700 collections, 20
-    of them full, and run about 4% slower than with :data:`SIMULATION` (10**4, 10**2)
+    of them full, and run 2-6% slower than with :data:`SIMULATION` (10**4, 10**2)
     (reports/sim_speed/README.md). Cyclic garbage waits longer; the peak resident memory is the same."""
     old = gc.get_threshold()
     gc.set_threshold(max(old[0], young), old[1], max(old[2], full))

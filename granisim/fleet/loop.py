@@ -38,8 +38,8 @@ class FleetRecords:
     __slots__ = ("_parts", "requests")
 
     def __init__(self, parts: list[tuple[int, RequestRecords]]):
-        self._parts = [(i, recs) for i, recs in parts if len(recs)]
-        self.requests = JoinedRecords([recs for _, recs in self._parts])
+        self._parts = parts  # empty parts add nothing to either reading
+        self.requests = JoinedRecords([recs for _, recs in parts])
 
     def __len__(self) -> int:
         return len(self.requests)

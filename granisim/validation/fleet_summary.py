@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from granisim.validation.fleet_routing import on_measured_routing, same_replica
-from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records
+from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, records_json
 from granisim.validation.validate import TARGETS
 
 LABELS = {"step_median": "per-step median", "throughput_rps": "throughput", "tpot_p50_s": "TPOT p50",
@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     recs = records(args.runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = ",\n".join(json.dumps(r) for r in recs)  # a record a line: the file stays readable and diffable
-    args.out.write_text(f'{{"targets": {json.dumps(TARGETS)},\n"records": [\n{rows}\n]}}\n')
+    args.out.write_text(records_json(recs, targets=TARGETS))
     text = table(recs)
     if args.table:
         args.table.write_text(text)

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from granisim.validation.clock_term import policy_models, units_folder
-from granisim.validation.summary import TARGETS, report_records, run_checks, tables
+from granisim.validation.summary import TARGETS, records_json, report_records, run_checks, tables
 
 
 def _report(job: tuple[str, str, str, str, str]) -> str:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     if not reports:
         raise ValueError(f"{args.out}: no report could be written")
     recs = report_records(reports)
-    (args.out / "summary.json").write_text(json.dumps({"targets": TARGETS, "records": recs}, indent=1) + "\n")
+    (args.out / "summary.json").write_text(records_json(recs, targets=TARGETS))
     table = tables(recs)
     (args.out / "summary.md").write_text(table)
     print(table.strip().splitlines()[-1])

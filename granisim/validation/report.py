@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
                   ("microbenchmark_profile", "engine_calibrated_held_out", "engine_calibrated_in_sample")
                   if report["workloads"][n][k] is not None})
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "h200.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "h200.json").write_text(json.dumps(report, indent=1, separators=(",", ":")) + "\n")
     (args.out / "h200_tables.md").write_text(_tables(report, variants))
     if frames:
         pd.concat(frames).to_parquet(args.out / "h200_steps.parquet", index=False)

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             doc["pooled"][key] = {"units": len(parts), "classes": table.to_dict(orient="records")}
             print(format_table(f"pooled: {key} ({len(parts)} units)", table) + "\n")
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
+        args.out.write_text(json.dumps(doc, indent=1, separators=(",", ":"), allow_nan=True) + "\n")
 
 
 if __name__ == "__main__":

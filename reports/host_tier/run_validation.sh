@@ -9,6 +9,7 @@
 # (default 12), `granisim validate` with the h200-engine profile: granikv with the tier (HOST_GB of host memory,
 # default 40: every prefix fits; HOT slabs and COLD pages to host), token with it (pages), granikv without it.
 # HOST_WRITE=reused writes back only the runs read again since they were cached (policy.host_write; default: all).
+# ADMISSION=prefix lets a queued request whose prefix is resident go first (scheduler.admission; default: fcfs).
 # Each unit in OUT/<unit>/ (validation.json marks it done).
 # CALL_S: seconds this call may take (default 540); no unit starts unless LONGEST_S (default 300: a unit with the tier) still fits.
 set -u
@@ -32,6 +33,7 @@ for unit in ${UNITS:-granikv_tier token_tier granikv_none}; do
     printf '[policy]\nname = "%s"\nhot_fraction = 0.3\n' "$policy"
     [ -n "$tier" ] && printf 'host_tier = "slabs+pages"\n'
     [ -n "$tier" ] && [ -n "${HOST_WRITE:-}" ] && printf 'host_write = "%s"\n' "$HOST_WRITE"
+    [ -n "${ADMISSION:-}" ] && printf '[scheduler]\nadmission = "%s"\n' "$ADMISSION"
     printf '[workload]\nkind = "multi_agent"\nroles = %s\nprefix_len = 4096\nnum_requests = %s\nrate = %s\n' \
       "${ROLES:-64}" "${NUM:-450}" "${RATE:-12.0}"
   } > "$toml"

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from granisim.core.serving_loop import ServingLoop
 from granisim.core.metrics import requests_frame
 from granisim.config.scenario import parse_scenario
 from granisim.experiments.run import prepare
+
+
+# a tiny multi-agent scenario as TOML text, after a `name = ...` line (validation tests write it to a file)
+TINY_TOML = """seed = 5
+[workload]
+kind = "multi_agent"
+roles = 4
+prefix_len = 512
+num_requests = 30
+rate = 30.0
+max_output_len = 16
+[scheduler]
+max_batch_tokens = 4096
+"""
 
 
 def small(**over):
@@ -29,3 +47,21 @@ def run(scenario, executor=None):
     eng = ServingLoop(setup, executor, progress=False)
     res = eng.run()
     return setup, eng, res, requests_frame(res.records)
+
+
+class NoisyEngine:
+    """Stands in for the real engine: the cost model's step times, each off by a seeded factor drawn from
+    [low, high), so that the "measured" schedule is not the simulator's own."""
+
+    needs_layouts = False
+    max_steps_per_plan = 1
+
+    def __init__(self, setup, seed: int, low: float, high: float):
+        from granisim.costmodel.executor import CostExecutor
+
+        self.cost, self.rng = CostExecutor(setup.profile, setup.model), np.random.default_rng(seed)
+        self.low, self.high = low, high
+
+    def execute(self, plan):
+        r = self.cost.execute(plan)
+        return replace(r, duration_s=r.duration_s * float(self.rng.uniform(self.low, self.high)))

@@ -1,7 +1,5 @@
 """A validation run's plans rebuilt from its per-step records (granisim.validation.plans.rebuild_plans)."""
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,35 +11,10 @@ from granisim.experiments.run import prepare
 from granisim.fleet.build import simulate_fleet
 from granisim.validation.plans import PlanMismatch, rebuild_plans
 from granisim.validation.validate import PairedExecutor
+from tests.granisim.simhelpers import TINY_TOML, NoisyEngine
 
-TOML = """name = "tiny-rebuild"
-seed = 5
-[workload]
-kind = "multi_agent"
-roles = 4
-prefix_len = 512
-num_requests = 30
-rate = 30.0
-max_output_len = 16
-[scheduler]
-max_batch_tokens = 4096
-"""
+TOML = 'name = "tiny-rebuild"\n' + TINY_TOML
 FLEET = TOML + '[fleet]\nreplicas = 3\nrouter = "cache_aware"\n'
-
-
-class Noisy:
-    """Stands in for the real engine: the cost model's step times, each off by a seeded factor, so that the
-    "measured" schedule is not the simulator's own."""
-
-    needs_layouts = False
-    max_steps_per_plan = 1
-
-    def __init__(self, setup, seed):
-        self.cost, self.rng = CostExecutor(setup.profile, setup.model), np.random.default_rng(seed)
-
-    def execute(self, plan):
-        r = self.cost.execute(plan)
-        return replace(r, duration_s=r.duration_s * float(self.rng.uniform(0.5, 2.0)))
 
 
 def _key(plans):
@@ -54,7 +27,7 @@ def _measured(path, noisy=True):
     execs = []
 
     def make(setup):
-        real = Noisy(setup, len(execs)) if noisy else CostExecutor(setup.profile, setup.model)
+        real = NoisyEngine(setup, len(execs), 0.5, 2.0) if noisy else CostExecutor(setup.profile, setup.model)
         execs.append(PairedExecutor(real, setup.profile, setup.model, idle=False))
         return execs[-1]
 
@@ -97,7 +70,7 @@ def test_host_time_between_steps_leaves_out_idling(tmp_path):
     between; the first step has none. A fake clock makes the times exact."""
     now = [0.0]
 
-    class Real(Noisy):
+    class Real(NoisyEngine):
         def execute(self, plan):
             now[0] += 0.5  # the step itself: not host time between steps
             return super().execute(plan)
@@ -109,7 +82,7 @@ def test_host_time_between_steps_leaves_out_idling(tmp_path):
     path.write_text(TOML)
     _, plans = _measured(path, noisy=False)
     setup = prepare(load_scenario(path))
-    paired = PairedExecutor(Real(setup, 0), setup.profile, setup.model, clock=lambda: now[0])
+    paired = PairedExecutor(Real(setup, 0, 0.5, 2.0), setup.profile, setup.model, clock=lambda: now[0])
     paired.execute(plans[0])
     now[0] += 0.25  # host work
     paired.idle(2.0)  # a gap between arrivals

@@ -1,49 +1,18 @@
 """A fleet validation run judged again with another profile (granisim.validation.rescore.rescore_fleet)."""
 
 import json
-from dataclasses import replace
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from granisim.config.scenario import load_scenario
-from granisim.costmodel.executor import CostExecutor
 from granisim.validation.fleet_summary import records
 from granisim.validation.rescore import main, rescore_fleet
 from granisim.validation.validate import validate_fleet
+from tests.granisim.simhelpers import TINY_TOML, NoisyEngine
 
-TOML = """name = "tiny-fleet-rescore"
-seed = 5
-[hardware]
-profile = "h200-engine"
-[workload]
-kind = "multi_agent"
-roles = 4
-prefix_len = 512
-num_requests = 30
-rate = 30.0
-max_output_len = 16
-[scheduler]
-max_batch_tokens = 4096
-[fleet]
-replicas = 3
-router = "cache_aware"
-"""
-
-
-class Noisy:
-    """Stands in for the real engine: the cost model's step times, each off by a seeded factor."""
-
-    needs_layouts = False
-    max_steps_per_plan = 1
-
-    def __init__(self, setup, seed):
-        self.cost, self.rng = CostExecutor(setup.profile, setup.model), np.random.default_rng(seed)
-
-    def execute(self, plan):
-        r = self.cost.execute(plan)
-        return replace(r, duration_s=r.duration_s * float(self.rng.uniform(0.8, 1.25)))
+TOML = ('name = "tiny-fleet-rescore"\n' + TINY_TOML
+        + '[hardware]\nprofile = "h200-engine"\n[fleet]\nreplicas = 3\nrouter = "cache_aware"\n')
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +24,7 @@ def run(tmp_path_factory):
     made = []
 
     def make_real(setup):
-        made.append(Noisy(setup, len(made)))
+        made.append(NoisyEngine(setup, len(made), 0.8, 1.25))
         return made[-1]
 
     out = root / "machineQ" / "tiny"

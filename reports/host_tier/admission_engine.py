@@ -24,7 +24,8 @@ def read_unit(folder: Path) -> dict:
         sc = tomllib.loads(scenario.read_text())
         v = json.loads((folder / "validation.json").read_text())
     except (OSError, ValueError) as err:
-        sys.exit(f"{folder}: not a run_validation.sh unit ({err})")
+        print(f"{folder}: not a run_validation.sh unit ({err})", file=sys.stderr)
+        raise SystemExit(2)
     e2e = v["end_to_end"]
     tier = sc["policy"].get("host_tier", "none")
     return {

@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -73,8 +74,11 @@ def main() -> None:
     ap.add_argument("raw", type=Path)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    reps = sorted((read_rep(f) for f in a.raw.iterdir() if f.is_dir() and FOLDER.match(f.name)),
-                  key=lambda r: (r["machine"], r["order"]))
+    folders = [f for f in a.raw.iterdir() if f.is_dir() and FOLDER.match(f.name)] if a.raw.is_dir() else []
+    if not folders:
+        print(f"{a.raw}: no <machine>_<order>_<variant> unit folders", file=sys.stderr)
+        raise SystemExit(2)
+    reps = sorted(map(read_rep, folders), key=lambda r: (r["machine"], r["order"]))
     names = sorted({r["machine"] for r in reps})
     machines = {c: read_env(a.raw / f"env_{c}.txt") for c in names}
     variants = sorted({r["variant"] for r in reps})

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
+from granisim.config.files import OneLineParser
 from granisim.config.scenario import ScenarioError, load_scenario
 from granisim.experiments.sensitivity import DEFAULT_DELTA
 
@@ -251,6 +252,8 @@ def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
     out = Path(args.out)
+    if out.is_dir():  # found before the fit, not after it
+        raise ValueError(f"--out {out}: a folder; give the profile JSON file to write")
     cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds,
                     progress=True, workers=args.workers)
     print(format_errors(cal.result))
@@ -298,13 +301,6 @@ def cmd_validation(args) -> int:
     return module.main(args.rest) or 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit 2) instead of the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
     """An argparse type: a finite ``kind`` > lo (>= lo unless lo_open) and < hi."""
     def parse(text: str):
@@ -323,7 +319,7 @@ POS_INT, POS_FLOAT, FRACTION = _number(int, 1, False), _number(float, 0, True), 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="granisim", description="GraniKV serving simulator")
+    p = OneLineParser(prog="granisim", description="GraniKV serving simulator")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="simulate one scenario")
     r.add_argument("scenario")

@@ -21,7 +21,7 @@ import pandas as pd
 from granisim.config.hardware import get_profile
 from granisim.config.models import get_model
 
-from .raw import STORAGE, predict_attention
+from .raw import STORAGE, predict_attention, read_csv
 
 FILES = ("attention.csv", "extend_shapes.csv", "extend_ragged.csv")
 FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write", "kv_copy")
@@ -34,7 +34,7 @@ def priced_rows(raw_dir: Path, profile: str, family: str | None = None) -> pd.Da
     for name in FILES:
         f = raw_dir / name
         if f.is_file():
-            frames.append(pd.read_csv(f).assign(file=name))
+            frames.append(read_csv(f, ("family", "storage", "median_us")).assign(file=name))
     if not frames:
         raise ValueError(f"{raw_dir}: no {' or '.join(FILES)} (python -m calibration.measure --out DIR writes them)")
     rows = pd.concat(frames, ignore_index=True)
@@ -65,7 +65,7 @@ def _model_of(raw_dir: Path) -> str:
     meta = raw_dir / "meta.json"
     try:
         return json.loads(meta.read_text())["model"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"{meta}: field model: unreadable or missing (the measurement's meta.json names its model)")
 
 

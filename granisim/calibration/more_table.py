@@ -31,14 +31,14 @@ from granisim.costmodel.tables import carried_s
 
 from .fit_linear import fit_linear, table_interp, vidur_table
 from .moe_fit import carried_errors, shard_errors
-from .raw import Raw, measured_source
+from .raw import Raw, measured_source, read_csv, read_meta
 
 
 def linear_table(raw_dir: Path, prof, model) -> tuple[pd.DataFrame, dict]:
     """(Vidur-format table, held-out errors) of a linear-only calibration run."""
     if not (raw_dir / "linear.csv").is_file():
         raise ValueError(f"{raw_dir / 'linear.csv'}: no such file (python -m calibration.measure --only linear writes it)")
-    lin = pd.read_csv(raw_dir / "linear.csv")
+    lin = read_csv(raw_dir / "linear.csv", ("median_us", "op", "family", "n"))
     lin = lin[pd.to_numeric(lin["median_us"], errors="coerce") > 0].reset_index(drop=True)
     if lin.empty:
         raise ValueError(f"{raw_dir / 'linear.csv'}: no timed rows")
@@ -49,7 +49,7 @@ def linear_table(raw_dir: Path, prof, model) -> tuple[pd.DataFrame, dict]:
 
 def shard_table(raw_dir: Path, prof, model) -> tuple[pd.DataFrame, dict]:
     """(Vidur-format table of per-tp rows, held-out errors by tp) of a linear_tp run."""
-    rows = pd.read_csv(raw_dir / "linear_tp.csv")
+    rows = read_csv(raw_dir / "linear_tp.csv", ("median_us", "tp", "n", "op"))
     rows = rows[pd.to_numeric(rows["median_us"], errors="coerce") > 0]
     if rows.empty:
         raise ValueError(f"{raw_dir / 'linear_tp.csv'}: no timed rows")
@@ -76,7 +76,7 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
     profile_path, raw_dir = Path(profile_path), Path(raw_dir)
     if not (raw_dir / "meta.json").is_file():
         raise ValueError(f"{raw_dir / 'meta.json'}: no such file (python -m calibration.measure writes it)")
-    meta = json.loads((raw_dir / "meta.json").read_text())
+    meta = read_meta(raw_dir)
     model, prof = get_model(meta.get("model", "?")), load_profile(profile_path)
     shards = (raw_dir / "linear_tp.csv").is_file() and not (raw_dir / "linear.csv").is_file()
     table, errors = (shard_table if shards else linear_table)(raw_dir, prof, model)

@@ -43,25 +43,43 @@ def measured_source(meta: dict, command: str | None = None, note: str | None = N
     return {**s, "note": note} if note else s
 
 
+def read_meta(path: Path) -> dict:
+    """A raw directory's meta.json; a ProfileError (one line) where it is missing, unreadable or not an object."""
+    f = Path(path) / "meta.json"
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"{f}: field (file): value 'meta.json': cannot read ({e})") from None
+    if not isinstance(meta, dict):
+        raise ProfileError(f"{f}: field (top): value {type(meta).__name__}: not a JSON object")
+    return meta
+
+
+def read_csv(f: Path, need: tuple[str, ...] = ("median_us",), **kw) -> pd.DataFrame:
+    """A calibration CSV; a ProfileError (one line) where it is unreadable or lacks a column of ``need``."""
+    try:
+        df = pd.read_csv(f, **kw)
+    except (OSError, ValueError) as e:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise ProfileError(f"{f}: field (file): value {f.name!r}: cannot read ({' '.join(str(e).split())})") from None
+    for col in need:
+        if col not in df.columns:
+            raise ProfileError(f"{f}: field {col}: value (missing): not a calibration CSV")
+    return df
+
+
 def load_raw(path: str | Path) -> Raw:
     """Read a raw directory; a missing or unreadable file raises ProfileError (one line)."""
     path = Path(path)
     if not path.is_dir():
         raise ProfileError(f"{path}: field (raw dir): value {str(path)!r}: not a directory")
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{path / 'meta.json'}: field (file): value 'meta.json': cannot read ({e})") from None
+    meta = read_meta(path)
     frames = {}
     for name in ("linear", "attention", "overhead"):
         f = path / f"{name}.csv"
-        try:
-            df = pd.read_csv(f, on_bad_lines="skip")
-        except (OSError, pd.errors.EmptyDataError) as e:
-            raise ProfileError(f"{f}: field (file): value {f.name!r}: cannot read ({e})") from None
-        if "median_us" not in df.columns:
-            raise ProfileError(f"{f}: field median_us: value (missing): not a calibration CSV")
+        df = read_csv(f, on_bad_lines="skip")
         frames[name] = df[pd.to_numeric(df["median_us"], errors="coerce") > 0].reset_index(drop=True)
+        if frames[name].empty:
+            raise ProfileError(f"{f}: field median_us: value (no row > 0): no measured rows")
     return Raw(meta, frames["linear"], frames["attention"], frames["overhead"], path)
 
 

@@ -1,6 +1,9 @@
-"""The one wording for a user's file that cannot be read: missing, unreadable, or not UTF-8 text."""
+"""The one wording for a user's file that cannot be read (missing, unreadable, or not UTF-8 text), and the
+argument parser whose mistakes are one line too."""
 
 from __future__ import annotations
+
+import argparse
 
 
 def unreadable(err: OSError | UnicodeDecodeError, missing: str = "file not found") -> str:
@@ -10,3 +13,11 @@ def unreadable(err: OSError | UnicodeDecodeError, missing: str = "file not found
     if isinstance(err, UnicodeDecodeError):
         return f"not UTF-8 text (offset {err.start})"
     return f"cannot read ({err.strerror})"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of the usage block: every `granisim` command and
+    `granisim validation` verb."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -261,6 +261,13 @@ def _jsonable(x):
 
 def paper_cli(args) -> int:
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    if not profiles:
+        raise ValueError(f"--profiles {args.profiles!r}: give at least one profile, e.g. a100-80gb,h200")
+    for prof in profiles:  # every point of an unknown profile would fail, after the sweep has run
+        try:
+            get_profile(prof)
+        except ValueError as err:
+            raise ValueError(f"--profiles {prof!r}: {' '.join(str(err).split())}") from None
     rep = run_paper(Path(args.out), profiles, num_requests=args.num_requests, workers=args.workers, ray=args.ray)
     for prof, d in rep["profiles"].items():
         print(f"\n{prof}:")

@@ -18,7 +18,6 @@ exit 2 from the CLI.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -31,6 +30,7 @@ from granisim.config.models import get_model
 from granisim.validation.gpu_runs import VALIDATION, split_unit
 from granisim.validation.report import _load, held_out
 from granisim.validation.validate import reprice
+from granisim.config.files import OneLineParser
 
 BINS = (0, 8, 64, 512, 2048, 4096, 8192, math.inf)
 
@@ -52,11 +52,16 @@ def heated(tokens, linear, attn, rest, *, tau: float, hot_tokens: int, a_linear:
 
 def amplitudes(sustained: Path) -> tuple[float, float]:
     """(a_linear, a_attn): the largest GEMM's and the prefill attention's slowdown under load vs cold."""
-    table = {r["kernel"]: r for r in json.loads(sustained.read_text())["table"]}
-    gemms = [r for r in table.values() if r["kernel"].startswith("gemm_")]
-    big = max(gemms, key=lambda r: r["cold_us"])
-    attn = next(r for r in table.values() if r["kernel"].startswith("prefill_attn"))
-    return float(big["load_vs_cold"]), float(attn["load_vs_cold"])
+    try:
+        table = {r["kernel"]: r for r in json.loads(sustained.read_text())["table"]}
+        gemms = [r for r in table.values() if r["kernel"].startswith("gemm_")]
+        big = max(gemms, key=lambda r: r["cold_us"])
+        attn = next(r for r in table.values() if r["kernel"].startswith("prefill_attn"))
+        return float(big["load_vs_cold"]), float(attn["load_vs_cold"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration) as err:
+        why = " ".join(str(err).split())[:120] or type(err).__name__
+        raise ValueError(f"{sustained}: not a sustained-load JSON with gemm_* and prefill_attn* rows in its table "
+                         f"({why})") from None
 
 
 def units_folder(run: Path) -> Path:
@@ -96,7 +101,7 @@ def _score(frames: list[pd.DataFrame], col: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation clock-term", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation clock-term", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--sustained", type=Path, default=Path("reports/validation/sustained/sustained_load.json"))

@@ -13,7 +13,6 @@ group's members all read it in one decode launch: L2 hits), and writes it into t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from granisim.validation.speedups import POLICIES, load
 from granisim.calibration.engine_fit import unit_of
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import prepare, simulate
+from granisim.config.files import OneLineParser
 
 SOURCE = {"kind": "measured", "date": "2026-11-29", "command": "scripts/engine_vs_sim.py --fit"}
 
@@ -91,7 +91,7 @@ def per_unit_values(units: list[tuple], priced: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation engine-vs-sim", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation engine-vs-sim", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--profiles", default="h200,h200-engine")
     ap.add_argument("--requests", type=int, default=64)

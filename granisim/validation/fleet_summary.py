@@ -17,13 +17,13 @@ signed errors per run, the routing agreement and how many replicas meet every ta
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from granisim.validation.fleet_routing import on_measured_routing, same_replica
 from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, records_json
 from granisim.validation.validate import TARGETS
+from granisim.config.files import OneLineParser
 
 LABELS = {"step_median": "per-step median", "throughput_rps": "throughput", "tpot_p50_s": "TPOT p50",
           "tpot_p99_s": "TPOT p99", "ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99"}
@@ -130,7 +130,7 @@ def table(recs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation fleet-summary", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation fleet-summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--table", type=Path, help="also write the fleet-wide table (markdown) here")

@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from granisim.validation.host_probe import probe as host_probe  # the host's speed, before each unit
+from granisim.config.files import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -264,7 +265,7 @@ def validate_all(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation gpu-run", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation gpu-run", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["speedup", "validate", "paper"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--done", type=Path)

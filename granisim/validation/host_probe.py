@@ -13,11 +13,12 @@ on the machine and minute it served. Prints one line and, with ``--out``, writes
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
+
+from granisim.config.files import OneLineParser
 
 PROBE_REQUESTS = 1000
 
@@ -52,7 +53,7 @@ def probe(repeats: int = 3) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation host-probe", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation host-probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = ap.parse_args(argv)

@@ -13,7 +13,6 @@ raises ValueError: one line and exit 2 from the CLI.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.validation.gpu_log import log_summary, read_gpu_log
+from granisim.config.files import OneLineParser
 
 E2E = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 SMALL_TOKENS, LARGE_TOKENS = 64, 2048
@@ -32,15 +32,20 @@ def run_figures(run: Path) -> dict:
     reps = sorted(run.glob("validation_*.json"))
     if len(reps) != 1:
         raise ValueError(f"{run}: expected one validation_*.json, found {len(reps)}")
-    rep = json.loads(reps[0].read_text())
     unit = reps[0].stem.removeprefix("validation_")
     steps_file = run / unit / "steps.parquet"
     if not steps_file.is_file():
         raise ValueError(f"{steps_file}: no such file")
+    try:
+        rep = json.loads(reps[0].read_text())
+        figures = {"idle": bool(rep.get("idle")), "idled_s": float(rep.get("idled_s", 0.0)),
+                   "wall_s": float(rep["wall_s"]), **{k: float(rep["end_to_end"][k]["measured"]) for k in E2E}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{reps[0]}: not a validation report with wall_s and the measured end_to_end figures "
+                         f"({' '.join(str(err).split())[:120]})") from None
     steps = pd.read_parquet(steps_file, columns=["tokens", "measured_s"])
-    out = {"run": str(run), "unit": unit, "idle": bool(rep.get("idle")), "idled_s": float(rep.get("idled_s", 0.0)),
-           "wall_s": float(rep["wall_s"]), "steps": int(len(steps))}
-    out.update({k: float(rep["end_to_end"][k]["measured"]) for k in E2E})
+    out = {"run": str(run), "unit": unit, "idle": figures.pop("idle"), "idled_s": figures.pop("idled_s"),
+           "wall_s": figures.pop("wall_s"), "steps": int(len(steps)), **figures}
     small = steps.measured_s[steps.tokens <= SMALL_TOKENS]
     large = steps.measured_s[steps.tokens > LARGE_TOKENS]
     out["small_step_p50_s"] = float(small.median()) if len(small) else float("nan")
@@ -90,7 +95,7 @@ def table(rows: list[dict], n_idle: int, n_noidle: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation idle-effect", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation idle-effect", description=__doc__.split("\n\n")[0])
     ap.add_argument("--idle", type=Path, nargs="+", required=True, help="run folders of the plain (idling) runs")
     ap.add_argument("--no-idle", type=Path, nargs="+", required=True, help="run folders of the --no-idle runs")
     ap.add_argument("--out", type=Path, help="write the runs and the comparison as JSON")

@@ -12,7 +12,6 @@ runs both judged: how many meet every target under each, and which runs one prof
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from granisim.validation.clock_term import policy_models, units_folder
 from granisim.validation.summary import TARGETS, records_json, report_records, run_checks, tables
+from granisim.config.files import OneLineParser
 
 
 def _report(job: tuple[str, str, str, str, str]) -> str:
@@ -62,7 +62,7 @@ def compare_table(c: dict, candidate: str, against: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation judge", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation judge", description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="the candidate profile (a name or a .json path)")
     ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
     ap.add_argument("--out", type=Path, required=True)

@@ -11,7 +11,6 @@ Azure per cell, misses bold). No GPU needed.
 """
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 from granisim.validation.targets import profile_check_table
+from granisim.config.files import OneLineParser
 
 REPORT = [sys.executable, "-m", "granisim.validation.report"]
 
@@ -40,17 +40,17 @@ def table(out: Path, runs: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation loro", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation loro", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run names under ROOT without the 'run' prefix (e.g. A1 A2)")
     ap.add_argument("--root", type=Path, required=True, help="folder of raw runs ROOT/runX/h200_run")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(args.runs) < 2:
-        raise SystemExit("error: leaving one run out needs at least two runs")
+        raise ValueError(f"runs: {' '.join(args.runs)}: leaving one run out needs at least two runs")
     data = {r: args.root / f"run{r}" / "h200_run" for r in args.runs}
     for r, d in data.items():
         if not d.is_dir():
-            raise SystemExit(f"error: {d}: no such run folder")
+            raise ValueError(f"{d}: no such run folder")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         fits = []

@@ -15,10 +15,11 @@ only; prefill by new tokens) against the simulator's, run without fast-forward s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
+
+from granisim.config.files import OneLineParser
 
 METRICS = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 
@@ -159,7 +160,7 @@ def format_steps(measured: dict, predicted: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation paper-setting", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation paper-setting", description=__doc__.split("\n\n")[0])
     ap.add_argument("units", type=Path, help="folder of gpu-run paper's paper_*.json")
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--sensitivity", type=float, nargs="+", default=[], metavar="F",

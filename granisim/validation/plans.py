@@ -22,8 +22,15 @@ class _Unpickler(pickle.Unpickler):
 
 
 def load_plans(path: Path) -> list:
+    """A run's stored plans; a ValueError naming the file where it is not a pickled list of plans."""
     with open(path, "rb") as f:
-        plans = _Unpickler(f).load()
+        try:
+            plans = _Unpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+                IndexError, KeyError) as err:
+            raise ValueError(f"{path}: not a run's pickled plans ({' '.join(str(err).split())[:120]})") from None
+    if not isinstance(plans, list):
+        raise ValueError(f"{path}: not a run's pickled plans (a {type(plans).__name__}, not a list)")
     for plan in plans:
         _fill_defaults(plan)
     return plans
@@ -115,11 +122,12 @@ def rebuild_plans(scenario_path: Path, steps: pd.DataFrame) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     """granisim validation rebuild-plans RUN_DIR [SCENARIO]: writes RUN_DIR/plans.pkl."""
-    import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="granisim validation rebuild-plans",
-                                 description="rebuild a validation run's plans.pkl from its steps.parquet")
+    from granisim.config.files import OneLineParser
+
+    ap = OneLineParser(prog="granisim validation rebuild-plans",
+                       description="rebuild a validation run's plans.pkl from its steps.parquet")
     ap.add_argument("run", type=Path, help="the run's folder (steps.parquet; scenario.toml unless SCENARIO)")
     ap.add_argument("scenario", type=Path, nargs="?", help="the scenario it ran (default RUN/scenario.toml)")
     args = ap.parse_args(argv)

@@ -19,7 +19,6 @@ run without units is one line and exit 2.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +33,7 @@ from granisim.costmodel import cost_tables
 from granisim.validation.clock_term import run_units, units_folder
 from granisim.validation.report import KEEP, graph_limit, held_out, kept_coefficients, write_engine_profile
 from granisim.validation.validate import reprice
+from granisim.config.files import OneLineParser
 
 
 MULTI = "engine.eager.attn_prefill.multi"  # the prefix of the factor's coefficients (gain, cached share)
@@ -125,7 +125,7 @@ def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="granisim validation refit", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation refit", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, required=True, help="the profile to write (.json)")
     ap.add_argument("--model", nargs="+", default=["llama-3.1-8b"],

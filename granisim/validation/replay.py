@@ -11,7 +11,6 @@ scenario on its own clock, is the schedule's (validation_runs.py shows how sensi
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from granisim.config.hardware import get_profile
 from granisim.config.models import get_model
 from granisim.validation.validate import reprice
 from granisim.validation.report import _load
+from granisim.config.files import OneLineParser
 
 
 def tpots(plans, durations: np.ndarray, prompt_len: dict[int, int]) -> np.ndarray:
@@ -47,7 +47,7 @@ def tpot_percentiles(plans, durations: np.ndarray, prompt_len: dict[int, int]) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation replay", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders holding h200_run/<workload>/")
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--policy", default="granikv")
@@ -58,7 +58,12 @@ def main(argv: list[str] | None = None) -> None:
           f"| TPOT p99 measured | on the measured schedule, {args.profile} |")
     print("|---|---|---|---|---|---|")
     for run in args.runs:
+        if not (run / "h200_run").is_dir():
+            raise ValueError(f"{run}: no such run folder (with h200_run/ in it)")
+    for run in args.runs:
         names, runs_steps, runs_plans = _load(run / "h200_run", args.policy, args.model)
+        if not names:
+            raise ValueError(f"{run / 'h200_run'}: no unit of {args.policy} on {args.model} in it")
         for w in names:
             plans = runs_plans[w]
             steps = reprice(runs_steps[w], plans, prof, model)

@@ -17,7 +17,6 @@ fitted on another run: a check across runs).
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 from dataclasses import replace
@@ -35,6 +34,7 @@ from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import prepare, simulate
 from granisim.validation.plans import load_plans
 from granisim.validation.validate import TARGETS, end_to_end, percentile_errors, reprice, step_errors
+from granisim.config.files import OneLineParser
 
 
 def _setup(name: str, requests: int, profile: str):
@@ -104,7 +104,7 @@ def _e2e(setup, measured: dict, measured_requests: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation report", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation report", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--profile-out", type=Path)

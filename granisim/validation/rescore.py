@@ -18,7 +18,6 @@ What the engine measured is the run's own (its ``validation.json``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from granisim.validation.plans import load_plans
+from granisim.config.files import OneLineParser
 
 METRICS = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -34,6 +34,23 @@ METRICS = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99
 def _scenario_of(run: Path) -> Path | None:
     found = sorted((run.parent / "scenarios").glob(f"*_{run.name}.toml"))
     return found[0] if len(found) == 1 else None
+
+
+def _run_report(run: Path, fleet: bool = False) -> dict:
+    """The run's own validation.json: what the engine measured (a ValueError naming the file where it is not
+    a validation report, or for a fleet run not a fleet's)."""
+    path = run / "validation.json"
+    try:
+        report = json.loads(path.read_text())
+        for section in [report] + (report["replicas"] if fleet else []):
+            for v in section["end_to_end"].values():
+                v["measured"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        what = "a fleet validation report (`granisim validate` on a scenario with [fleet])" if fleet \
+            else "a validation report"
+        raise ValueError(f"{path}: not {what} with measured end_to_end figures "
+                         f"({' '.join(str(err).split())[:120]})") from None
+    return report
 
 
 def rescore(run: Path, scenario: Path, profile: str | None = None) -> dict:
@@ -51,7 +68,7 @@ def rescore(run: Path, scenario: Path, profile: str | None = None) -> dict:
                     setup.model)
     mreq = pd.read_parquet(run / "measured_requests.parquet")
     # what the engine measured does not depend on the profile: the run's own figures
-    measured = {k: v["measured"] for k, v in json.loads((run / "validation.json").read_text())["end_to_end"].items()}
+    measured = {k: v["measured"] for k, v in _run_report(run)["end_to_end"].items()}
     sim = simulate(setup, progress=False)
     sreq = requests_frame(sim.records)
     predicted = summarize(sreq, sim.steps.frame(), sim.end_s)
@@ -77,7 +94,7 @@ def rescore_fleet(run: Path, scenario: Path, out: Path, profile: str | None = No
         raise ValueError(f"{scenario}: not a fleet scenario (no [fleet])")
     if profile:
         sc = sc.with_changes(**{"hardware.profile": profile})
-    old = json.loads((run / "validation.json").read_text())
+    old = _run_report(run, fleet=True)
     steps, plans = pd.read_parquet(run / "steps.parquet"), load_plans(run / "plans.pkl")
     if len(steps) != len(plans):
         raise ValueError(f"{run}: {len(plans)} plans for {len(steps)} steps")
@@ -120,7 +137,7 @@ def rescore_fleet(run: Path, scenario: Path, out: Path, profile: str | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="granisim validation rescore", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="granisim validation rescore", description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--scenario", type=Path, help="the scenario every RUN ran (default: found beside each run)")
     ap.add_argument("--profile", help="price with this profile (default: the scenario's)")

@@ -11,7 +11,6 @@ schedule's sensitivity, e.g. when prefill chunks interleave with decoding). No G
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import replace
@@ -24,6 +23,7 @@ from granisim.costmodel.executor import CostExecutor
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import simulate
 from granisim.validation.report import _setup, run_requests
+from granisim.config.files import OneLineParser
 
 METRICS = ("throughput_rps", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -31,11 +31,15 @@ METRICS = ("throughput_rps", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 def _runs(root: Path, only: list[str] | None = None) -> dict[str, Path]:
     """Run folder name -> folder holding its validation_*.json (the run itself or its h200_run/); with
     `only`, the runs whose folder is one of these or lies under one (e.g. one engine version's runs)."""
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such folder of runs")
     found = {}
     for js in sorted(root.rglob("validation_*.json")):
         name = str(js.parent.relative_to(root))
         if only is None or any(name == o or name.startswith(o + "/") for o in only):
             found.setdefault(name, js.parent)
+    if not found:
+        raise ValueError(f"{root}: no validation_*.json under it" + (f" in --runs {' '.join(only)}" if only else ""))
     return found
 
 
@@ -59,7 +63,7 @@ def _simulated(setup, factor: float = 1.0) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation runs", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation runs", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--requests", type=int, help="the runs' request cap (default: as the runs measured)")
@@ -76,8 +80,12 @@ def main(argv: list[str] | None = None) -> None:
             if base is None:
                 continue
             sizes.setdefault(base, {})[run] = run_requests(folder / name, base, args.requests)
-            e2e = json.loads(js.read_text())["end_to_end"]
-            vals = {m: e2e[m]["measured"] for m in METRICS}
+            try:
+                e2e = json.loads(js.read_text())["end_to_end"]
+                vals = {m: e2e[m]["measured"] for m in METRICS}
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{js}: not a validation report with the measured end_to_end figures "
+                                 f"({' '.join(str(err).split())[:120]})") from None
             rows.append({"run": run, "workload": name, **vals})
             measured.setdefault(base, []).append(vals)
     for w, by_run in sizes.items():  # one prediction per workload: its runs must be of one size

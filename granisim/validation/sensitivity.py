@@ -11,9 +11,10 @@ CPU only, about a second a simulation.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from granisim.config.files import OneLineParser
 
 METRICS = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 LABELS = ("throughput", "TPOT p50", "TPOT p99", "TTFT p50", "TTFT p99")
@@ -45,7 +46,7 @@ def format_table(rows: list[dict], delta: float, profile: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     from granisim.validation.gpu_runs import MODELS, POLICIES, VALIDATION
 
-    ap = argparse.ArgumentParser(prog="granisim validation sensitivity", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation sensitivity", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--delta", type=float, default=0.03, help="step-time change, a fraction (default 0.03)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))

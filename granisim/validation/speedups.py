@@ -9,10 +9,11 @@ their mean and, with two or more repetitions, the range.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
+
+from granisim.config.files import OneLineParser
 
 POLICIES = ("granikv", "token", "paged16")
 UNIT = re.compile(r"speedup_lp(\d+)_k(\d+)_([a-z0-9-]+)(?:_rep(\d+))?\.json$")
@@ -22,15 +23,25 @@ KEEP = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s"
 
 
 def load(run: Path) -> dict:
-    """{(lp, k): {policy: {rep: unit figures}}}"""
+    """{(lp, k): {policy: {rep: unit figures}}}; a ValueError naming the folder or file where there are none
+    or one is not a unit's JSON object."""
+    if not run.is_dir():
+        raise ValueError(f"{run}: no such run folder")
     points: dict = {}
     for f in sorted(run.glob("speedup_*.json")):
         m = UNIT.match(f.name)
         if not m:
             continue
         lp, k, pol, rep = int(m[1]), int(m[2]), m[3], int(m[4] or 0)
-        d = json.loads(f.read_text())
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{f}: not a readable speedup unit ({' '.join(str(err).split())})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{f}: not a speedup unit (a JSON {type(d).__name__}, not an object)")
         points.setdefault((lp, k), {}).setdefault(pol, {})[rep] = {key: d.get(key) for key in KEEP}
+    if not points:
+        raise ValueError(f"{run}: no speedup_*.json units (granisim validation gpu-run speedup --out {run})")
     return points
 
 
@@ -65,13 +76,11 @@ def table(points: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation speedups", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation speedups", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="path prefix: writes PREFIX.json and PREFIX_table.md")
     args = ap.parse_args(argv)
     points = load(args.run)
-    if not points:
-        raise SystemExit(f"{args.run}: no speedup_*.json units")
     doc = {"run": str(args.run), "commit": (args.run / "commit.txt").read_text().strip()
            if (args.run / "commit.txt").exists() else "?",
            "points": [{"lp": lp, "k": k, "units": units,

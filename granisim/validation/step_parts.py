@@ -17,7 +17,6 @@ needs a GPU. A missing folder or a run without units raises ValueError: one line
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -31,6 +30,7 @@ from granisim.costmodel.operators import BREAKDOWN_KEYS
 from granisim.validation.clock_term import run_units
 from granisim.validation.gpu_runs import split_unit
 from granisim.validation.validate import reprice
+from granisim.config.files import OneLineParser
 
 HOST = "host_between_ms"  # median per step, where the run's steps carry host_between_s (not a ratio)
 STEP_ERR = "step_err_p50"  # median over the class's steps of |predicted / measured - 1| (the report's per-step median)
@@ -111,7 +111,7 @@ def _edges(flag: str, text: str, what: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation step-parts", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation step-parts", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
     ap.add_argument("--profile", default="h200-engine")
     ap.add_argument("--unit", nargs="+", help="only these units (e.g. arxiv_replay_500_granikv_qwen-2.5-14b)")

@@ -19,7 +19,6 @@ and re-simulated on a CPU), so a run measured under one profile is judged by ano
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name
 from granisim.validation.validate import TARGETS
+from granisim.config.files import OneLineParser
 
 RUN_LEAF = "h200_run"
 
@@ -84,7 +84,11 @@ def report_records(paths: list[Path]) -> list[dict]:
                     "variant": f"profile:{Path(chk['profile']).stem}", "held_out": wl in HELD_OUT,
                     "idle": w.get("idle"), "date": rep["run"].get("date"),
                     **({"host_probe_us": w["host_probe"]["us_per_plan"]} if w.get("host_probe") else {})}
-            out += _unit_records(base, chk["step_errors"], chk["end_to_end"], chk.get("percentile_errors", {}))
+            try:
+                out += _unit_records(base, chk["step_errors"], chk["end_to_end"], chk.get("percentile_errors", {}))
+            except (KeyError, TypeError, AttributeError) as err:
+                _fail(f"{path}: workloads.{name}.check_profile: no step_errors and end_to_end figures "
+                      f"({' '.join(str(err).split())[:120]})")
     return out
 
 
@@ -103,12 +107,16 @@ def records(raw: Path) -> list[dict]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             _fail(f"{js}: not a readable validation JSON ({' '.join(str(err).split())[:120]})")
         unit = _unit(js)
-        if unit is None or "end_to_end" not in rep:
+        if unit is None or not isinstance(rep, dict) or "end_to_end" not in rep:
             continue
         w, pol, model, variant = unit
         base = {"workload": w, "policy": pol, "model": model, "machine": _machine(raw, js), "variant": variant,
                 "held_out": w in HELD_OUT, "idle": rep.get("idle"), "date": rep.get("date")}
-        out += _unit_records(base, rep["step_errors"], rep["end_to_end"], rep.get("percentile_errors", {}))
+        try:
+            out += _unit_records(base, rep["step_errors"], rep["end_to_end"], rep.get("percentile_errors", {}))
+        except (KeyError, TypeError, AttributeError) as err:
+            _fail(f"{js}: not a validation report with step_errors and end_to_end figures "
+                  f"({' '.join(str(err).split())[:120]})")
     return out
 
 
@@ -210,7 +218,7 @@ def records_json(records: list[dict], **fields) -> str:
     return f'{head}{"," if fields else ""}"records":[\n{rows}\n]}}\n'
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("raw", type=Path, nargs="?", help="folder of validation runs (searched recursively)")
     ap.add_argument("--reports", type=Path, nargs="+", metavar="H200_JSON",
                     help="instead: `granisim validation report --check-profile` outputs (their check_profile variant)")

@@ -11,13 +11,13 @@ judged by the profile its ROOT/runX/SUB/h200.json checked (e.g. the shipped prof
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 
 from granisim.validation.gpu_runs import VALIDATION
 from granisim.validation.validate import TARGETS
+from granisim.config.files import OneLineParser, unreadable
 
 WORKLOADS = tuple(VALIDATION)[:3]  # the first three validation workloads (the runs these tables cover);
 # the full set, every policy and model: `granisim validation summary`
@@ -48,8 +48,29 @@ def target_table(headers: list[str], cols: list[tuple[dict, str]]) -> str:
     return "\n".join(lines)
 
 
+def _report(path: Path, variants: tuple[str, ...]) -> dict:
+    """A `granisim validation report` output with every figure the tables read (a ValueError naming the file
+    where it is missing, not JSON, or lacks one)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: {unreadable(err, 'no such file')}") from None
+    try:
+        rep = json.loads(text)
+        if not rep["workloads"]:
+            raise ValueError("no workloads")
+        for v in variants:
+            for metric in LABELS:
+                errors(rep, v, metric)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: not a `granisim validation report` output with {' and '.join(variants)} "
+                         f"figures ({' '.join(str(err).split())[:120]})") from None
+    return rep
+
+
 def table(root: Path, a: str, b: str) -> str:
-    reps = {r: json.loads((root / f"run{r}" / "h200.json").read_text()) for r in (a, b)}
+    reps = {r: _report(root / f"run{r}" / "h200.json", ("engine_calibrated_held_out", "check_profile"))
+            for r in (a, b)}
     headers = [f"run {a} held out", f"run {b} held out", f"run {a}, fit on run {b}", f"run {b}, fit on run {a}"]
     return target_table(headers, [(reps[a], "engine_calibrated_held_out"), (reps[b], "engine_calibrated_held_out"),
                                   (reps[a], "check_profile"), (reps[b], "check_profile")])
@@ -58,13 +79,13 @@ def table(root: Path, a: str, b: str) -> str:
 def profile_check_table(root: Path, runs: list[str], sub: str, label: str | None = None) -> str:
     """Each run judged by the profile its ROOT/runX/SUB/h200.json checked; columns 'run X, LABEL' (default: the
     checked profile's name)."""
-    reps = [json.loads((root / f"run{r}" / sub / "h200.json").read_text()) for r in runs]
+    reps = [_report(root / f"run{r}" / sub / "h200.json", ("check_profile",)) for r in runs]
     label = label or Path(next(iter(reps[0]["workloads"].values()))["check_profile"]["profile"]).stem
     return target_table([f"run {r}, {label}" for r in runs], [(rep, "check_profile") for rep in reps])
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="granisim validation targets", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="granisim validation targets", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="two runs of one device call (with --profile-check: any runs)")
     ap.add_argument("--root", type=Path, default=Path("reports/validation/runs"))
     ap.add_argument("--profile-check", metavar="SUB", help="judge each run by the profile ROOT/runX/SUB/h200.json checked")

@@ -310,3 +310,51 @@ def test_an_out_folder_that_is_a_file(tmp_path, capsys):
     (tmp_path / "taken").write_text("")
     _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "taken")]), str(tmp_path / "taken"),
                     "File exists")
+
+
+# --- paper and calibrate: an argument or a raw measurement folder a user could give --------------------------
+def _raw(tmp, edit: dict) -> Path:
+    """A copy of the shipped H200 raw folder with some files replaced (name -> text)."""
+    import shutil
+
+    raw = tmp / "raw"
+    shutil.copytree(ROOT / "calibration/raw/h200", raw)
+    for name, text in edit.items():
+        (raw / name).write_text(text)
+    return raw
+
+
+CALIBRATE = {
+    "paper: unknown profile (was a KeyError after the sweep)": (
+        {}, ["paper", "--profiles", "h200,nope", "--out", "T/o", "--num-requests", "2", "--workers", "1"],
+        ["--profiles 'nope'", "unknown profile"]),
+    "paper: no profile (was exit 0)": ({}, ["paper", "--profiles", ",", "--out", "T/o"], ["--profiles ','"]),
+    "fit: meta.json a list": ({"meta.json": "[1]"}, ["calibrate", "fit", "R", "--out", "T/p.json"],
+                              ["R/meta.json", "not a JSON object"]),
+    "fit: attention.csv with no timed row": ({"attention.csv": "family,median_us\ndecode,x\n"},
+                                             ["calibrate", "fit", "R", "--out", "T/p.json"],
+                                             ["R/attention.csv", "no measured rows"]),
+    "fit: --out a folder (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T"], ["--out", "folder"]),
+    "check: attention.csv empty": ({"attention.csv": ""}, ["calibrate", "check", "R"],
+                                   ["R/attention.csv", "cannot read"]),
+    "check: attention.csv without family (was ignored)": ({"attention.csv": "a,median_us\n1,2\n"},
+                                                          ["calibrate", "check", "R"], ["R/attention.csv", "family"]),
+    "table: linear.csv empty": ({"linear.csv": ""}, ["calibrate", "table", "R", "--profile", "T/p.json"],
+                                ["R/linear.csv", "cannot read"]),
+    "table: linear.csv without median_us": ({"linear.csv": "op,family,n\nx,y,1\n"},
+                                            ["calibrate", "table", "R", "--profile", "T/p.json"],
+                                            ["R/linear.csv", "median_us"]),
+}
+
+
+@pytest.mark.parametrize("edit,argv,needles", CALIBRATE.values(), ids=CALIBRATE.keys())
+def test_bad_calibrate_or_paper_input(tmp_path, capsys, edit, argv, needles):
+    raw = _raw(tmp_path, edit) if "R" in argv else None
+    (tmp_path / "p.json").write_text((ROOT / "granisim/config/profiles/h200.json").read_text())
+
+    def sub(s: str) -> str:
+        s = s.replace("R/", f"{raw}/") if raw and s.startswith("R/") else (str(raw) if s == "R" else s)
+        return str(tmp_path) + s[1:] if s == "T" or s.startswith("T/") else s
+
+    _one_line_error(capsys, main([sub(a) for a in argv]), *map(sub, needles))
+    assert not (tmp_path / "o").exists()  # the paper ran nothing

@@ -31,8 +31,8 @@ def test_the_table_marks_misses_per_run(tmp_path):
 def test_bad_arguments_are_refused(tmp_path, monkeypatch):
     out = str(tmp_path / "o")
     monkeypatch.setattr(sys, "argv", ["validation_loro.py", "13", "--root", str(tmp_path), "--out", out])
-    with pytest.raises(SystemExit, match="at least two runs"):
+    with pytest.raises(ValueError, match="at least two runs"):  # the CLI: one line, exit 2
         L.main()
     monkeypatch.setattr(sys, "argv", ["validation_loro.py", "13", "14", "--root", str(tmp_path), "--out", out])
-    with pytest.raises(SystemExit, match=r"run13/h200_run: no such run folder"):
+    with pytest.raises(ValueError, match=r"run13/h200_run: no such run folder"):
         L.main()

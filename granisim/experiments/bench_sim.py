@@ -212,6 +212,18 @@ def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, po
     return report
 
 
+def _policy_error(cases: list[str], policy: str) -> str | None:
+    """Why ``policy`` cannot run these cases (checked before any is timed), or None."""
+    from granisim.config.scenario import ScenarioError, load_scenario
+
+    for scenario in sorted({CASES[c].scenario for c in cases}):
+        try:
+            load_scenario(SCENARIOS / scenario).with_changes(**{"policy.name": policy})
+        except ScenarioError as err:
+            return str(err)
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated, of: {', '.join(CASES)}")
@@ -237,6 +249,13 @@ def main(argv=None) -> int:
         bad = f"--cases: unknown case {unknown[0]!r} (known: {', '.join(CASES)})" if unknown else \
             f"--repeats: must be >= 1, got {args.repeats}"
         print(f"bench sim: {bad}", file=sys.stderr)
+        return 2
+    if Path(args.out).is_dir():
+        print(f"bench sim: --out: {args.out!r} is a folder; give the JSON file to write", file=sys.stderr)
+        return 2
+    bad_policy = _policy_error(cases, args.policy)
+    if bad_policy:
+        print(f"bench sim: --policy: {bad_policy}", file=sys.stderr)
         return 2
     if args.baseline is not None and not (Path(args.baseline) / "granisim" / "experiments" / "bench_sim.py").is_file():
         print(f"bench sim: --baseline: {args.baseline!r} holds no granisim/experiments/bench_sim.py", file=sys.stderr)

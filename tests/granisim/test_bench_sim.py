@@ -28,7 +28,10 @@ def test_one_measurement_reports_its_figures(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, msg", [(["--cases", "azure_replay,nope"], "unknown case 'nope'"),
-                                        (["--repeats", "0"], "--repeats: must be >= 1, got 0")])
+                                        (["--repeats", "0"], "--repeats: must be >= 1, got 0"),
+                                        (["--cases", "azure_replay", "--policy", "nope"],
+                                         "--policy: <override>: field policy.name = 'nope'"),
+                                        (["--cases", "azure_replay", "--out", "."], "--out: '.' is a folder")])
 def test_bad_arguments_exit_2_with_one_line(argv, msg, capsys):
     assert bench_sim.main(argv) == 2
     err = capsys.readouterr().err

@@ -53,6 +53,18 @@ def _run_report(run: Path, fleet: bool = False) -> dict:
     return report
 
 
+def _same_requests(scenario: Path, run: Path, measured: pd.DataFrame, simulated: pd.DataFrame) -> None:
+    """A ValueError unless ``scenario`` makes the first turns ``run`` measured (their ids and prompt lengths: a
+    later turn's prompt holds the earlier turns' outputs, so only the first turns do not depend on the timing)."""
+    def first_turns(df: pd.DataFrame) -> list:
+        return sorted(map(tuple, df.loc[df.turn == 0, ["rid", "prompt_len"]].to_numpy().tolist()))
+
+    want, got = first_turns(measured), first_turns(simulated)
+    if want != got:
+        raise ValueError(f"{scenario}: not the scenario {run} ran: its {len(got)} first-turn requests differ from "
+                         f"the {len(want)} the run measured (ids or prompt lengths)")
+
+
 def rescore(run: Path, scenario: Path, profile: str | None = None) -> dict:
     """Per-step and end-to-end errors of ``run`` with the current cost model (``profile`` if given)."""
     from granisim.config.scenario import load_scenario
@@ -71,6 +83,7 @@ def rescore(run: Path, scenario: Path, profile: str | None = None) -> dict:
     measured = {k: v["measured"] for k, v in _run_report(run)["end_to_end"].items()}
     sim = simulate(setup, progress=False)
     sreq = requests_frame(sim.records)
+    _same_requests(scenario, run, mreq, sreq)
     predicted = summarize(sreq, sim.steps.frame(), sim.end_s)
     return {"run": str(run), "scenario": str(scenario), "profile": setup.profile.name, "policy": sc.policy.name,
             "steps": len(steps), "step_errors": step_errors(steps), "end_to_end": end_to_end(measured, predicted),

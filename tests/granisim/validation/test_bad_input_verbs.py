@@ -122,6 +122,12 @@ def test_rescore_names_the_broken_file(run, tmp_path, capsys, name, content, nee
                     str(broken / name), needle)
 
 
+def test_rescore_refuses_a_scenario_the_run_did_not_run(run, tmp_path, capsys):
+    other = _write(tmp_path / "other.toml", (run / "s.toml").read_text().replace("seed = 5", "seed = 6"))
+    _one_line_error(capsys, ["validation", "rescore", str(run / "run"), "--scenario", str(other)],
+                    str(other), "not the scenario")
+
+
 def test_rescore_of_the_intact_run_still_works(run, capsys):
     assert main(["validation", "rescore", str(run / "run"), "--scenario", str(run / "s.toml")]) == 0
     assert "| granikv |" in capsys.readouterr().out

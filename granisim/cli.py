@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
@@ -137,7 +136,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from granisim.experiments.sweep import run_sweep
+    from granisim.experiments.sweep import failure_lines, run_sweep
     from granisim.experiments.sweep_file import load_sweep
     from granisim.experiments.sweep_plots import write_plots
 
@@ -147,13 +146,9 @@ def cmd_sweep(args) -> int:
         print("note: --workers is ignored with a Ray cluster address (Ray places the tasks)", file=sys.stderr)
     df = run_sweep(spec, out, workers=args.workers, ray_address=args.ray, max_points=args.max_points)
     if len(df) < len(spec.points):
-        fails = out / "failures.json"
-        if fails.exists():
-            bad = json.loads(fails.read_text())
-            for f in bad[:5]:
-                print(f"error: point {f['point_id']} {f['overrides']}: {f['error']}", file=sys.stderr)
-            print(f"{len(bad)} point(s) failed (all in {fails}); {len(df)} of {len(spec.points)} done",
-                  file=sys.stderr)
+        lines = failure_lines(out, len(df), len(spec.points))
+        if lines:
+            print("\n".join(lines), file=sys.stderr)
             return 1
         print(f"{len(df)} of {len(spec.points)} points done; re-run the same command to continue")
         return 0

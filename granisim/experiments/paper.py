@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pandas as pd
 
 from granisim.config.hardware import get_profile
 from granisim.experiments.paper_claims import BEYOND, PAPER, Results, claims, claims_spec
-from granisim.experiments.sweep import run_sweep
+from granisim.experiments.sweep import PointsFailed, failure_lines, run_sweep
 from granisim.experiments.sweep_file import sweep_from_dict
 
 def _coeffs(profile: str) -> str:
@@ -184,6 +185,14 @@ def _beyond_md(name: str, s: dict, folder: str) -> str:
     return ""
 
 
+def _every_point(spec, out: Path, workers: int | None, ray: str | None) -> pd.DataFrame:
+    """The sweep's results, every point of them (the tables read them all); PointsFailed if any point failed."""
+    df = run_sweep(spec, out, workers=workers, ray_address=ray)
+    if len(df) < len(spec.points):
+        raise PointsFailed("\n".join(failure_lines(out, len(df), len(spec.points))))
+    return df
+
+
 def run_paper(out: Path, profiles: list[str], num_requests: int = 400, rate: float = 100.0,
               workers: int | None = None, ray: str | None = None, beyond: bool = True) -> dict:
     from granisim.experiments.sweep_plots import write_plots
@@ -208,7 +217,7 @@ def run_paper(out: Path, profiles: list[str], num_requests: int = 400, rate: flo
           f"differs from the paper's, that term, and the profile coefficient behind it, is the reason.\n"]
     for prof in profiles:
         spec = claims_spec(prof, num_requests, rate)
-        df = run_sweep(spec, out / prof, workers=workers, ray_address=ray)
+        df = _every_point(spec, out / prof, workers, ray)
         df.drop(columns=["scenario"]).to_csv(out / prof / "results.csv", index=False)
         rows = claims(Results(spec, df))
         _plot(rows, out / f"{prof}.png", f"paper vs granisim on {prof}")
@@ -231,7 +240,7 @@ def run_paper(out: Path, profiles: list[str], num_requests: int = 400, rate: flo
             raw = _raw(path)
             spec = sweep_from_dict({**raw, "set": {**raw.get("set", {}), "hardware.profile": prof}}, str(path), path)
             folder = out / "beyond" / prof / name
-            df = run_sweep(spec, folder, workers=workers, ray_address=ray)
+            df = _every_point(spec, folder, workers, ray)
             df.drop(columns=["scenario"]).to_csv(folder / "results.csv", index=False)
             write_plots(spec, df, folder)
             s = _beyond(name, df, spec)
@@ -268,7 +277,12 @@ def paper_cli(args) -> int:
             get_profile(prof)
         except ValueError as err:
             raise ValueError(f"--profiles {prof!r}: {' '.join(str(err).split())}") from None
-    rep = run_paper(Path(args.out), profiles, num_requests=args.num_requests, workers=args.workers, ray=args.ray)
+    try:
+        rep = run_paper(Path(args.out), profiles, num_requests=args.num_requests, workers=args.workers,
+                        ray=args.ray)
+    except PointsFailed as err:
+        print(err, file=sys.stderr)
+        return 1
     for prof, d in rep["profiles"].items():
         print(f"\n{prof}:")
         for x in d["rows"]:

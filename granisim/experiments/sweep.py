@@ -173,6 +173,21 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, workers: int | None = None, r
     return df
 
 
+class PointsFailed(RuntimeError):
+    """Points of a sweep raised; the message is what :func:`failure_lines` says of them."""
+
+
+def failure_lines(out: Path, done: int, total: int) -> list[str]:
+    """What ``out``/failures.json says of a sweep's failed points: a line for each of the first five and a
+    count; [] when no point failed (an unfinished sweep is then continued by running it again)."""
+    fails = out / "failures.json"
+    if not fails.exists():
+        return []
+    bad = json.loads(fails.read_text())
+    return ([f"error: point {f['point_id']} {f['overrides']}: {f['error']}" for f in bad[:5]]
+            + [f"{len(bad)} point(s) failed (all in {fails}); {done} of {total} done"])
+
+
 def _crash_for_tests(store: ResultsStore, n_done: int) -> None:
     """Test hook, off unless GRANISIM_TEST_CRASH_AFTER=k is set: the driver dies at once (``os._exit``, no
     cleanup, as a SIGKILL leaves it) right after this run has written its k-th point, so a test can resume a

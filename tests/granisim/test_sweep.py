@@ -187,3 +187,31 @@ def test_a_failing_point_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_mod, "run_point", real)
     assert len(run_sweep(spec, tmp_path / "o", workers=1, progress=False)) == 3
     assert not (tmp_path / "o" / "failures.json").exists()
+
+
+def test_paper_with_a_failing_point_says_which_and_exits_1(tmp_path, monkeypatch, capsys):
+    """Every claim needs every point: a point that raises ends `granisim paper` with the sweep's failure lines
+    (exit 1), not with a traceback from the claims table."""
+    import granisim.experiments.sweep as sweep_mod
+
+    def broken(pid, *a):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sweep_mod, "run_point", broken)
+    rc = main(["paper", "--profiles", "h200", "--out", str(tmp_path / "p"), "--num-requests", "2", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    assert "RuntimeError: boom" in err and "failures.json" in err and "0 of " in err
+
+
+def test_sweep_command_with_a_failing_point_says_which_and_exits_1(tmp_path, monkeypatch, capsys):
+    import granisim.experiments.sweep as sweep_mod
+
+    path = _sweep(tmp_path, "name = 'f'\n" + BASE.format(n=6) + '[grid]\n"workload.roles" = [1, 2]\n')
+    real, bad = sweep_mod.run_point, load_sweep(path).points[0].pid
+    monkeypatch.setattr(sweep_mod, "run_point", lambda pid, *a: (_ for _ in ()).throw(RuntimeError("boom"))
+                        if pid == bad else real(pid, *a))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line and "%|" not in line]  # not the bar
+    assert len(err) == 2 and err[0].startswith(f"error: point {bad} ") and err[0].endswith("RuntimeError: boom")
+    assert err[1].startswith("1 point(s) failed") and err[1].endswith("1 of 2 done")

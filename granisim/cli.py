@@ -311,6 +311,7 @@ def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
 
 
 POS_INT, POS_FLOAT, FRACTION = _number(int, 1, False), _number(float, 0, True), _number(float, 0, True, 1)
+MAX_FOLDS = 20  # calibrate fit --folds: each fold refits every family, so more only multiplies the time
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -410,8 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("--name", help="profile name (default: the file name)")
     cf.add_argument("--start", default="h200", help="profile whose values start the fit (default h200)")
     cf.add_argument("--report", help="also write the M_sat and residual plots and a fit summary here")
-    cf.add_argument("--folds", type=POS_INT, default=5,
-                    help="cross-validation folds for the held-out errors (1: one seeded 20%% hold-out)")
+    cf.add_argument("--folds", type=_number(int, 1, False, MAX_FOLDS + 1), default=5,
+                    help=f"cross-validation folds for the held-out errors, 1-{MAX_FOLDS} (each a whole fit; "
+                         "1: one seeded 20%% hold-out)")
     cf.add_argument("--workers", type=POS_INT, help="local processes (default: CPU count, at most 5); same result")
     cf.set_defaults(fn=cmd_calibrate)
     ct = cal_sub.add_parser("table", help="add a linear table measured at another model's shapes to a profile")

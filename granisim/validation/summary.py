@@ -217,6 +217,7 @@ def records_json(records: list[dict], **fields) -> str:
     rows = ",\n".join(json.dumps(r, separators=compact) for r in records)
     return f'{head}{"," if fields else ""}"records":[\n{rows}\n]}}\n'
 
+
 def main(argv: list[str] | None = None) -> None:
     ap = OneLineParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("raw", type=Path, nargs="?", help="folder of validation runs (searched recursively)")

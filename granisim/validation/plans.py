@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     toml = args.scenario or args.run / "scenario.toml"
     for f in (args.run / "steps.parquet", toml):
         if not f.is_file():
-            print(f"{f}: no such file", file=sys.stderr)
+            print(f"error: {f}: no such file", file=sys.stderr)
             return 2
     try:
         plans = rebuild_plans(toml, pd.read_parquet(args.run / "steps.parquet"))

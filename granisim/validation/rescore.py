@@ -168,14 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                      run / "validation.json", toml):
             if need is None or not Path(need).is_file():
                 hint = " (granisim validation rebuild-plans RUN SCENARIO makes it)" if need == run / "plans.pkl" else ""
-                print(f"{run}: no {need or 'scenario beside it (give --scenario)'}{hint}", file=sys.stderr)
+                print(f"error: {run}: no {need or 'scenario beside it (give --scenario)'}{hint}", file=sys.stderr)
                 return 2
         if args.fleet_out:
             out = args.fleet_out / run.resolve().parent.name / run.name
             try:
                 r = rescore_fleet(run, toml, out, args.profile)
             except ValueError as err:
-                print(f"{run}: {' '.join(str(err).split())}", file=sys.stderr)
+                print(f"error: {run}: {' '.join(str(err).split())}", file=sys.stderr)
                 return 2
             print(f"| {run} | {r['policy']} | {r['steps']} | {r['step_errors']['total']['median']:.1%} | "
                   + " | ".join(f"{r['end_to_end'][m]['error']:.1%}" for m in METRICS) + f" | -> {out}")

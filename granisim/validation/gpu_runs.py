@@ -216,7 +216,7 @@ def paper(args) -> None:
         steps = res.steps.frame()
         s = summarize(requests_frame(res.records), steps, res.end_s)
         s.update(lp=lp, policy=pol, rep=rep, rate=PAPER_RATES[lp], wall_s=time.time() - t, executor=ex.stats(),
-                 mean_batch=float(steps.batch.mean()), host_probe=host)
+                 mean_batch=float(steps.batch.mean()), host_probe=host, host_probe_after=host_probe())
         (args.out / f"{name}.json").write_text(json.dumps(s, indent=2))
         steps.to_parquet(args.out / f"{name}_steps.parquet", index=False)  # per-step parts, for the cost model
         print(f"{name}: {s['throughput_rps']:.3f} req/s, TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms", flush=True)
@@ -258,8 +258,11 @@ def validate_all(args) -> None:
                     rep = validate(setup, ex, args.out / unit, progress=False, idle=not args.no_idle)
                     rep["executor"] = ex.stats()
                 # local start/end times: the unit's window in OUT/gpu_log.csv (--log-gpu; gpu_log.log_summary)
-                rep.update(workload=name, held_out=name in HELD_OUT, wall_s=time.time() - t, host_probe=host,
-                           started_local=started, ended_local=datetime.now().isoformat(timespec="milliseconds"))
+                wall, ended = time.time() - t, datetime.now().isoformat(timespec="milliseconds")
+                # probed again after the unit: does a probe beside the unit tell the host's speed during it (its
+                # steps' host_between_s, reports/validation/host_loop/)?
+                rep.update(workload=name, held_out=name in HELD_OUT, wall_s=wall, host_probe=host,
+                           host_probe_after=host_probe(), started_local=started, ended_local=ended)
                 (args.out / f"validation_{unit}.json").write_text(json.dumps(rep, indent=2))
                 print(unit, f"{time.time() - t:.0f} s", json.dumps(rep["step_errors"]["total"]), flush=True)
 

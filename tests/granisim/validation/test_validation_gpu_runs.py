@@ -47,8 +47,9 @@ def test_every_policy_and_model_and_resume(tmp_path, fake_engine):
     assert all(c[3] == 5 and c[4] is True for c in fake_engine)
     rep = json.loads((out / f"validation_{want[0][0]}.json").read_text())
     assert rep["workload"] == "control_short" and rep["held_out"] is False and rep["executor"]["graph_max_rows"]
-    probed = [json.loads((out / f"validation_{u}.json").read_text())["host_probe"]["us_per_plan"] for u, *_ in want]
-    assert probed == [float(i) for i in range(len(want))]  # probed before every unit, not once a call
+    reps = [json.loads((out / f"validation_{u}.json").read_text()) for u, *_ in want]
+    probed = [(r["host_probe"]["us_per_plan"], r["host_probe_after"]["us_per_plan"]) for r in reps]
+    assert probed == [(2.0 * i, 2.0 * i + 1) for i in range(len(want))]  # before and after every unit
     fake_engine.clear()
     G.main(["validate", "--out", str(out), "--only", "control_short", "azure_replay", "--requests", "5",
             "--models", "llama-3.1-8b", "qwen-2.5-14b"])  # the same models, space-separated

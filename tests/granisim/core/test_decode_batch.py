@@ -60,6 +60,8 @@ def _check(batch: DecodeBatch, ref: list[Request], want: dict[int, tuple[int, in
 def _life(ops):
     batch, ref, want = DecodeBatch(), [], {}
     rid = order = 0
+    used = set()  # admit orders are unique per request, as the scheduler's counter makes them (a member that
+    # left stays in the batch's heap until popped, so a new member must not take its order)
     for op in ops:
         if op[0] == "join":
             _, out, gen, early, special = op
@@ -68,8 +70,9 @@ def _life(ops):
                 continue
             order += 1
             o = order - 2 * len(ref) if early and ref else order  # sometimes earlier than members
-            if o in {r.admit_order for r in ref}:
+            if o in used:
                 o = order
+            used.add(o)
             r = _request(rid, o, out, gen, special)
             rid += 1
             want[r.rid] = (r.computed, r.n_tokens, r.generated)

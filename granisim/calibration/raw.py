@@ -20,6 +20,7 @@ from granisim.costmodel import CostTables, op_work
 from granisim.config.hardware import (COEFFICIENTS, KERNEL_TABLE_COLS, OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile,
                                KernelTable, ProfileError, Source)
 from granisim.config.models import ModelShape, get_model
+from granisim.config.files import one_line
 
 FILES = ("meta.json", "linear.csv", "attention.csv", "overhead.csv")
 # raw storage name -> (cost-model storage, page size)
@@ -60,7 +61,7 @@ def read_csv(f: Path, need: tuple[str, ...] = ("median_us",), **kw) -> pd.DataFr
     try:
         df = pd.read_csv(f, **kw)
     except (OSError, ValueError) as e:  # pandas' EmptyDataError and ParserError are ValueErrors
-        raise ProfileError(f"{f}: field (file): value {f.name!r}: cannot read ({' '.join(str(e).split())})") from None
+        raise ProfileError(f"{f}: field (file): value {f.name!r}: cannot read ({one_line(e, None)})") from None
     for col in need:
         if col not in df.columns:
             raise ProfileError(f"{f}: field {col}: value (missing): not a calibration CSV")

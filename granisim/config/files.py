@@ -1,5 +1,5 @@
-"""The one wording for a user's file that cannot be read (missing, unreadable, or not UTF-8 text), and the
-argument parser whose mistakes are one line too."""
+"""The one wording for a user's file that cannot be read (missing, unreadable, or not UTF-8 text), an error's
+message on one line, and the argument parser whose mistakes are one line too."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ def unreadable(err: OSError | UnicodeDecodeError, missing: str = "file not found
     if isinstance(err, UnicodeDecodeError):
         return f"not UTF-8 text (offset {err.start})"
     return f"cannot read ({err.strerror})"
+
+
+def one_line(err: BaseException, limit: int | None = 120) -> str:
+    """``err``'s message on one line (its whitespace runs as single spaces), at most ``limit`` characters: the
+    detail in parentheses after a one-line error that names the file."""
+    text = " ".join(str(err).split())
+    return text if limit is None else text[:limit]
 
 
 class OneLineParser(argparse.ArgumentParser):

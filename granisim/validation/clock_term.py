@@ -30,7 +30,7 @@ from granisim.config.models import get_model
 from granisim.validation.gpu_runs import VALIDATION, split_unit
 from granisim.validation.report import _load, held_out
 from granisim.validation.validate import reprice
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 BINS = (0, 8, 64, 512, 2048, 4096, 8192, math.inf)
 
@@ -59,7 +59,7 @@ def amplitudes(sustained: Path) -> tuple[float, float]:
         attn = next(r for r in table.values() if r["kernel"].startswith("prefill_attn"))
         return float(big["load_vs_cold"]), float(attn["load_vs_cold"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration) as err:
-        why = " ".join(str(err).split())[:120] or type(err).__name__
+        why = one_line(err) or type(err).__name__
         raise ValueError(f"{sustained}: not a sustained-load JSON with gemm_* and prefill_attn* rows in its table "
                          f"({why})") from None
 

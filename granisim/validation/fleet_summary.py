@@ -23,7 +23,7 @@ from pathlib import Path
 from granisim.validation.fleet_routing import on_measured_routing, same_replica
 from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, records_json
 from granisim.validation.validate import TARGETS
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 LABELS = {"step_median": "per-step median", "throughput_rps": "throughput", "tpot_p50_s": "TPOT p50",
           "tpot_p99_s": "TPOT p99", "ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99"}
@@ -34,7 +34,7 @@ def load(run_dir: Path) -> dict:
     try:
         rep = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        _fail(f"{path}: not a readable validation JSON ({' '.join(str(err).split())[:120]})")
+        _fail(f"{path}: not a readable validation JSON ({one_line(err)})")
     if not isinstance(rep, dict) or not isinstance(rep.get("replicas"), list) or "end_to_end" not in rep:
         _fail(f"{path}: replicas: not a fleet validation (`granisim validate` on a scenario with [fleet])")
     return rep
@@ -47,7 +47,7 @@ def _requests(run_dir: Path, side: str):
     try:
         frame = pd.read_parquet(path)
     except (OSError, ValueError) as err:
-        _fail(f"{path}: no requests with their replica ({' '.join(str(err).split())[:120]})")
+        _fail(f"{path}: no requests with their replica ({one_line(err)})")
     missing = {"rid", "replica"} - set(frame.columns)
     if missing:
         _fail(f"{path}: no requests with their replica (no column {', '.join(sorted(missing))})")

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.validation.gpu_log import log_summary, read_gpu_log
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 E2E = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 SMALL_TOKENS, LARGE_TOKENS = 64, 2048
@@ -42,7 +42,7 @@ def run_figures(run: Path) -> dict:
                    "wall_s": float(rep["wall_s"]), **{k: float(rep["end_to_end"][k]["measured"]) for k in E2E}}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{reps[0]}: not a validation report with wall_s and the measured end_to_end figures "
-                         f"({' '.join(str(err).split())[:120]})") from None
+                         f"({one_line(err)})") from None
     steps = pd.read_parquet(steps_file, columns=["tokens", "measured_s"])
     out = {"run": str(run), "unit": unit, "idle": figures.pop("idle"), "idled_s": figures.pop("idled_s"),
            "wall_s": figures.pop("wall_s"), "steps": int(len(steps)), **figures}

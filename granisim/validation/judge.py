@@ -20,7 +20,7 @@ from pathlib import Path
 
 from granisim.validation.clock_term import policy_models, units_folder
 from granisim.validation.summary import TARGETS, records_json, report_records, run_checks, tables
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 
 def _report(job: tuple[str, str, str, str, str]) -> str:
@@ -31,7 +31,7 @@ def _report(job: tuple[str, str, str, str, str]) -> str:
     try:
         main([run, "--policy", policy, "--model", model, "--out", out, "--check-profile", profile])
     except (ValueError, OSError) as err:
-        return " ".join(str(err).split())
+        return one_line(err, None)
     return ""
 
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         get_profile(args.profile)
     except ValueError as err:
-        raise ValueError(f"profile {args.profile!r}: {' '.join(str(err).split())}") from None
+        raise ValueError(f"profile {args.profile!r}: {one_line(err, None)}") from None
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: give 1 or more")
     against = None
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             against = json.loads(args.against.read_text())["records"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{args.against}: not a validation summary.json ({' '.join(str(err).split())[:120]})") \
+            raise ValueError(f"{args.against}: not a validation summary.json ({one_line(err)})") \
                 from None
     jobs = []
     for run in args.runs:

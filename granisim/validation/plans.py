@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from granisim.config.files import one_line
+
 # module path in older plans.pkl files -> where the class lives now
 RENAMED = {"granisim.plan": "granisim.core.contract"}
 
@@ -28,7 +30,7 @@ def load_plans(path: Path) -> list:
             plans = _Unpickler(f).load()
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
                 IndexError, KeyError) as err:
-            raise ValueError(f"{path}: not a run's pickled plans ({' '.join(str(err).split())[:120]})") from None
+            raise ValueError(f"{path}: not a run's pickled plans ({one_line(err)})") from None
     if not isinstance(plans, list):
         raise ValueError(f"{path}: not a run's pickled plans (a {type(plans).__name__}, not a list)")
     for plan in plans:

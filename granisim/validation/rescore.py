@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from granisim.validation.plans import load_plans
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 METRICS = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -49,7 +49,7 @@ def _run_report(run: Path, fleet: bool = False) -> dict:
         what = "a fleet validation report (`granisim validate` on a scenario with [fleet])" if fleet \
             else "a validation report"
         raise ValueError(f"{path}: not {what} with measured end_to_end figures "
-                         f"({' '.join(str(err).split())[:120]})") from None
+                         f"({one_line(err)})") from None
     return report
 
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = rescore_fleet(run, toml, out, args.profile)
             except ValueError as err:
-                print(f"error: {run}: {' '.join(str(err).split())}", file=sys.stderr)
+                print(f"error: {run}: {one_line(err, None)}", file=sys.stderr)
                 return 2
             print(f"| {run} | {r['policy']} | {r['steps']} | {r['step_errors']['total']['median']:.1%} | "
                   + " | ".join(f"{r['end_to_end'][m]['error']:.1%}" for m in METRICS) + f" | -> {out}")

@@ -23,7 +23,7 @@ from granisim.costmodel.executor import CostExecutor
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import simulate
 from granisim.validation.report import _setup, run_requests
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 METRICS = ("throughput_rps", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
                 vals = {m: e2e[m]["measured"] for m in METRICS}
             except (OSError, ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{js}: not a validation report with the measured end_to_end figures "
-                                 f"({' '.join(str(err).split())[:120]})") from None
+                                 f"({one_line(err)})") from None
             rows.append({"run": run, "workload": name, **vals})
             measured.setdefault(base, []).append(vals)
     for w, by_run in sizes.items():  # one prediction per workload: its runs must be of one size

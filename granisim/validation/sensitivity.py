@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 METRICS = ("throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
 LABELS = ("throughput", "TPOT p50", "TPOT p99", "TTFT p50", "TTFT p99")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     sens = unit_sensitivity(w, pol, model, args.profile, args.delta)
                 except ValueError as err:  # a bad --policies name or --profile: one line, exit 2
-                    ap.error(" ".join(str(err).split()))
+                    ap.error(one_line(err, None))
                 rows.append({"model": model, "workload": w, "policy": pol, **sens})
     text = format_table(rows, args.delta, args.profile)
     print(text, end="")

@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 POLICIES = ("granikv", "token", "paged16")
 UNIT = re.compile(r"speedup_lp(\d+)_k(\d+)_([a-z0-9-]+)(?:_rep(\d+))?\.json$")
@@ -36,7 +36,7 @@ def load(run: Path) -> dict:
         try:
             d = json.loads(f.read_text())
         except (OSError, ValueError) as err:
-            raise ValueError(f"{f}: not a readable speedup unit ({' '.join(str(err).split())})") from None
+            raise ValueError(f"{f}: not a readable speedup unit ({one_line(err, None)})") from None
         if not isinstance(d, dict):
             raise ValueError(f"{f}: not a speedup unit (a JSON {type(d).__name__}, not an object)")
         points.setdefault((lp, k), {}).setdefault(pol, {})[rep] = {key: d.get(key) for key in KEEP}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name
 from granisim.validation.validate import TARGETS
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, one_line
 
 RUN_LEAF = "h200_run"
 
@@ -74,7 +74,7 @@ def report_records(paths: list[Path]) -> list[dict]:
             rep = json.loads(Path(path).read_text())
             run_dir = rep["run"]["dir"]
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
-            _fail(f"{path}: not a validation report with a run folder ({' '.join(str(err).split())[:120]})")
+            _fail(f"{path}: not a validation report with a run folder ({one_line(err)})")
         for name, w in rep.get("workloads", {}).items():
             chk, unit = w.get("check_profile"), split_unit(name)
             if chk is None or unit is None:
@@ -88,7 +88,7 @@ def report_records(paths: list[Path]) -> list[dict]:
                 out += _unit_records(base, chk["step_errors"], chk["end_to_end"], chk.get("percentile_errors", {}))
             except (KeyError, TypeError, AttributeError) as err:
                 _fail(f"{path}: workloads.{name}.check_profile: no step_errors and end_to_end figures "
-                      f"({' '.join(str(err).split())[:120]})")
+                      f"({one_line(err)})")
     return out
 
 
@@ -105,7 +105,7 @@ def records(raw: Path) -> list[dict]:
         try:
             rep = json.loads(js.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            _fail(f"{js}: not a readable validation JSON ({' '.join(str(err).split())[:120]})")
+            _fail(f"{js}: not a readable validation JSON ({one_line(err)})")
         unit = _unit(js)
         if unit is None or not isinstance(rep, dict) or "end_to_end" not in rep:
             continue
@@ -116,7 +116,7 @@ def records(raw: Path) -> list[dict]:
             out += _unit_records(base, rep["step_errors"], rep["end_to_end"], rep.get("percentile_errors", {}))
         except (KeyError, TypeError, AttributeError) as err:
             _fail(f"{js}: not a validation report with step_errors and end_to_end figures "
-                  f"({' '.join(str(err).split())[:120]})")
+                  f"({one_line(err)})")
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from granisim.validation.gpu_runs import VALIDATION
 from granisim.validation.validate import TARGETS
-from granisim.config.files import OneLineParser, unreadable
+from granisim.config.files import OneLineParser, one_line, unreadable
 
 WORKLOADS = tuple(VALIDATION)[:3]  # the first three validation workloads (the runs these tables cover);
 # the full set, every policy and model: `granisim validation summary`
@@ -64,7 +64,7 @@ def _report(path: Path, variants: tuple[str, ...]) -> dict:
                 errors(rep, v, metric)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a `granisim validation report` output with {' and '.join(variants)} "
-                         f"figures ({' '.join(str(err).split())[:120]})") from None
+                         f"figures ({one_line(err)})") from None
     return rep
 
 

@@ -122,6 +122,7 @@ def rescore_fleet(run: Path, scenario: Path, out: Path, profile: str | None = No
     simulated = simulate_fleet(sc, str(scenario), None, progress=False)
     mreq = pd.read_parquet(run / "measured_requests.parquet")
     sreq, ssteps = fleet_requests(simulated), fleet_steps(simulated)
+    _same_requests(scenario, run, mreq, sreq)
 
     def section(before: dict, m, s, st, paired) -> dict:
         measured = {k: v["measured"] for k, v in before["end_to_end"].items()}

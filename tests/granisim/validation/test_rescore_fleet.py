@@ -68,3 +68,15 @@ def test_another_profile_reprices_the_steps_and_keeps_what_was_measured(run, tmp
     steps = pd.read_parquet(run / "steps.parquet")
     assert new["steps"] == len(steps) and sum(r["steps"] for r in new["replicas"]) == len(steps)
     assert pd.read_parquet(out / "measured_requests.parquet").equals(pd.read_parquet(run / "measured_requests.parquet"))
+
+
+def test_a_scenario_the_fleet_did_not_run_is_refused(run, tmp_path, capsys):
+    """Another seed draws other requests: one line naming the scenario, exit 2, nothing written. Planted bug:
+    without the check the other scenario's fleet is judged against the run's measurements (exit 0)."""
+    other = tmp_path / "other.toml"
+    other.write_text((run / "scenario.toml").read_text().replace("seed = 5", "seed = 6"))
+    assert "seed = 6" in other.read_text()
+    assert main([str(run), "--scenario", str(other), "--fleet-out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(other) in err and "not the scenario" in err
+    assert not (tmp_path / "out").exists()

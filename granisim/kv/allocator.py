@@ -240,8 +240,9 @@ class KVAllocator:
         return sum(self.extend_need(r, n) for r, n in demands.items()) <= self.available()
 
     def _uniform(self, seqs: list[_Seq]) -> bool:
-        """Page size 1 and no slab being filled: every new token takes one pool slot."""
-        if self.page_size != 1:
+        """Page size 1 in a slot pool (not pages of one slot: a page pool takes no block of slots in one
+        call) and no slab being filled: every new token takes one pool slot."""
+        if self.page_size != 1 or isinstance(self.store, PageStore):
             return False
         return all(q.n_new >= q.slab_len for q in seqs) if self.counters.hot_placements else True
 

@@ -123,7 +123,8 @@ def _life(policy, ops, hot_fraction=0.25, tracked=False):
     assert _counts(a) == _counts(b)
 
 
-@pytest.mark.parametrize("policy,hot", [("granikv", 0.25), ("token", 0.2), ("paged16", 0.2), ("granikv", "adaptive")])
+@pytest.mark.parametrize("policy,hot", [("granikv", 0.25), ("token", 0.2), ("paged16", 0.2), ("paged1", 0.2),
+                                        ("granikv", "adaptive")])
 @settings(max_examples=60, deadline=None)
 @given(ops=st.lists(_op, min_size=1, max_size=60))
 def test_grow_counts_as_extend_all_does(policy, hot, ops):
@@ -150,7 +151,8 @@ def test_grow_counts_slots_without_picking_them_then_settles_on_read():
     assert a.store.pool._owed == 0 and a.store.free == free - 12
 
 
-@pytest.mark.parametrize("policy,hot", [("granikv", 0.25), ("token", 0.2), ("paged16", 0.2), ("granikv", "adaptive")])
+@pytest.mark.parametrize("policy,hot", [("granikv", 0.25), ("token", 0.2), ("paged16", 0.2), ("paged1", 0.2),
+                                        ("granikv", "adaptive")])
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(_op, min_size=1, max_size=60))
 def test_grow_tracked_counts_as_grow_does(policy, hot, ops):
@@ -159,6 +161,22 @@ def test_grow_tracked_counts_as_grow_does(policy, hot, ops):
     Planted bugs this catches (each tried): the clock not moved (token counts differ), can_admit
     answering from the bound when it does not fit."""
     _life(policy, ops, hot, tracked=True)
+
+
+def test_pages_of_one_slot_grow_page_by_page():
+    """``paged1`` (pages of one slot) takes a slot per token like ``token`` but from a page pool, which
+    has no one-call block allocation: extend_all must go page by page. It crashed (AttributeError:
+    'PagedPool' object has no attribute 'allocate') on the first decode step of any paged1 run."""
+    a = make_allocator("paged1", CAP)
+    for r in range(3):
+        a.admit(r, np.arange(10, dtype=np.int64) + 100 * r)
+        a.extend(r, 10)
+    free = a.store.free
+    slots = a.extend_all([0, 1, 2], 2)
+    assert [s.size for s in slots] == [2, 2, 2] and a.store.free == free - 6
+    a.grow([0, 1, 2], 1)
+    assert a.num_tokens(0) == 13 and a.store.free == free - 9
+    _check_ownership(a)
 
 
 def test_a_released_request_leaves_the_tracked_ones():

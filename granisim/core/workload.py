@@ -58,6 +58,10 @@ class SuffixStream:
     """
 
     MARK_EVERY = 64
+    # a suffix longer than this (a trace row of millions of tokens: rejected on arrival, never read) is left
+    # out of the chunks and drawn, if ever read, from a generator of its own: else any read in its chunk
+    # would draw all of its tokens
+    LONG = 1 << 22
 
     def __init__(self, gen: np.random.Generator, lengths: np.ndarray, vocab: int):
         self._gen = gen
@@ -71,6 +75,8 @@ class SuffixStream:
         return len(self._lengths)
 
     def draw(self, i: int) -> np.ndarray:
+        if self._lengths[i] > self.LONG:
+            return self._own(i)
         if i < self._next:
             return self._redraw(i)
         while self._next < i:
@@ -88,6 +94,7 @@ class SuffixStream:
     def _draw_chunk(self, gen: np.random.Generator, start: int) -> tuple[int, np.ndarray, list[int]]:
         """The suffixes of requests ``start .. start + MARK_EVERY`` (fewer at the end) in one draw."""
         lens = self._lengths[start : start + self.MARK_EVERY]
+        lens = np.where(lens > self.LONG, 0, lens)
         offsets = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).tolist()
         return start, gen.integers(0, self._vocab, offsets[-1], dtype=PROMPT_DTYPE), offsets
 
@@ -96,6 +103,13 @@ class SuffixStream:
         start, tokens, offsets = chunk
         k = i - start
         return tokens[offsets[k] : offsets[k + 1]].copy()  # its own array: held only while its request is
+
+    def _own(self, i: int) -> np.ndarray:
+        """A long suffix (over ``LONG`` tokens), from its own generator: spawned from the stream's seed by
+        request index, so it does not depend on the order of reads."""
+        seq = self._gen.bit_generator.seed_seq
+        own = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, i)))
+        return own.integers(0, self._vocab, int(self._lengths[i]), dtype=PROMPT_DTYPE)
 
     def _redraw(self, i: int) -> np.ndarray:
         start = i - i % self.MARK_EVERY

@@ -103,3 +103,20 @@ def test_a_chunk_of_suffixes_holds_the_tokens_of_one_draw_per_request(lens, voca
     for i in [i for i in order if i < len(lens)] + list(range(len(lens))):
         got = stream.draw(i)
         assert got.dtype == np.int32 and got.tolist() == want[i]
+
+
+def test_a_suffix_of_millions_of_tokens_is_not_drawn_with_the_others():
+    """A trace row may ask for billions of prompt tokens: such a request is rejected on arrival and its
+    tokens never read, but drawing its chunk's suffixes in one call drew its tokens too (a 3-row trace
+    with one 3e9-token prompt took 23 GB and 34 s). Suffixes over SuffixStream.LONG (4M) tokens stay out
+    of the chunks: the others keep their tokens, and a long one draws from a stream of its own if read."""
+    huge = (1 << 22) + 1
+    lens = np.array([5, huge, 7, 3])
+    gen = np.random.default_rng(11)
+    want = [gen.integers(0, 100, n, dtype=np.int32).tolist() for n in (5, 0, 7, 3)]
+    stream = SuffixStream(np.random.default_rng(11), lens, 100)
+    for i in (3, 0, 2):
+        assert stream.draw(i).tolist() == want[i]
+    assert stream._chunk[1].size == 15  # the chunk holds the others' tokens only
+    own = stream.draw(1)
+    assert own.size == huge and own.dtype == np.int32 and np.array_equal(own, stream.draw(1))

@@ -17,7 +17,7 @@ from granisim.config.models import ModelShape, get_model, kv_budget_tokens
 from granisim.config.replica import replica_m_sat, replica_shard
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.heap import SIMULATION, fewer_collections, release_free_heap
-from granisim.core.workload import load_trace
+from granisim.core.workload import load_lengths, load_trace
 from granisim.kv.host_tier import host_tier_config
 
 
@@ -77,6 +77,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         raise ScenarioError(f"{source}: field workload.num_requests = {wl.num_requests}: the trace has only "
                             f"{len(trace)} rows and replays one request per row (kind = 'azure' or arrivals = "
                             f"'trace'); use num_requests <= {len(trace)}, or 0 for every row")
+    _check_scaled_lengths(wl, trace, source)
     one = (wl.prefix_len if wl.kind != "azure" else 0) + 2
     if one > budget:
         raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
@@ -94,6 +95,25 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         chooser = partial(cheapest_group_path, profile, model)  # (prefix_len, b, storage, private_len, ...)
         pricer = partial(step_seconds, profile, model)  # (plan)
     return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer)
+
+
+MAX_SCALED_LEN = 2**53  # a scaled prompt or output length at or beyond this is a mistake (and overflows int64 above)
+
+
+def _check_scaled_lengths(wl, trace: pd.DataFrame, source: str) -> None:
+    """A length scale that makes the trace's longest prompt, follow-up message or output
+    ``MAX_SCALED_LEN`` tokens or more: a ScenarioError naming the scale (the lengths are integers)."""
+    lengths = load_lengths(wl.lengths_trace) if wl.lengths_trace else trace
+    longest_prompt, longest_output = int(lengths.num_prefill_tokens.max()), int(lengths.num_decode_tokens.max())
+    checks = [("workload.suffix_scale", wl.suffix_scale, longest_prompt * wl.suffix_scale, "prompt"),
+              ("workload.output_scale", wl.output_scale, longest_output * wl.output_scale, "output")]
+    if wl.turns > 1:
+        checks.append(("workload.followup_scale", wl.followup_scale,
+                       longest_prompt * wl.suffix_scale * wl.followup_scale, "follow-up message"))
+    for field, scale, longest, what in checks:
+        if longest >= MAX_SCALED_LEN:
+            raise ScenarioError(f"{source}: field {field} = {scale!r}: makes the trace's longest {what} "
+                                f"{longest:.3g} tokens; a length must stay below 2^53")
 
 
 def _check_pool_split(scenario: Scenario, budget: int, one: int, source: str) -> None:

@@ -71,6 +71,10 @@ SCENARIOS = {
     "think time with one turn": ("[workload]\nthink_time_s = 2.0\n", "workload.think_time_s", "2.0"),
     "aging without prefix admission": ("[scheduler]\nadmission_max_wait_s = 1.0\n",
                                        "scheduler.admission_max_wait_s", "1.0"),
+    "suffix_scale past any length": ("[workload]\nsuffix_scale = 1e300\n", "workload.suffix_scale", "1e+300"),
+    "output_scale past any length": ("[workload]\noutput_scale = 1e300\n", "workload.output_scale", "1e+300"),
+    "followup_scale past any length": ("[workload]\nturns = 2\nfollowup_scale = 1e300\n",
+                                       "workload.followup_scale", "1e+300"),
     "more requests than trace rows": ("[workload]\nkind = 'azure'\nnum_requests = 100000\n",
                                       "workload.num_requests", "100000"),
 }

@@ -146,6 +146,27 @@ class LazySuffix:
         self._ref = weakref.ref(arr)
 
 
+class LongMessage:
+    """A follow-up turn's suffix whose new message is over ``SuffixStream.LONG`` tokens: the previous suffix,
+    its outputs and the message, put together when read (``draw``, through a :class:`LazySuffix`), the
+    message from its own generator (saved state: the same tokens on every read)."""
+
+    def __init__(self, previous, outputs: np.ndarray, gen: np.random.Generator, length: int, vocab: int):
+        self._previous = previous  # the previous turn's suffix source (an array or a LazySuffix)
+        self._outputs = np.asarray(outputs).astype(PROMPT_DTYPE)
+        self._bits, self._state = type(gen.bit_generator), gen.bit_generator.state
+        self._length = length
+        self._vocab = vocab
+        self.size = int(previous.size) + self._outputs.size + length
+
+    def draw(self, _index: int = 0) -> np.ndarray:
+        prev = self._previous
+        prev = prev.get() if isinstance(prev, LazySuffix) else prev
+        gen = np.random.Generator(self._bits())
+        gen.bit_generator.state = self._state
+        return np.concatenate([prev, self._outputs, gen.integers(0, self._vocab, self._length, dtype=PROMPT_DTYPE)])
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     rid: int
@@ -379,8 +400,14 @@ class Workload:
         suffix_len = max(1, int(self._lengths["num_prefill_tokens"].iloc[int(rng.integers(len(self._lengths)))]
                                 * self.cfg.suffix_scale * self.cfg.followup_scale))
         out_len = spec.output_len
-        new = rng.integers(0, self.vocab, suffix_len, dtype=PROMPT_DTYPE)
-        suffix = np.concatenate([spec.suffix, np.asarray(outputs).astype(PROMPT_DTYPE), new])
+        if suffix_len > SuffixStream.LONG:  # millions of tokens (rejected on arrival, as a rule): drawn if read
+            message = LongMessage(spec.suffix_source, outputs, rng_for(self.seed, f"followup/{spec.session}/"
+                                                                                 f"{spec.turn + 1}/message"),
+                                  suffix_len, self.vocab)
+            suffix = LazySuffix(message, 0, message.size)
+        else:
+            new = rng.integers(0, self.vocab, suffix_len, dtype=PROMPT_DTYPE)
+            suffix = np.concatenate([spec.suffix, np.asarray(outputs).astype(PROMPT_DTYPE), new])
         think = float(rng.exponential(self.cfg.think_time_s)) if self.cfg.think_time_s > 0 else 0.0
         rid = (spec.turn + 1) * self._sessions + spec.session  # independent of completion order
         return RequestSpec(rid, finish_s + think, spec.prefix, suffix, out_len, spec.shared_len,

@@ -120,3 +120,25 @@ def test_a_suffix_of_millions_of_tokens_is_not_drawn_with_the_others():
     assert stream._chunk[1].size == 15  # the chunk holds the others' tokens only
     own = stream.draw(1)
     assert own.size == huge and own.dtype == np.int32 and np.array_equal(own, stream.draw(1))
+
+
+def test_a_follow_up_message_of_millions_of_tokens_is_drawn_only_if_read(tmp_path):
+    """followup_scale (or a long row of the lengths trace) can make a follow-up message of millions or
+    billions of tokens; such a turn is rejected on arrival, but its tokens were drawn when it was made
+    (followup_scale = 1e7 asked for 16 GB and died with a MemoryError traceback). A message over
+    SuffixStream.LONG tokens is drawn when the turn's suffix is read, the same tokens on every read."""
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n1000,8\n")
+    wl = workload(turns=2, think_time_s=1.0, followup_scale=5000.0, lengths_trace=str(lengths))
+    spec = wl.initial()[4]
+    outputs = np.arange(spec.output_len, dtype=np.int64) % 1000
+    nxt = wl.follow_up(spec, outputs, 10.0)
+    assert not isinstance(nxt.suffix_source, np.ndarray)  # nothing drawn yet
+    assert nxt.prompt_len == spec.prompt_len + 8 + 5_000_000 and nxt.arrival_s > 10.0
+    again = wl.follow_up(spec, outputs, 10.0)
+    assert again.arrival_s == nxt.arrival_s
+    got = nxt.suffix
+    head = spec.suffix.tolist() + outputs.tolist()
+    assert got.dtype == np.int32 and got.size == nxt.suffix_source.size
+    assert got[: len(head)].tolist() == head and np.array_equal(got, again.suffix)
+    assert got[len(head):].min() >= 0 and got.max() < wl.vocab

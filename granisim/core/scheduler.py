@@ -203,8 +203,10 @@ class Scheduler:
         reserve = outstanding.plus(int(self.cfg.new_token_ratio * r.remaining_output))
         if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve, prefix):
             if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
-                # nothing running and it still does not fit: the cache must give way
+                # nothing running and it still does not fit: the cache must give way (and adaptive HOT its
+                # free space, which it keeps for the recent prefix demand)
                 self.alloc.clear_cache()
+                self.alloc.give_back_hot()
                 if not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
                     return False
             elif self.running:

@@ -446,6 +446,11 @@ class KVAllocator:
         """Evict every unlocked cached node in every pool; returns tokens freed."""
         return self.eviction.clear_cache()
 
+    def give_back_hot(self) -> None:
+        """Adaptive HOT: free HOT space goes back to COLD (no-op otherwise); HOT grows again on demand."""
+        if self.hot_slabs is not None:
+            self.hot_slabs.give_back_free()
+
     # ---- HOT slabs (HotSlabs; granikv only) -----------------------------------------------
     def compact(self) -> list[KVCopy]:
         """Compact the HOT pool now; the copies are also queued for the executor."""

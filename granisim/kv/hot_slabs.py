@@ -179,6 +179,19 @@ class HotSlabs:
             pool.give_low(want)
             hot.grow_top(want)
 
+    def give_back_free(self) -> None:
+        """Adaptive HOT: hand all of HOT's free space back to COLD (compacting first), e.g. once the
+        cache is cleared for a request that fits only an empty cache; HOT grows again on demand."""
+        if self.demand is None:
+            return
+        hot = self.pool
+        if hot.top_free_run() < hot.free:
+            self.compact()
+        give = hot.top_free_run()
+        if give > 0:
+            hot.shrink_top(give)
+            self.store.pool.take_low(give)
+
     def rebalance(self) -> None:
         """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
         if self.demand is None:

@@ -69,3 +69,16 @@ def test_auto_dispatch_skips_prefix_passes_that_do_not_pay(prefix_len):
     # launch, finished 2.9% behind the threshold policy at L_p = 1024)
     assert auto.finish_s.max() <= thr.finish_s.max() * 1.005
     assert auto.finish_s.max() <= tok.finish_s.max() * 1.005
+
+
+def test_adaptive_hot_gives_its_space_back_to_a_request_that_fits_an_empty_cache():
+    """Adaptive HOT stays as large as the recent prefix demand (here 3 roles x 1000 tokens of a 6000-token
+    budget), so a request with a long suffix found COLD too small even with nothing running and its cache
+    cleared, and was rejected as "does not fit the KV budget even alone" though it fits the budget (a fixed
+    HOT share serves it). With the cache cleared, the free HOT space goes back to COLD."""
+    over = {"hardware.kv_budget_tokens": 6000, "policy.hot_fraction": "adaptive", "workload.roles": 3,
+            "workload.prefix_len": 1000, "workload.num_requests": 60, "workload.rate": 100.0,
+            "workload.max_output_len": 200, "scheduler.max_batch_tokens": 512}
+    setup, _, _, reqs = run(small(**over))
+    fits = reqs.prompt_len + reqs.output_len <= setup.kv_budget
+    assert (reqs.status[fits] == "completed").all(), reqs.reason[fits & (reqs.status != "completed")].tolist()

@@ -78,13 +78,14 @@ class Scheduler:
         return store_cap + hot
 
     def expire(self, now: float) -> None:
-        """Reject requests that waited longer than ``queue_timeout_s`` without ever starting."""
+        """Reject requests that waited longer than ``queue_timeout_s`` without ever starting (here, or on a
+        fleet replica that handed them back: ``spec.started``)."""
         t = self.cfg.queue_timeout_s
         if not t:
             return
         keep = deque()
         for r in self.waiting:
-            if r.admitted_s is None and now - r.spec.arrival_s > t:
+            if r.admitted_s is None and not r.spec.started and now - r.spec.arrival_s > t:
                 self._reject(r.spec, now, f"waited over queue_timeout_s={t}")
             else:
                 keep.append(r)
@@ -94,7 +95,7 @@ class Scheduler:
         t = self.cfg.queue_timeout_s
         if not t:
             return None
-        times = [r.spec.arrival_s + t for r in self.waiting if r.admitted_s is None]
+        times = [r.spec.arrival_s + t for r in self.waiting if r.admitted_s is None and not r.spec.started]
         return min(times) if times else None
 
     def _reject(self, spec: RequestSpec, now: float, reason: str) -> None:

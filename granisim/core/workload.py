@@ -178,6 +178,7 @@ class RequestSpec:
     role: int = -1
     session: int = -1
     turn: int = 0
+    started: bool = False  # handed back by a fleet replica that had admitted it: no queue timeout since
 
     @property
     def suffix(self) -> np.ndarray:

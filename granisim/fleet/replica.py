@@ -9,7 +9,7 @@ an empty cache — a new serving loop, a new incarnation. What each incarnation 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import simpy
@@ -81,7 +81,10 @@ class Replica:
             self._proc.interrupt("replica down")
         self._retire(loop)
         self._down_since = now
-        return sorted((r.spec for r in taken), key=lambda s: (s.arrival_s, s.rid)), started
+        # a request that had started keeps that mark: recomputed elsewhere, it never times out in a queue
+        specs = [replace(r.spec, started=True) if r.admitted_s is not None and not r.spec.started else r.spec
+                 for r in taken]
+        return sorted(specs, key=lambda s: (s.arrival_s, s.rid)), started
 
     def recover(self, env: simpy.Environment) -> bool:
         """One fault ends; True when the replica is up again (a fresh loop with an empty cache)."""

@@ -228,3 +228,17 @@ def test_round_robin_routes_without_taking_views(faults, staleness):
     assert fleet_requests(fast).equals(fleet_requests(full))
     assert fleet_steps(fast).equals(fleet_steps(full))
     assert fast.rerouted == full.rerouted and fast.decisions == full.decisions
+
+
+def test_a_request_handed_back_after_it_started_does_not_time_out_in_the_queue():
+    """queue_timeout_s rejects requests that waited too long *without starting*; a replica's fault hands
+    its running requests back to be recomputed elsewhere (nothing is dropped). Those came back as new
+    waiting requests and were rejected as "waited over queue_timeout_s" on the next replica, their wait
+    counted from their first arrival although they had been running since."""
+    sc = scenario({"replicas": 2, "router": "round_robin", "faults": [{"replica": 0, "at_s": 1.5, "for_s": 1.0}]},
+                  num_requests=40, rate=20.0, max_output_len=400)
+    sc = sc.with_changes(**{"scheduler.queue_timeout_s": 1.0})
+    reqs = fleet_requests(run(sc)).set_index("rid")
+    assert reqs.rerouted[0] == 1  # started at t = 0 on idle replica 0 (400 outputs), handed back at 1.5
+    assert reqs.status[0] == "completed", reqs.reason[0]
+    check_nothing_lost(run(sc), 40, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from itertools import compress
 
 import numpy as np
@@ -120,6 +122,21 @@ def requests_frame(records: RequestRecords | JoinedRecords | list[RequestRecord]
     c["tpot_s"] = tpot
     c["e2e_s"] = minus(finish, arrival)
     return pd.DataFrame({k: c[k] for k in REQUEST_COLS}, copy=False)
+
+
+def summary_json(summary: dict) -> str:
+    """``summary`` as strict JSON (sorted keys, indented): a figure with no value (a percentile over no
+    request, NaN) is written ``null``, which every JSON reader takes, not ``NaN``, which strict ones refuse."""
+    def strict(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: strict(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [strict(x) for x in v]
+        return v
+
+    return json.dumps(strict(summary), indent=2, sort_keys=True, allow_nan=False)
 
 
 def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, end_s: float) -> dict:

@@ -3,11 +3,11 @@ policy, a summary table, compare.json/.txt and plots; the built-in demo scenario
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 
 from granisim.config.scenario import Scenario, load_scenario
+from granisim.core.metrics import summary_json
 
 DEMO_POLICIES = "granikv,token,paged16"
 
@@ -58,7 +58,7 @@ def compare(scenario: Scenario, source: str, policies: list[str], out: Path, pro
         sc = scenario.with_changes(**{"policy.name": pol})
         summaries[pol] = run_one(sc, source, out / pol, progress)
         reqs[pol] = pd.read_parquet(out / pol / "requests.parquet")
-    (out / "compare.json").write_text(json.dumps(summaries, indent=2, sort_keys=True))
+    (out / "compare.json").write_text(summary_json(summaries))
     table = summary_table(summaries)
     (out / "compare.txt").write_text(table + "\n")
     plot_compare(summaries, reqs, out, title=f"{scenario.name}: {', '.join(policies)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -12,7 +11,7 @@ import pandas as pd
 
 from granisim.config.files import unreadable
 from granisim.config.hardware import HardwareProfile, get_profile
-from granisim.core.metrics import requests_frame, summarize
+from granisim.core.metrics import requests_frame, summarize, summary_json
 from granisim.config.models import ModelShape, get_model, kv_budget_tokens
 from granisim.config.replica import replica_m_sat, replica_shard
 from granisim.config.scenario import Scenario, ScenarioError
@@ -159,7 +158,7 @@ def write_outputs(setup: Setup, result, out: Path, plots: bool = True) -> dict:
                    kv_budget_tokens=setup.kv_budget, m_sat=setup.m_sat, seed=setup.scenario.seed)
     reqs.to_parquet(out / "requests.parquet", index=False)
     steps.to_parquet(out / "steps.parquet", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    (out / "summary.json").write_text(summary_json(summary))
     if plots:
         from granisim.experiments.plots import perfetto_trace, plot_run
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.config.scenario import ROUTERS
+from granisim.core.metrics import summary_json
 
 
 def parse_routers(text: str) -> list[str]:
@@ -30,7 +30,7 @@ def compare_routers(scenario: Scenario, source: str, routers: list[str], out: Pa
     for r in routers:
         summaries[r] = run_fleet(with_router(scenario, r), source, out / r, progress)
         reqs[r] = pd.read_parquet(out / r / "requests.parquet")
-    (out / "compare.json").write_text(json.dumps(summaries, indent=2, sort_keys=True))
+    (out / "compare.json").write_text(summary_json(summaries))
     (out / "compare.txt").write_text(routers_table(summaries) + "\n")
     plot_compare(summaries, reqs, out, title=f"{scenario.name}: {', '.join(routers)}")
     return summaries

@@ -10,12 +10,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from granisim.core.metrics import requests_frame, summarize
+from granisim.core.metrics import requests_frame, summarize, summary_json
 
 
 def fleet_requests(result) -> pd.DataFrame:
@@ -77,7 +76,7 @@ def write_fleet_outputs(result, out: Path, meta: dict | None = None, plots: bool
     summary.update(meta or {})
     reqs.to_parquet(out / "requests.parquet", index=False)
     steps.to_parquet(out / "steps.parquet", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    (out / "summary.json").write_text(summary_json(summary))
     if plots and len(steps):
         from granisim.fleet.plots import fleet_trace, plot_fleet
 

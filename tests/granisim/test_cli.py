@@ -54,6 +54,30 @@ def test_run_writes_outputs(tmp_path):
     assert trace["traceEvents"]
 
 
+def _strict(text: str):
+    def refuse(const):
+        raise ValueError(f"{const} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_figure_with_no_value_is_null_in_strict_json(tmp_path):
+    """Outputs of one token leave no TPOT: its percentiles are written ``null`` (strict JSON), in summary.json
+    and in compare.json, for one run and for a fleet. Planted bug: ``json.dumps`` as it was writes ``NaN``,
+    which a strict reader (the parse_constant hook here, jq, a browser) refuses."""
+    body = "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 6\nrate = 5.0\nmax_output_len = 1\n"
+    for name, text, argv in (("one", body, ["run"]), ("fleet", body + "[fleet]\nreplicas = 2\n", ["run"]),
+                             ("cmp", body, ["compare", "--policies", "granikv,token"])):
+        (tmp_path / name).mkdir()
+        path = _write(tmp_path / name, text)
+        out = tmp_path / name / "out"
+        assert main([argv[0], path, "--out", str(out), *argv[1:]]) == 0
+        files = [out / "summary.json"] if argv == ["run"] else [out / "compare.json"]
+        for f in files:
+            data = _strict(f.read_text())
+            figures = data if argv == ["run"] else data["granikv"]
+            assert figures["completed"] == 6 and figures["tpot_p50_s"] is None and figures["ttft_p50_s"] > 0
+
+
 def test_compare_runs_each_policy(tmp_path, capsys):
     path = _write(tmp_path, "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 15\nrate = 5.0\n"
                             "max_output_len = 8\n")

@@ -5,7 +5,8 @@
   and output lengths drawn from a real trace (Azure LLM inference, conversation, 2023);
   Poisson arrivals at ``rate`` or the trace's own timestamps; optional multi-turn sessions
   in which each turn's prompt is the previous turn's prompt + its output + a new suffix.
-* ``control`` — the same with a short prefix (``prefix_len`` defaults to 64 there).
+* ``control`` — the same, meant with a short prefix (set ``prefix_len``, e.g. 64: its default is
+  ``multi_agent``'s).
 * ``azure`` — replay of the trace itself: its timestamps and lengths, no shared prefix.
 
 ``lengths_trace`` (any kind): prompt and output lengths drawn from another trace that has

@@ -54,9 +54,17 @@ def parse_slo(text: str) -> dict[str, float]:
 
 
 def meets(summary: dict, slo: dict[str, float]) -> bool:
+    """Whether a probe's summary holds every limit of ``slo``: every request completed, each figure within its
+    limit. A figure that no completed request has (TPOT, when every output is one token) cannot be judged at
+    any rate: a ScenarioError naming it, not a capacity of zero."""
     if summary.get("rejected", 0) or summary.get("completed", 1) < summary.get("requests", 0):
         return False
-    return all(summary[k] == summary[k] and summary[k] <= v for k, v in slo.items())  # NaN fails
+    for k in slo:
+        if summary[k] != summary[k] and summary.get("completed", 0):  # NaN over completed requests
+            raise ScenarioError(f"--slo {k}: none of the {summary['completed']} completed requests has a "
+                                f"{k.rsplit('_', 2)[0].upper()} (a TPOT needs two output tokens or more): drop it "
+                                "from --slo, or let the workload's outputs be longer")
+    return all(summary[k] == summary[k] and summary[k] <= v for k, v in slo.items())  # NaN (nothing done) fails
 
 
 @dataclass

@@ -68,6 +68,26 @@ def test_rejections_fail_the_slo():
     assert not meets({"ttft_p99_s": float("nan"), "requests": 0, "completed": 0}, {"ttft_p99_s": 1.0})
 
 
+def test_a_figure_no_request_has_is_refused_not_failed(tmp_path, capsys):
+    """Every output one token: no request has a TPOT at any rate, so a TPOT limit cannot be judged. One line naming
+    it, exit 2, for one GPU and for a fleet. Planted bug: NaN read as a failed probe answered 'SLO not met even at
+    1.2e-06 req/s' (exit 0), a capacity of zero the workload never showed."""
+    with pytest.raises(ScenarioError, match="tpot_p99_s"):
+        meets({"tpot_p99_s": float("nan"), "requests": 5, "completed": 5}, {"tpot_p99_s": 0.1})
+    body = "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 10\nrate = 8.0\nmax_output_len = 1\n"
+    for name, text in (("one", body), ("fleet", body + "[fleet]\nreplicas = 2\n")):
+        sc = tmp_path / f"{name}.toml"
+        sc.write_text(text)
+        assert main(["capacity", str(sc), "--slo", "ttft_p99=2s,tpot_p99=100ms", "--out", str(tmp_path / name),
+                     "--workers", "1", *(["--policies", "granikv"] if name == "one" else [])]) == 2
+        err = capsys.readouterr().err.strip()  # the probes' progress lines, then the error
+        assert "Traceback" not in err and err.splitlines()[-1].startswith("error: --slo tpot_p99_s"), err
+        assert sum(line.startswith("error:") for line in err.splitlines()) == 1
+    # a TTFT limit alone is judged as before
+    assert main(["capacity", str(tmp_path / "one.toml"), "--slo", "ttft_p99=2s", "--policies", "granikv",
+                 "--out", str(tmp_path / "ttft"), "--workers", "1", "--rel-tol", "0.2"]) == 0
+
+
 def test_capacity_cli_on_the_simulator(tmp_path, capsys):
     sc = tmp_path / "s.toml"
     sc.write_text("[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 30\nrate = 8.0\nmax_output_len = 16\n")

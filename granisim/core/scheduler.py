@@ -72,6 +72,14 @@ class Scheduler:
         else:
             self.waiting.append(Request(spec))
 
+    def _alone_reason(self, r: Request) -> str:
+        """Why ``r`` does not fit even an empty cache: its KV tokens against the pools (granikv's HOT pool holds
+        shared prefixes only, so a request without one has the COLD pool alone)."""
+        cold, hot = self.alloc.store.capacity, self.alloc.hot.capacity if self.alloc.hot is not None else 0
+        pools = f"COLD holds {cold}, HOT {hot} for shared prefixes only" if hot else f"the pool holds {cold}"
+        return (f"does not fit the {self.alloc.policy} KV budget even alone ({r.spec.prompt_len + r.spec.output_len} "
+                f"KV tokens, {r.spec.shared_len} of them a shared prefix; {pools})")
+
     def _max_request_tokens(self) -> int:
         store_cap = self.alloc.store.capacity
         hot = self.alloc.hot.capacity if self.alloc.hot is not None else 0
@@ -142,7 +150,7 @@ class Scheduler:
                 continue
             if not self._admit(r, now, reserve):
                 if not self.running:  # it does not fit even into an empty cache
-                    self._reject(r.spec, now, f"does not fit the {self.alloc.policy} KV budget even alone")
+                    self._reject(r.spec, now, self._alone_reason(r))
                     continue
                 self.waiting.appendleft(r)
                 break

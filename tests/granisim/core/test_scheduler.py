@@ -189,7 +189,8 @@ def test_a_request_that_cannot_fit_even_alone_is_rejected_at_admission():
     add(s, spec(1, prompt=60, out=10), spec(2, prompt=20))
     plan = step(s)
     assert rids(plan) == [2]
-    assert rejected(s) == {1: "does not fit the granikv KV budget even alone"}
+    assert rejected(s) == {1: "does not fit the granikv KV budget even alone (70 KV tokens, 0 of them a shared "
+                              "prefix; COLD holds 50, HOT 50 for shared prefixes only)"}
 
 
 def test_arrivals_beyond_max_waiting_are_rejected():

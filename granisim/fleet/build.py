@@ -41,7 +41,7 @@ def replica_specs(scenario: Scenario, source: str = "<scenario>") -> list[Replic
                 "field policy.name", f"field fleet.groups.{g}.policy")
             raise ScenarioError(msg) from None
         first = len(specs)
-        specs.extend(ReplicaSpec(first + k, setup, 1, g) for k in range(n))
+        specs.extend(ReplicaSpec(first + k, setup, sc.hardware.tp, g) for k in range(n))
     return specs
 
 

@@ -88,7 +88,7 @@ def _search(args: tuple) -> FleetCapacity:
         return ok
 
     res.replicas = fewest_replicas(test, max_replicas)
-    res.gpus = res.replicas  # tp = 1 per replica today
+    res.gpus = res.replicas and res.replicas * base.hardware.tp  # each replica is hardware.tp GPUs
     return res
 
 

@@ -25,7 +25,7 @@ ALLOC_COUNTERS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactio
 class ReplicaSpec:
     index: int
     setup: object  # granisim.experiments.run.Setup: scenario (profile, policy), model, KV budget
-    tp: int = 1  # GPUs of the replica (tensor parallel degree); 1 until tensor parallelism lands
+    tp: int = 1  # GPUs of the replica (tensor parallel degree: the scenario's hardware.tp)
     group: int = 0
 
 

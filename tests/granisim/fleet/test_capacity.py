@@ -86,3 +86,19 @@ def test_a_search_run_again_over_its_folder_resumes_from_the_kept_probes(tmp_pat
     assert main(args) == 0 and len(simulated) == n_first + 1
     assert json.loads((tmp_path / "o" / "fleet_capacity.json").read_text())["results"] == first
     assert main(args[:5] + ["11"] + args[6:]) == 0 and len(simulated) > n_first + 1
+
+
+def test_a_fleet_of_tensor_parallel_replicas_counts_every_gpu(tmp_path):
+    """With hardware.tp = 2 each replica is two GPUs: the fleet's summary and the fewest-replicas search
+    count GPUs as replicas x tp, not one per replica."""
+    path = tmp_path / "tp.toml"
+    path.write_text(TOML.replace("[workload]", "[hardware]\nprofile = \"h200\"\ntp = 2\n[workload]")
+                    .replace("[fleet]", "[fleet]\nreplicas = 3"))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["gpus"] == 6 and [r["tp"] for r in summary["replicas"]] == [2, 2, 2]
+    out = tmp_path / "cap"
+    assert main(["capacity", str(path), "--slo", "ttft_p99=5s", "--rate", "2", "--max-replicas", "2",
+                 "--policies", "granikv", "--workers", "1", "--out", str(out)]) == 0
+    (res,) = json.loads((out / "fleet_capacity.json").read_text())["results"]
+    assert res["replicas"] is not None and res["gpus"] == 2 * res["replicas"]

@@ -96,6 +96,9 @@ def cmd_validate(args) -> int:
 
 def cmd_compare(args) -> int:
     scenario = load_scenario(args.scenario)
+    if args.routers and args.policies is not None:  # each router runs the scenario's one policy
+        raise ScenarioError(f"--policies {args.policies}: compare --routers runs the scenario's policy "
+                            f"({scenario.policy.name}) behind each router; set policy.name in the scenario instead")
     if args.routers:  # the fleet behind each router
         from granisim.fleet.compare import compare_routers, parse_routers
         from granisim.fleet.outputs import routers_table
@@ -104,7 +107,7 @@ def cmd_compare(args) -> int:
         print(routers_table(compare_routers(scenario, args.scenario, parse_routers(args.routers), out)))
         print(f"\nwrote {out}/")
         return 0
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = [p.strip() for p in (DEMO_POLICIES if args.policies is None else args.policies).split(",") if p.strip()]
     if not policies:
         raise ScenarioError("--policies: give at least one policy, e.g. granikv,token,paged16")
     out = Path(args.out or f"out/{scenario.name}-compare")
@@ -340,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.set_defaults(fn=cmd_validation)
     c = sub.add_parser("compare", help="same arrivals under several policies")
     c.add_argument("scenario")
-    c.add_argument("--policies", default=DEMO_POLICIES)
+    c.add_argument("--policies", help=f"policies to compare (default {DEMO_POLICIES}); not with --routers")
     c.add_argument("--routers", help="compare fleet routers instead, e.g. round_robin,cache_aware,hot_aware")
     c.add_argument("--out")
     c.set_defaults(fn=cmd_compare)

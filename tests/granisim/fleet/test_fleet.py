@@ -188,6 +188,17 @@ def test_cli_compare_across_routers(tmp_path, capsys):
     assert "unknown router 'nope'" in capsys.readouterr().err
 
 
+def test_cli_compare_routers_refuses_policies_it_would_not_run(tmp_path, capsys):
+    """catches: `compare --routers R --policies token` ran the scenario's own policy (granikv) behind each router and
+    said nothing of token."""
+    path = write(tmp_path, TOML + "[fleet]\nreplicas = 2\n")
+    assert main(["compare", path, "--routers", "round_robin", "--policies", "token",
+                 "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --policies token") and "--routers" in err[0], err
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("fleet, field", [
     ("replicas = 0", "fleet.replicas = 0"),
     ("router = \"random\"", "fleet.router = 'random'"),

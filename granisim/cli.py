@@ -168,8 +168,16 @@ def cmd_capacity(args) -> int:
     if args.rate is not None and args.sensitivity is not None:
         raise ScenarioError(f"--sensitivity {args.sensitivity}: for the rate search; with --rate (the fleet's size) "
                             f"run the search on copies of the scenario with hardware.step_time_scale set")
+    fleet_only = [f"{opt} {v}" for opt, v in (("--routers", args.routers), ("--max-replicas", args.max_replicas))
+                  if v is not None]
+    if args.rate is None and fleet_only:  # the rate search runs the scenario's own fleet as it is
+        raise ScenarioError(f"{fleet_only[0]}: for the fewest-replicas search, which needs --rate R; the rate search "
+                            f"simulates the scenario's fleet (set fleet.router / fleet.replicas there)")
     if args.rate is not None:  # the fewest replicas that hold this rate (granisim.fleet.capacity)
         from granisim.fleet.capacity import fleet_capacity_cli
+
+        if args.max_replicas is None:
+            args.max_replicas = DEFAULT_MAX_REPLICAS
 
         return fleet_capacity_cli(args)
     from granisim.experiments.capacity import capacity_cli
@@ -314,6 +322,7 @@ def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
 
 
 POS_INT, POS_FLOAT, FRACTION = _number(int, 1, False), _number(float, 0, True), _number(float, 0, True, 1)
+DEFAULT_MAX_REPLICAS = 16  # capacity --rate: the largest fleet tried unless --max-replicas says
 MAX_FOLDS = 20  # calibrate fit --folds: each fold refits every family, so more only multiplies the time
 
 
@@ -368,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--max-probes", type=POS_INT, default=24, help="simulations per policy at most")
     ca.add_argument("--workers", type=POS_INT, help="policies searched in parallel (local processes)")
     ca.add_argument("--rate", type=POS_FLOAT, help="fleet: the fewest replicas that hold this rate (req/s) instead")
-    ca.add_argument("--max-replicas", type=POS_INT, default=16, help="fleet: largest fleet to try (with --rate)")
+    ca.add_argument("--max-replicas", type=POS_INT,
+                    help=f"fleet: largest fleet to try (with --rate; default {DEFAULT_MAX_REPLICAS})")
     ca.add_argument("--routers", help="fleet: routers to search (with --rate; default: the scenario's)")
     ca.add_argument("--sensitivity", nargs="?", const=DEFAULT_DELTA, type=_number(float, 0, True, 0.5), metavar="DELTA",
                     help="also search with every step DELTA slower and faster (default 0.03): how far each answer "

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from granisim.cli import main
 from granisim.fleet.capacity import fewest_replicas
 
@@ -102,3 +104,15 @@ def test_a_fleet_of_tensor_parallel_replicas_counts_every_gpu(tmp_path):
                  "--policies", "granikv", "--workers", "1", "--out", str(out)]) == 0
     (res,) = json.loads((out / "fleet_capacity.json").read_text())["results"]
     assert res["replicas"] is not None and res["gpus"] == 2 * res["replicas"]
+
+
+@pytest.mark.parametrize("extra", [["--routers", "hot_aware"], ["--max-replicas", "4"]])
+def test_fleet_size_options_without_rate_are_refused(tmp_path, capsys, extra):
+    """catches: `capacity --routers R` (or --max-replicas) without --rate ran the rate search behind the scenario's
+    own router and fleet size and said nothing of the option."""
+    path = tmp_path / "f.toml"
+    path.write_text(TOML)
+    assert main(["capacity", str(path), "--slo", "ttft_p99=1s", *extra, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {extra[0]} {extra[1]}") and "--rate" in err[0], err
+    assert not (tmp_path / "o").exists()

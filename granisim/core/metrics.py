@@ -124,9 +124,9 @@ def requests_frame(records: RequestRecords | JoinedRecords | list[RequestRecord]
     return pd.DataFrame({k: c[k] for k in REQUEST_COLS}, copy=False)
 
 
-def summary_json(summary: dict) -> str:
-    """``summary`` as strict JSON (sorted keys, indented): a figure with no value (a percentile over no
-    request, NaN) is written ``null``, which every JSON reader takes, not ``NaN``, which strict ones refuse."""
+def strict_json(data, **kwargs) -> str:
+    """``data`` as strict JSON: a figure with no value (a percentile over no request, NaN) is written ``null``,
+    which every JSON reader takes, not ``NaN``, which strict ones refuse. ``kwargs`` go to ``json.dumps``."""
     def strict(v):
         if isinstance(v, float) and not math.isfinite(v):
             return None
@@ -136,7 +136,12 @@ def summary_json(summary: dict) -> str:
             return [strict(x) for x in v]
         return v
 
-    return json.dumps(strict(summary), indent=2, sort_keys=True, allow_nan=False)
+    return json.dumps(strict(data), allow_nan=False, **kwargs)
+
+
+def summary_json(summary: dict) -> str:
+    """``summary`` as strict JSON (sorted keys, indented; no value is ``null``: :func:`strict_json`)."""
+    return strict_json(summary, indent=2, sort_keys=True)
 
 
 def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, end_s: float) -> dict:

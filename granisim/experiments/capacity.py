@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from granisim.config.scenario import Scenario, ScenarioError
+from granisim.core.metrics import strict_json
 
 SLO_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "queue_p50")
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60.0, "": 1.0}
@@ -208,7 +209,7 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
     else:
         results = [_search_policy(j) for j in jobs]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "capacity.json").write_text(json.dumps({
+    (out / "capacity.json").write_text(strict_json({
         "scenario": scenario.model_dump(mode="json"), "slo": slo, "rel_tol": rel_tol,
         "results": [{"policy": r.policy, "max_rate": r.rate, "fails_at": None if math.isinf(r.upper) else r.upper,
                      "note": r.note, "probes": r.probes} for r in results]}, indent=2))
@@ -247,7 +248,7 @@ def capacity_cli(args) -> int:
                                  out / f"steps_x{f:g}", lo=args.lo, hi=args.hi, rel_tol=args.rel_tol,
                                  max_probes=args.max_probes, workers=args.workers)
         table = sensitivity_rows(results, scaled)
-        (out / "capacity_sensitivity.json").write_text(json.dumps({"delta": d, "rows": table}, indent=2) + "\n")
+        (out / "capacity_sensitivity.json").write_text(strict_json({"delta": d, "rows": table}, indent=2) + "\n")
         print("\n" + sensitivity_table(table, d) + f"\nwrote {out}/capacity_sensitivity.json (and steps_x*/)")
     return 0
 

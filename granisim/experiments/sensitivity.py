@@ -12,7 +12,6 @@ can move and by how much. Deterministic like the run itself (same seed, same arr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 METRICS = (("throughput_rps", "req/s"), ("output_tok_s", "out tok/s"), ("ttft_p50_s", "TTFT p50"),
@@ -45,7 +44,7 @@ def rows(base: dict, scaled: dict[float, dict]) -> list[dict]:
         row = {"metric": key, "label": label, "predicted": base[key], "at": {}}
         for f, s in sorted(scaled.items()):
             v = s[key]
-            change = (v - base[key]) / base[key] if base[key] else None
+            change = (v - base[key]) / base[key] if base[key] and base[key] == base[key] and v == v else None
             row["at"][f"{f:g}"] = {"value": v, "change": change}
         out.append(row)
     return out
@@ -67,4 +66,6 @@ def format_table(table: list[dict], delta: float) -> str:
 
 
 def write(out: Path, table: list[dict], delta: float) -> None:
-    (out / "sensitivity.json").write_text(json.dumps({"delta": delta, "rows": table}, indent=2) + "\n")
+    from granisim.core.metrics import strict_json
+
+    (out / "sensitivity.json").write_text(strict_json({"delta": delta, "rows": table}, indent=2) + "\n")

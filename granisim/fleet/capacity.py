@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from granisim.config.scenario import Scenario, ScenarioError
+from granisim.core.metrics import strict_json
 from granisim.experiments.capacity import meets
 
 
@@ -142,7 +143,7 @@ def fleet_capacity(scenario: Scenario, routers: list[str], policies: list[str], 
     else:
         results = [_search(j) for j in jobs]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fleet_capacity.json").write_text(json.dumps({
+    (out / "fleet_capacity.json").write_text(strict_json({
         "scenario": scenario.model_dump(mode="json"), "slo": slo, "rate": rate, "max_replicas": max_replicas,
         "results": [{"router": r.router, "policy": r.policy, "replicas": r.replicas, "gpus": r.gpus,
                      "probes": r.probes} for r in results]}, indent=2))

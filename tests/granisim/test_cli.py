@@ -139,3 +139,30 @@ def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys):
     text = captured.out + captured.err
     assert "FUZZ FAILURE" in text
     assert "state = AllocatorMachine()" in text  # hypothesis' reproducible rule sequence
+
+
+def test_capacity_and_sensitivity_json_write_figures_with_no_value_as_null(tmp_path):
+    """A probe whose requests were all rejected has no TTFT, and one-token outputs have no TPOT: capacity.json,
+    fleet_capacity.json and sensitivity.json write such figures (and changes against them) as null, as
+    summary.json does. Planted bug: their bare json.dumps wrote NaN, which strict readers refuse."""
+    full = "[hardware]\nkv_budget_tokens = 1500\n[policy]\nhot_fraction = 0.5\n" \
+           "[workload]\nprefix_len = 1024\nnum_requests = 6\nrate = 2.0\n"  # the COLD pool holds no request
+    path = _write(tmp_path, full)
+    out = tmp_path / "cap"
+    assert main(["capacity", path, "--slo", "ttft_p99=1s", "--policies", "granikv", "--max-probes", "2",
+                 "--out", str(out), "--sensitivity"]) == 0
+    probes = _strict((out / "capacity.json").read_text())["results"][0]["probes"]
+    assert probes and all(p["ttft_p99_s"] is None for p in probes)
+    _strict((out / "capacity_sensitivity.json").read_text())
+    (tmp_path / "f").mkdir()
+    fleet = _write(tmp_path / "f", full + "[fleet]\nreplicas = 1\n")
+    assert main(["capacity", fleet, "--slo", "ttft_p99=1s", "--rate", "2", "--max-replicas", "1",
+                 "--policies", "granikv", "--workers", "1", "--out", str(tmp_path / "fc")]) == 0
+    (res,) = _strict((tmp_path / "fc" / "fleet_capacity.json").read_text())["results"]
+    assert res["probes"][0]["ttft_p99_s"] is None
+    (tmp_path / "s").mkdir()
+    one = _write(tmp_path / "s", "[workload]\nprefix_len = 512\nnum_requests = 6\nrate = 2.0\nmax_output_len = 1\n")
+    assert main(["run", one, "--out", str(tmp_path / "s" / "out"), "--sensitivity"]) == 0
+    rows = {r["metric"]: r for r in _strict((tmp_path / "s" / "out" / "sensitivity.json").read_text())["rows"]}
+    assert rows["tpot_p99_s"]["predicted"] is None
+    assert all(a == {"value": None, "change": None} for a in rows["tpot_p99_s"]["at"].values())

@@ -32,21 +32,11 @@ from tqdm import tqdm
 
 from granisim.experiments.sweep_results import ResultsStore
 from granisim.config.scenario import Scenario, parse_scenario
-from granisim.experiments.sweep_file import SweepSpec
+from granisim.experiments.sweep_file import SweepSpec, scenario_columns
 from granisim.experiments.stopping import SIGNALS, Stopped, process_pool
 
 ALLOC_STATS = ("hot_placements", "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens",
                "evicted_tokens")
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def simulate_scenario(sc: Scenario) -> dict:
@@ -109,7 +99,7 @@ def run_point(pid: str, scenario_json: str, overrides_json: str) -> dict:
     t0 = time.perf_counter()
     summary = simulate_scenario(sc)
     row = {"point_id": pid, "overrides": overrides_json, "scenario": scenario_json}
-    row.update(_flat(sc.model_dump(mode="json")))
+    row.update(scenario_columns(sc))
     row.update(summary)
     row["sim_wall_s"] = time.perf_counter() - t0
     return row

@@ -293,10 +293,32 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
 
 
 def _value_of(sc: Scenario, dotted: str):
+    """A dotted field's value, also for a field the dump leaves out at its default (``hardware.tp`` = 1, ...)."""
     v = sc.model_dump(mode="json")
-    for part in dotted.split("."):
-        v = v[part]
+    try:
+        for part in dotted.split("."):
+            v = v[part]
+    except KeyError:  # dropped at its default (point ids stay stable as fields are added): read the model
+        v = sc
+        for part in dotted.split("."):
+            v = getattr(v, part)
     return v
+
+
+def scenario_columns(sc: Scenario) -> dict:
+    """Every scenario field of ``sc`` by dotted name (the results table's scenario columns), with the fields the
+    dump leaves out at their default filled in, so that a column never reads empty where the point has a value."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    cols = flat(sc.model_dump(mode="json"))
+    for name in scenario_fields():
+        if name not in cols and not any(k.startswith(name + ".") for k in cols):
+            cols[name] = _value_of(sc, name)
+    return cols
 
 
 def _some_point_has(points: list[Point], dotted: str, value) -> bool:

@@ -215,3 +215,30 @@ def test_sweep_command_with_a_failing_point_says_which_and_exits_1(tmp_path, mon
     err = [line for line in capsys.readouterr().err.splitlines() if line and "%|" not in line]  # not the bar
     assert len(err) == 2 and err[0].startswith(f"error: point {bad} ") and err[0].endswith("RuntimeError: boom")
     assert err[1].startswith("1 point(s) failed") and err[1].endswith("1 of 2 done")
+
+
+def test_a_field_at_its_default_has_its_value_in_the_table_and_in_plot_filters(tmp_path):
+    """catches: fields the scenario dump leaves out at their default (hardware.tp = 1, host_kv_gb = 0, ...) read
+    NaN in the results table, and a [speedup] or plot `where` on one of them was a KeyError traceback."""
+    text = "name = 'tp'\n" + BASE.format(n=8) + """
+[grid]
+"hardware.tp" = [1, 2]
+"policy.name" = ["granikv", "token"]
+[speedup]
+field = "hardware.tp"
+target = 2
+baseline = 1
+[[plot]]
+kind = "line"
+x = "policy.name"
+value = "throughput_rps"
+where = { "hardware.tp" = 1 }
+"""
+    out = tmp_path / "o"
+    assert main(["sweep", str(_sweep(tmp_path, text)), "--out", str(out), "--workers", "1"]) == 0
+    df = pd.read_csv(out / "results.csv")
+    assert sorted(df["hardware.tp"]) == [1, 1, 2, 2]
+    assert (df["hardware.host_kv_gb"] == 0).all() and (df["hardware.step_time_scale"] == 1).all()
+    assert (df["policy.host_tier"] == "slabs").all()
+    speedup = pd.read_csv(out / "speedup.csv")
+    assert len(speedup) == 2 and speedup.speedup.notna().all()

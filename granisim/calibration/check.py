@@ -51,6 +51,10 @@ def priced_rows(raw_dir: Path, profile: str, family: str | None = None) -> pd.Da
         ("merge", "kv_write", "kv_copy")), "slots")
     prof = get_profile(profile)
     values = {k: c.value for k, c in prof.coefficients.items()}
+    form = int(values.get("attn.form", 1))
+    if form != 2:  # predict_attention prices rows with the kernels' own (form-2) formulas only
+        raise ValueError(f"--profile {profile}: attn.form = {form}: calibrate check prices rows with the kernels' "
+                         f"form-2 formulas; use a measured profile (h200, h200-engine, h100-sxm, b200 or a fitted one)")
     # the row's group size is its own; the rest of the shape (KV heads, head size) is the measured model's
     model = get_model(_model_of(raw_dir))
     pred = predict_attention(values, rows, model, table=prof.kernel_table)

@@ -86,3 +86,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, args, needle):
     assert r.returncode == 2
     assert needle in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("family", ["decode", "merge", "kv_write", "extend"])
+def test_a_roofline_profile_is_one_line_and_exit_2(family):
+    """catches: a100-80gb (attn.form 1, roofline attention) is a valid shipped profile, but check's formulas are
+    form 2's: decode, merge and kv_write rows ended in an AttributeError traceback."""
+    r = _cli("calibrate", "check", str(RAW), "--profile", "a100-80gb", "--family", family)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "--profile a100-80gb: attn.form = 1" in r.stderr

@@ -228,7 +228,10 @@ class Scheduler:
         r.admit_order = self._admitted
         self._admitted += 1
         r.prefix_cached = r.spec.shared_len > 0 and r.computed >= r.spec.shared_len
-        if r.spec.shared_len and not r.prefix_cached:
+        # others of its role wait for it only while it computes what the cache will hold of the prefix: whole
+        # pages (a paged policy never caches a partial page, so waiting for more would gain nothing)
+        shareable = r.spec.shared_len - r.spec.shared_len % self.alloc.page_size
+        if r.computed < shareable:
             self._prefix_owner[(r.spec.role, r.spec.shared_len)] = r.rid
         self.running[r.rid] = r
         self._prefilling[r.rid] = r  # its admit_order is the largest: the end of running order

@@ -76,6 +76,22 @@ def test_a_request_whose_prefix_another_is_prefilling_waits_for_the_cache():
     assert s.running[2].cached_at_admit == 32
 
 
+@pytest.mark.parametrize("prefix, cached", [(38, 32), (5, 0)])
+def test_requests_are_not_held_back_for_a_prefix_pages_cannot_hold_whole(prefix, cached):
+    """paged16 caches whole pages of a role prefix only: 32 tokens of a 38-token one, none of a 5-token one.
+    Requests 2-4 of the role wait only while request 1 prefills those pages, then are all admitted in one step
+    (each hitting what is cached), not one a step, each waiting on the one before for tokens no page will
+    hold. catches: the prefix owner judged on the whole declared prefix instead of its whole pages."""
+    s = scheduler("paged16", max_running=8)
+    add(s, *(spec(rid, 4, role=1, prefix=prefix) for rid in (1, 2, 3, 4)))
+    first = step(s)
+    assert rids(first) == ([1] if cached else [1, 2, 3, 4])
+    if cached:
+        second = step(s)
+        assert new_tokens(second) == {1: 1, 2: prefix + 4 - cached, 3: prefix + 4 - cached, 4: prefix + 4 - cached}
+    assert [s.running[r].cached_at_admit for r in (2, 3, 4)] == [cached] * 3
+
+
 def test_prefix_groups_are_formed_per_step_from_decoding_members():
     """Step 3: requests 1 and 2 (role 1, both decoding) form one group over the 32-token slab; request 3
     (role 2, alone) and request 4 (no prefix) are in no group. catches: a lone request given a group;

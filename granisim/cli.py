@@ -173,6 +173,13 @@ def cmd_capacity(args) -> int:
     if args.rate is None and fleet_only:  # the rate search runs the scenario's own fleet as it is
         raise ScenarioError(f"{fleet_only[0]}: for the fewest-replicas search, which needs --rate R; the rate search "
                             f"simulates the scenario's fleet (set fleet.router / fleet.replicas there)")
+    rate_only = [f"{opt} {v}" for opt, v in (("--lo", args.lo), ("--hi", args.hi), ("--rel-tol", args.rel_tol),
+                                            ("--max-probes", args.max_probes)) if v is not None]
+    if args.rate is not None and rate_only:  # the fewest-replicas search counts replicas, it probes no rates
+        raise ScenarioError(f"{rate_only[0]}: for the rate search; with --rate R the search counts replicas "
+                            f"(up to --max-replicas)")
+    args.rel_tol = REL_TOL if args.rel_tol is None else args.rel_tol
+    args.max_probes = MAX_PROBES if args.max_probes is None else args.max_probes
     if args.rate is not None:  # the fewest replicas that hold this rate (granisim.fleet.capacity)
         from granisim.fleet.capacity import fleet_capacity_cli
 
@@ -323,6 +330,7 @@ def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
 
 POS_INT, POS_FLOAT, FRACTION = _number(int, 1, False), _number(float, 0, True), _number(float, 0, True, 1)
 DEFAULT_MAX_REPLICAS = 16  # capacity --rate: the largest fleet tried unless --max-replicas says
+REL_TOL, MAX_PROBES = 0.02, 24  # capacity's rate search: stop at this relative bracket, or after this many probes
 MAX_FOLDS = 20  # calibrate fit --folds: each fold refits every family, so more only multiplies the time
 
 
@@ -373,8 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out")
     ca.add_argument("--lo", type=POS_FLOAT, help="lowest rate to try (req/s; default: scenario rate / 8)")
     ca.add_argument("--hi", type=POS_FLOAT, help="first upper rate to try (req/s; default: scenario rate x 2)")
-    ca.add_argument("--rel-tol", type=FRACTION, default=0.02, help="stop when (hi - lo) / hi is below this")
-    ca.add_argument("--max-probes", type=POS_INT, default=24, help="simulations per policy at most")
+    ca.add_argument("--rel-tol", type=FRACTION, help=f"stop when (hi - lo) / hi is below this (default {REL_TOL})")
+    ca.add_argument("--max-probes", type=POS_INT, help=f"simulations per policy at most (default {MAX_PROBES})")
     ca.add_argument("--workers", type=POS_INT, help="policies searched in parallel (local processes)")
     ca.add_argument("--rate", type=POS_FLOAT, help="fleet: the fewest replicas that hold this rate (req/s) instead")
     ca.add_argument("--max-replicas", type=POS_INT,

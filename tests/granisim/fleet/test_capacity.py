@@ -116,3 +116,16 @@ def test_fleet_size_options_without_rate_are_refused(tmp_path, capsys, extra):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {extra[0]} {extra[1]}") and "--rate" in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("extra", [["--lo", "2"], ["--hi", "30"], ["--rel-tol", "0.1"], ["--max-probes", "5"]])
+def test_rate_search_options_with_rate_are_refused(tmp_path, capsys, extra):
+    """The reverse: --lo, --hi, --rel-tol and --max-probes steer the rate search; with --rate R (the fewest
+    replicas) they were dropped silently. catches: the option ignored (exit 0)."""
+    path = tmp_path / "f.toml"
+    path.write_text(TOML)
+    assert main(["capacity", str(path), "--slo", "ttft_p99=1s", "--rate", "10", *extra,
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {extra[0]} {extra[1]}") and "rate search" in err[0], err
+    assert not (tmp_path / "o").exists()

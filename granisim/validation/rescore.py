@@ -159,18 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet-out", type=Path, help="fleet runs: write each one's re-scored run folder under "
                     "FLEET_OUT/<machine>/<run>/ (for granisim validation fleet-summary)")
     args = ap.parse_args(argv)
-    records = []
-    print("| run | policy | steps | per-step median | " + " | ".join(METRICS) + " |")
-    print("| --- | --- | ---: | ---: |" + " ---: |" * len(METRICS))
-    for run in args.runs:
-        toml = args.scenario or _scenario_of(run) or (run / "scenario.toml" if (run / "scenario.toml").is_file()
-                                                       else None)
+    records, tomls = [], {}
+    for run in args.runs:  # every run's files first: a missing one is an error before any output
+        toml = tomls[run] = args.scenario or _scenario_of(run) or (
+            run / "scenario.toml" if (run / "scenario.toml").is_file() else None)
         for need in (run / "steps.parquet", run / "plans.pkl", run / "measured_requests.parquet",
                      run / "validation.json", toml):
             if need is None or not Path(need).is_file():
                 hint = " (granisim validation rebuild-plans RUN SCENARIO makes it)" if need == run / "plans.pkl" else ""
                 print(f"error: {run}: no {need or 'scenario beside it (give --scenario)'}{hint}", file=sys.stderr)
                 return 2
+    print("| run | policy | steps | per-step median | " + " | ".join(METRICS) + " |")
+    print("| --- | --- | ---: | ---: |" + " ---: |" * len(METRICS))
+    for run in args.runs:
+        toml = tomls[run]
         if args.fleet_out:
             out = args.fleet_out / run.resolve().parent.name / run.name
             try:

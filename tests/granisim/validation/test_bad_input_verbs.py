@@ -131,3 +131,16 @@ def test_rescore_refuses_a_scenario_the_run_did_not_run(run, tmp_path, capsys):
 def test_rescore_of_the_intact_run_still_works(run, capsys):
     assert main(["validation", "rescore", str(run / "run"), "--scenario", str(run / "s.toml")]) == 0
     assert "| granikv |" in capsys.readouterr().out
+
+
+def test_rescore_prints_nothing_before_a_missing_file(run, tmp_path, capsys):
+    """The second of two runs lacks its plans: one error line and no table at all, not a table header followed by
+    the error. catches: the header printed before the runs' files are checked."""
+    import shutil
+
+    broken = tmp_path / "run"
+    shutil.copytree(run / "run", broken)
+    (broken / "plans.pkl").unlink()
+    assert main(["validation", "rescore", str(run / "run"), str(broken), "--scenario", str(run / "s.toml")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and str(broken / "plans.pkl") in err, (out, err)

@@ -117,12 +117,17 @@ class SchedulerCfg(_Strict):
     admission_max_wait_s: float = Field(0.0, ge=0)  # prefix admission: older waiters go first (0 = no aging)
 
 
+# every role's prefix is drawn up front and every replica built before a run: beyond these a scenario would run out of
+# memory or time before its first step (written as powers: see granisim/core/heap.py, SIMULATION)
+MAX_ROLES, MAX_PREFIX_TOKENS, MAX_REPLICAS = 2**20, 2**30, 2**12
+
+
 class WorkloadCfg(_Strict):
     kind: Literal["multi_agent", "control", "azure"] = "multi_agent"
     num_requests: int = Field(0, ge=0)  # 0 = as many as the trace has rows
     rate: float = Field(1.0, gt=0)  # Poisson arrivals per second
     arrivals: Literal["poisson", "trace"] = "poisson"
-    roles: int = Field(4, ge=1)  # k: distinct agent prefixes
+    roles: int = Field(4, ge=1, le=MAX_ROLES)  # k: distinct agent prefixes
     prefix_len: int = Field(16384, ge=1)  # L_p
     role_dist: Literal["uniform", "zipf"] = "uniform"
     zipf_s: float = Field(1.0, gt=0)
@@ -152,6 +157,14 @@ class WorkloadCfg(_Strict):
                 raise ValueError(str(err)) from None
         return v
 
+    @model_validator(mode="after")
+    def _prefixes_fit(self):
+        tokens = self.roles * self.prefix_len
+        if self.kind != "azure" and tokens > MAX_PREFIX_TOKENS:
+            raise ValueError(f"field workload.roles = {self.roles}: {self.roles} roles x prefix_len {self.prefix_len} = "
+                             f"{tokens:.3g} prefix tokens, drawn up front; at most 2^30 (about 1.07e+09)")
+        return self
+
     @model_serializer(mode="wrap")
     def _without_unset_lengths(self, handler):
         return _drop_defaults(handler(self), {"lengths_trace": None})
@@ -162,7 +175,7 @@ ROUTERS = ("round_robin", "least_load", "cache_aware", "role_affinity", "hot_awa
 
 class FleetGroupCfg(_Strict):
     """Replicas that differ from the scenario's own hardware profile or policy (heterogeneous fleets)."""
-    replicas: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     profile: str | None = None  # default: [hardware] profile
     policy: str | None = None  # default: [policy] name
 
@@ -180,7 +193,7 @@ class FleetFaultCfg(_Strict):
 
 class FleetCfg(_Strict):
     groups: tuple[FleetGroupCfg, ...] = ()
-    replicas: int | None = Field(None, ge=1)  # default 1; with groups: their sum (may be left out)
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)  # default 1; with groups: their sum (may be left out)
     router: Literal[ROUTERS] = "round_robin"
     staleness_s: float = Field(0.0, ge=0)  # the router's views are refreshed this often (0 = live)
     balance_abs: int = Field(32, ge=0)  # cache_aware / hot_aware: imbalance = max - min load > this ...
@@ -202,6 +215,13 @@ class FleetCfg(_Strict):
         if groups and v is not None and v != sum(g.replicas for g in groups):
             raise ValueError(f"the groups hold {sum(g.replicas for g in groups)} replicas (leave replicas out)")
         return v
+
+    @model_validator(mode="after")
+    def _size(self):
+        if self.size > MAX_REPLICAS:
+            raise ValueError(f"field fleet.groups: {len(self.groups)} groups hold {self.size} replicas; at most "
+                             f"{MAX_REPLICAS}")
+        return self
 
     @property
     def size(self) -> int:
@@ -302,7 +322,7 @@ def _format(err: ValidationError, source: str) -> str:
     if e["type"] == "model_type":
         return f"{source}: field {field} = {short_repr(e.get('input'))}: must be a table ([{field}])"
     msg = e["msg"].removeprefix("Value error, ")
-    if not e["loc"] and msg.startswith("field "):  # a check across tables names its own field
+    if msg.startswith("field ") and (not e["loc"] or e["type"] == "value_error"):  # a check across fields names its own
         return f"{source}: {msg}"
     return f"{source}: field {field} = {short_repr(e.get('input'))}: {msg}"
 

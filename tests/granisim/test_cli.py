@@ -26,6 +26,11 @@ def _write(tmp_path, text):
     ("[hardware]\nkv_budget_tokens = 1000\n[workload]\nprefix_len = 16384\n", "too small for one request"),
     ("[workload]\ntrace = '/nonexistent/trace.csv'\n", "field workload.trace = '/nonexistent/trace.csv': file not found"),
     ("this is = = not toml", "not valid TOML"),
+    # sizes that would run out of memory or time before the first step (they hung)
+    ("[workload]\nroles = 100000000\n", "field workload.roles = 100000000"),
+    ("[workload]\nroles = 100000\nprefix_len = 16384\n", "field workload.roles = 100000: 100000 roles x prefix_len"),
+    ("[fleet]\nreplicas = 100000000\n", "field fleet.replicas = 100000000"),
+    ("[fleet]\n[[fleet.groups]]\nreplicas = 4000\n[[fleet.groups]]\nreplicas = 4000\n", "8000 replicas; at most 4096"),
 ])
 def test_bad_scenarios_exit_2_with_one_line(tmp_path, capsys, text, needle):
     path = _write(tmp_path, text)

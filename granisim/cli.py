@@ -10,7 +10,7 @@ from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
 from granisim.config.files import OneLineParser
-from granisim.config.scenario import ScenarioError, load_scenario
+from granisim.config.scenario import MAX_REPLICAS, ScenarioError, load_scenario
 from granisim.experiments.sensitivity import DEFAULT_DELTA
 
 def gpu_executor(setup, device: str):
@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--max-probes", type=POS_INT, help=f"simulations per policy at most (default {MAX_PROBES})")
     ca.add_argument("--workers", type=POS_INT, help="policies searched in parallel (local processes)")
     ca.add_argument("--rate", type=POS_FLOAT, help="fleet: the fewest replicas that hold this rate (req/s) instead")
-    ca.add_argument("--max-replicas", type=POS_INT,
+    ca.add_argument("--max-replicas", type=_number(int, 1, False, MAX_REPLICAS + 1),
                     help=f"fleet: largest fleet to try (with --rate; default {DEFAULT_MAX_REPLICAS})")
     ca.add_argument("--routers", help="fleet: routers to search (with --rate; default: the scenario's)")
     ca.add_argument("--sensitivity", nargs="?", const=DEFAULT_DELTA, type=_number(float, 0, True, 0.5), metavar="DELTA",

@@ -31,8 +31,11 @@ class ProbeLog:
     def __init__(self, out: Path):
         self.path = Path(out) / FILE
         self.kept: dict[str, dict] = {}
+        self._cut = False  # the file ends inside a line (a write cut short by a kill): the next line starts anew
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
+            text = self.path.read_text()
+            self._cut = bool(text) and not text.endswith("\n")
+            for line in text.splitlines():
                 try:
                     row = json.loads(line)
                     self.kept[row["key"]] = row["summary"]
@@ -46,7 +49,8 @@ class ProbeLog:
         summary = simulate()
         self.kept[key] = summary
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps({"key": key, "label": label, "summary": summary}) + "\n").encode()
+        line = ("\n" * self._cut + json.dumps({"key": key, "label": label, "summary": summary}) + "\n").encode()
+        self._cut = False
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:  # one write of one line: probes of parallel searches append whole lines
             os.write(fd, line)

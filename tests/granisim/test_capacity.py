@@ -123,3 +123,24 @@ def test_a_rate_search_run_again_over_its_folder_simulates_nothing(tmp_path, mon
     assert json.loads((tmp_path / "c" / "capacity.json").read_text())["results"] == first
     assert main(args[:5] + ["granikv,token"] + args[6:]) == 0
     assert set(calls[n:]) == {"token"}
+
+
+def test_a_probe_written_after_a_cut_line_is_kept(tmp_path):
+    """A kill can cut the last line of probes.jsonl mid-write (no newline). The next probe's line must start anew,
+    or it joins the cut one and is lost again on the following resume. catches: appending straight after the
+    cut line (the new probe read back as missing)."""
+    from granisim.config.scenario import parse_scenario
+    from granisim.experiments.probes import ProbeLog
+
+    a, b, c = (parse_scenario({"seed": s}) for s in (1, 2, 3))
+    log = ProbeLog(tmp_path)
+    log.run(a, lambda: {"x": 1})
+    log.run(b, lambda: {"x": 2})
+    path = tmp_path / "probes.jsonl"
+    path.write_text(path.read_text()[:-20])  # b's line cut short, as a kill leaves it
+    again = ProbeLog(tmp_path)
+    assert again.run(a, lambda: {"x": -1}) == ({"x": 1}, False)
+    assert again.run(c, lambda: {"x": 3}) == ({"x": 3}, True)
+    last = ProbeLog(tmp_path)
+    assert last.run(c, lambda: {"x": -1}) == ({"x": 3}, False)
+    assert last.run(b, lambda: {"x": 2}) == ({"x": 2}, True)

@@ -164,17 +164,21 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _given(args, *options: str) -> list[str]:
+    """``"--option value"`` for each of ``options`` given on the command line (its argparse default is None)."""
+    values = [(opt, getattr(args, opt[2:].replace("-", "_"))) for opt in options]
+    return [f"{opt} {v}" for opt, v in values if v is not None]
+
+
 def cmd_capacity(args) -> int:
     if args.rate is not None and args.sensitivity is not None:
         raise ScenarioError(f"--sensitivity {args.sensitivity}: for the rate search; with --rate (the fleet's size) "
                             f"run the search on copies of the scenario with hardware.step_time_scale set")
-    fleet_only = [f"{opt} {v}" for opt, v in (("--routers", args.routers), ("--max-replicas", args.max_replicas))
-                  if v is not None]
+    fleet_only = _given(args, "--routers", "--max-replicas")
     if args.rate is None and fleet_only:  # the rate search runs the scenario's own fleet as it is
         raise ScenarioError(f"{fleet_only[0]}: for the fewest-replicas search, which needs --rate R; the rate search "
                             f"simulates the scenario's fleet (set fleet.router / fleet.replicas there)")
-    rate_only = [f"{opt} {v}" for opt, v in (("--lo", args.lo), ("--hi", args.hi), ("--rel-tol", args.rel_tol),
-                                            ("--max-probes", args.max_probes)) if v is not None]
+    rate_only = _given(args, "--lo", "--hi", "--rel-tol", "--max-probes")
     if args.rate is not None and rate_only:  # the fewest-replicas search counts replicas, it probes no rates
         raise ScenarioError(f"{rate_only[0]}: for the rate search; with --rate R the search counts replicas "
                             f"(up to --max-replicas)")

@@ -75,15 +75,17 @@ class Scheduler:
     def _alone_reason(self, r: Request) -> str:
         """Why ``r`` does not fit even an empty cache: its KV tokens against the pools (granikv's HOT pool holds
         shared prefixes only, so a request without one has the COLD pool alone)."""
-        cold, hot = self.alloc.store.capacity, self.alloc.hot.capacity if self.alloc.hot is not None else 0
+        cold, hot = self._pool_sizes()
         pools = f"COLD holds {cold}, HOT {hot} for shared prefixes only" if hot else f"the pool holds {cold}"
         return (f"does not fit the {self.alloc.policy} KV budget even alone ({r.spec.prompt_len + r.spec.output_len} "
                 f"KV tokens, {r.spec.shared_len} of them a shared prefix; {pools})")
 
+    def _pool_sizes(self) -> tuple[int, int]:
+        """(COLD / token pool, HOT pool) capacity in tokens; HOT is 0 without one."""
+        return self.alloc.store.capacity, self.alloc.hot.capacity if self.alloc.hot is not None else 0
+
     def _max_request_tokens(self) -> int:
-        store_cap = self.alloc.store.capacity
-        hot = self.alloc.hot.capacity if self.alloc.hot is not None else 0
-        return store_cap + hot
+        return sum(self._pool_sizes())
 
     def expire(self, now: float) -> None:
         """Reject requests that waited longer than ``queue_timeout_s`` without ever starting (here, or on a
@@ -93,7 +95,7 @@ class Scheduler:
             return
         keep = deque()
         for r in self.waiting:
-            if r.admitted_s is None and not r.spec.started and now - r.spec.arrival_s > t:
+            if _never_started(r) and now - r.spec.arrival_s > t:
                 self._reject(r.spec, now, f"waited over queue_timeout_s={t}")
             else:
                 keep.append(r)
@@ -103,7 +105,7 @@ class Scheduler:
         t = self.cfg.queue_timeout_s
         if not t:
             return None
-        times = [r.spec.arrival_s + t for r in self.waiting if r.admitted_s is None and not r.spec.started]
+        times = [r.spec.arrival_s + t for r in self.waiting if _never_started(r)]
         return min(times) if times else None
 
     def _reject(self, spec: RequestSpec, now: float, reason: str) -> None:
@@ -388,6 +390,11 @@ class Scheduler:
         self.alloc.release(r.rid, r.tokens[: r.computed])
         del self.running[r.rid]
         self.records.add_completed(r.spec, r, now)
+
+
+def _never_started(r: Request) -> bool:
+    """Not yet admitted, here or on a fleet replica that handed it back (``spec.started``): a queue timeout holds."""
+    return r.admitted_s is None and not r.spec.started
 
 
 def _admit_order(r: Request) -> int:

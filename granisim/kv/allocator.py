@@ -106,6 +106,8 @@ class KVAllocator:
             raise ValueError("a host tier needs the allocator's slot ids (slot_ids=True)")
         self.hot, self.store = build_pools(policy, self.capacity, hot_fraction, page_size, slot_ids)
         self.page_size = self.store.page_size
+        # one pool slot a token, taken in blocks (a slot pool: pages of one slot are not)
+        self._token_slots = self.page_size == 1 and not isinstance(self.store, PageStore)
         self.radix = RadixIndex(self.page_size, on_split=slab_splitter(self.hot) if self.hot is not None else None)
         self.requests = Requests()
         self.counters = AllocatorCounters()
@@ -242,7 +244,7 @@ class KVAllocator:
     def _uniform(self, seqs: list[_Seq]) -> bool:
         """Page size 1 in a slot pool (not pages of one slot: a page pool takes no block of slots in one
         call) and no slab being filled: every new token takes one pool slot."""
-        if self.page_size != 1 or isinstance(self.store, PageStore):
+        if not self._token_slots:
             return False
         return all(q.n_new >= q.slab_len for q in seqs) if self.counters.hot_placements else True
 

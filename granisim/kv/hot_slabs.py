@@ -182,15 +182,8 @@ class HotSlabs:
     def give_back_free(self) -> None:
         """Adaptive HOT: hand all of HOT's free space back to COLD (compacting first), e.g. once the
         cache is cleared for a request that fits only an empty cache; HOT grows again on demand."""
-        if self.demand is None:
-            return
-        hot = self.pool
-        if hot.top_free_run() < hot.free:
-            self.compact()
-        give = hot.top_free_run()
-        if give > 0:
-            hot.shrink_top(give)
-            self.store.pool.take_low(give)
+        if self.demand is not None:
+            self._shrink(self.pool.free, 1)
 
     def rebalance(self) -> None:
         """Adaptive HOT: shrink HOT towards the current prefix demand (no-op otherwise)."""
@@ -202,10 +195,15 @@ class HotSlabs:
         while hot.capacity - hot.free > target:  # stale slabs beyond the demand, LRU first
             if not self.eviction.evict_lru_hot_leaf():
                 break
-        give = min(hot.capacity - target, hot.free)
-        if hot.top_free_run() < give and give - hot.top_free_run() >= self.hysteresis:
+        self._shrink(min(hot.capacity - target, hot.free), self.hysteresis)
+
+    def _shrink(self, give: int, least: int) -> None:
+        """Hand up to ``give`` tokens of HOT's free top back to COLD, compacting first where that frees ``least``
+        more; nothing unless at least ``least`` go."""
+        hot = self.pool
+        if hot.top_free_run() < give and give - hot.top_free_run() >= least:
             self.compact()
         give = min(give, hot.top_free_run())
-        if give >= self.hysteresis:
+        if give >= least:
             hot.shrink_top(give)
             self.store.pool.take_low(give)

@@ -32,8 +32,12 @@ METRICS = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99
 
 
 def _scenario_of(run: Path) -> Path | None:
+    """The scenario a run ran: RUN/../scenarios/*_<RUN name>.toml (run_validation.sh's layout), else
+    RUN/scenario.toml (what granisim validate writes); None when neither is there."""
     found = sorted((run.parent / "scenarios").glob(f"*_{run.name}.toml"))
-    return found[0] if len(found) == 1 else None
+    if len(found) == 1:
+        return found[0]
+    return run / "scenario.toml" if (run / "scenario.toml").is_file() else None
 
 
 def _run_report(run: Path, fleet: bool = False) -> dict:
@@ -161,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     records, tomls = [], {}
     for run in args.runs:  # every run's files first: a missing one is an error before any output
-        toml = tomls[run] = args.scenario or _scenario_of(run) or (
-            run / "scenario.toml" if (run / "scenario.toml").is_file() else None)
+        toml = tomls[run] = args.scenario or _scenario_of(run)
         for need in (run / "steps.parquet", run / "plans.pkl", run / "measured_requests.parquet",
                      run / "validation.json", toml):
             if need is None or not Path(need).is_file():

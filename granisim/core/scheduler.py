@@ -131,13 +131,14 @@ class Scheduler:
         elif decode:
             alloc.grow_tracked(rids, 1)  # the decoding requests are the allocator's tracked ones
         budget = cfg.max_batch_tokens - len(decode)
+        slots = self.batch.needs_layouts  # only an executor that writes K/V reads a row's slot ids
         # (2) chunked prefills in progress
         for r in list(self._prefilling.values()):
             if budget <= 0:
                 break
             n = min(r.n_tokens - r.computed, budget)
             if alloc.can_extend({r.rid: n}):
-                work.append((r, n, alloc.extend(r.rid, n)))
+                work.append((r, n, alloc.extend(r.rid, n, slots)))
                 budget -= n
         # (3) admissions
         if cfg.admission == "prefix" and len(self.waiting) > 1:
@@ -157,7 +158,7 @@ class Scheduler:
                 self.waiting.appendleft(r)
                 break
             n = min(r.n_tokens - r.computed, budget)
-            work.append((r, n, alloc.extend(r.rid, n)))
+            work.append((r, n, alloc.extend(r.rid, n, slots)))
             budget -= n
             reserve = reserve.plus(self._reserve_of(r) - n)
         self.waiting.extendleft(reversed(skipped))

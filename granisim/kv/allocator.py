@@ -355,23 +355,29 @@ class KVAllocator:
             q.n_new += n
         return list(block)
 
-    def extend(self, rid: int, n: int) -> np.ndarray:
-        """Slots for the next ``n`` tokens of ``rid`` (for the executor's KV write)."""
+    def extend(self, rid: int, n: int, slots: bool = True) -> np.ndarray | None:
+        """Slots for the next ``n`` tokens of ``rid`` (for the executor's KV write); ``slots=False``: the same
+        allocation, returning None (a caller that reads no slot ids: the cost executor's scheduler)."""
         if n < 0:
             raise ValueError(f"request {rid}: cannot extend by {n} tokens")
         seq = self.requests.get(rid)
-        filled = min(seq.n_new, seq.slab_len)
-        from_slab = min(n, seq.slab_len - filled)
+        n_new, slab_len = seq.n_new, seq.slab_len
+        filled = min(n_new, slab_len)
+        from_slab = min(n, slab_len - filled)
         from_priv = n - from_slab
-        need = self.store.need(seq.priv.size - seq.n_priv, from_priv)
-        if need > self.store.free:
-            self.eviction.evict(self.store.name, need - self.store.free)
-            if need > self.store.free:
-                raise OutOfKVMemory(f"request {rid}: needs {need} {self.store.name} slots, {self.store.free} free")
-        spare = seq.priv.size - seq.n_priv
-        new = self.store.reserve(spare, from_priv)
+        store = self.store
+        spare = seq.priv.size - max(0, n_new - slab_len)  # priv.size - n_priv (eviction changes neither)
+        need = store.need(spare, from_priv)
+        if need > store.free:
+            self.eviction.evict(store.name, need - store.free)
+            if need > store.free:
+                raise OutOfKVMemory(f"request {rid}: needs {need} {store.name} slots, {store.free} free")
+        new = store.reserve(spare, from_priv)
         if new.size:
             seq.push(new)
+        if not slots:
+            seq.n_new += n
+            return None
         start = seq.n_priv
         out = []
         if from_slab:

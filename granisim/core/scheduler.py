@@ -223,7 +223,7 @@ class Scheduler:
                     return False
             elif self.running:
                 return False
-        r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len, prefix)
+        r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len, prefix, checked=True)
         r.group = self.alloc.prefix_group(r.rid)  # changes only when its prefix is cached (postprocess)
         if r.admitted_s is None:
             r.admitted_s = now

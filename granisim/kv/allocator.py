@@ -129,6 +129,8 @@ class KVAllocator:
         # requests that grow_tracked() extends together (a scheduler's decoding requests), on one clock
         self._growth = GrowthClock()
         self._tracked: dict[int, _Seq] = {}
+        # (tokens, prefix, match, radix._next_id, radix.num_nodes) of the last can_admit: the nodes then
+        self._asked: tuple | None = None
 
     # ---- admission ------------------------------------------------------------------------
     def can_admit(self, tokens: np.ndarray, shared_len: int = 0, reserve: int | LazyReserve = 0,
@@ -137,7 +139,9 @@ class KVAllocator:
         the prompt starts with (its role's system prompt; see ``RadixIndex.match_prefix``). A
         :class:`~granisim.kv.reserve.LazyReserve` is computed exactly only when its bound does not fit."""
         tokens = np.asarray(tokens, TOKEN_DTYPE)
-        m = self.radix.match_prefix(tokens, tokens.size - 1, prefix)
+        radix = self.radix
+        m = radix.match_prefix(tokens, tokens.size - 1, prefix)
+        self._asked = (tokens, prefix, m, radix._next_id, radix.num_nodes)  # admit(checked=True) may reuse m
         need = tokens.size - m.length
         hot = self.hot_slabs
         if hot is not None and shared_len:
@@ -158,9 +162,12 @@ class KVAllocator:
             reserve = reserve.exact()
         return self.store.need(0, need + reserve) <= avail
 
-    def admit(self, rid: int, tokens: np.ndarray, shared_len: int = 0, prefix: np.ndarray | None = None) -> int:
+    def admit(self, rid: int, tokens: np.ndarray, shared_len: int = 0, prefix: np.ndarray | None = None,
+              checked: bool = False) -> int:
         """Start a request: lock its longest cached prefix; returns the cached length. ``prefix``: as for
-        ``can_admit``."""
+        ``can_admit``. ``checked``: the caller's last ``can_admit`` was about these tokens (the same array,
+        unchanged since): if the radix index has the same nodes as then, its match is taken again without
+        the walk (``RadixIndex.rematch``)."""
         if rid in self.requests:
             raise ValueError(f"request id {rid} is already admitted")
         tokens = np.asarray(tokens, TOKEN_DTYPE)
@@ -168,7 +175,13 @@ class KVAllocator:
             raise ValueError(f"request {rid} has an empty prompt")
         if not 0 <= shared_len <= tokens.size:
             raise ValueError(f"request {rid}: shared_len {shared_len} outside [0, {tokens.size}]")
-        m = self.radix.match_prefix(tokens, tokens.size - 1, prefix)  # at least one token is computed
+        radix, asked = self.radix, self._asked
+        self._asked = None
+        if (checked and asked is not None and asked[0] is tokens and asked[1] is prefix
+                and asked[3] == radix._next_id and asked[4] == radix.num_nodes):
+            m = radix.rematch(asked[2])
+        else:
+            m = radix.match_prefix(tokens, tokens.size - 1, prefix)  # at least one token is computed
         hot = self.hot_slabs
         if hot is not None and shared_len:
             hot.note_demand(tokens, shared_len, admitted=True)

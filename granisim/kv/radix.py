@@ -113,8 +113,12 @@ class RadixIndex:
         self._clock += 1
         return self._clock
 
-    def _child_key(self, tokens: np.ndarray) -> tuple[int, ...]:
-        return tuple(tokens[: self.page_size].tolist())
+    def _child_key(self, tokens: np.ndarray, pos: int = 0) -> tuple[int, ...]:
+        """The children's key of ``tokens[pos:]`` (its first page; at least a page is there)."""
+        ps = self.page_size
+        if ps == 1:
+            return (tokens.item(pos),)  # tuple(tokens[pos : pos + 1].tolist()), without the slice
+        return tuple(tokens[pos : pos + ps].tolist())
 
     def _common(self, a: np.ndarray, b: np.ndarray) -> int:
         k = min(a.size, b.size)
@@ -178,7 +182,7 @@ class RadixIndex:
                      known: np.ndarray | None = None) -> MatchResult:
         """``match_prefix``'s walk from ``node``, which holds ``tokens[:pos]`` on its path."""
         while pos + self.page_size <= tokens.size:
-            child = node.children.get(self._child_key(tokens[pos:]))
+            child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 break
             end = pos + child.key.size
@@ -203,6 +207,23 @@ class RadixIndex:
         if node.lock_ref == 0 and node in self._leaves:  # only the deepest node can be a leaf
             self._offer(node)
         return match_result(node, pos)
+
+    def rematch(self, m: MatchResult) -> MatchResult:
+        """``match_prefix`` again of the tokens (and ``max_len``) that gave ``m``, no node having been
+        created or removed since (``_next_id`` and ``num_nodes`` as then): the walk would visit the same
+        nodes, ``m``'s path, and end at the same node (a split it made left the matched head whole and the
+        tail starting with a page the tokens do not have), so this does what it would do to them, without
+        comparing tokens: one clock tick, each node on the path one more hit and touched now, and the last
+        offered to the LRU if it is an unlocked leaf."""
+        now = self._tick()
+        node = n = m.node
+        while n.parent is not None:
+            n.hits += 1
+            n.last_access = now
+            n = n.parent
+        if node.lock_ref == 0 and node in self._leaves:
+            self._offer(node)
+        return m
 
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str,
                below: RadixNode | None = None) -> tuple[RadixNode, int]:

@@ -139,6 +139,11 @@ class StepPricing:
     def step_block(self, plan: BatchPlan) -> tuple[StepResult, StepBlock | None]:
         """``step(plan)``, and for a fast-forwarded plan (``num_steps`` > 1) its per-step parts, from
         which :meth:`StepBlock.first` gives the result of the plan's first steps without pricing again."""
+        if not plan.groups and self.form != 2 and not self.engine:
+            cols = columns(plan.requests)
+            fast = _ungrouped_rows(cols) if len(cols) else None
+            if fast is not None:
+                return self._ungrouped_step(plan, cols, fast)
         page_size = plan.page_size
         if self.corr:
             self._priv_class = storage_class(None, page_size)
@@ -282,6 +287,68 @@ class StepPricing:
         block = StepBlock(steps, dec, host, (linear, lm_head, attn_prefill, prefix, merge, kv_write), kv_copy)
         return block.first(n), block
 
+    def _ungrouped_step(self, plan: BatchPlan, cols, fast: tuple) -> tuple[StepResult, StepBlock | None]:
+        """``step_block`` of a plan without groups, on form 1 without engine scaling, whose rows
+        ``_ungrouped_rows`` sums (``fast``): the same operations on the same values, without the parts
+        that are zero or unused then (prefix passes, merges, paged-group re-reads). Most plans of a
+        workload without shared prefixes."""
+        page_size = plan.page_size
+        if self.corr:
+            self._priv_class = storage_class(None, page_size)
+        inv_priv = self._inv_eff(None, page_size)
+        T, n_dec, tok, lmax, pidx = fast
+        n_req = len(cols)
+        n = plan.num_steps
+        if pidx:
+            if n > 1:
+                raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
+            prefill_reqs = [plan.requests[i] for i in pidx]
+            attn_prefill = self.prefill_time(prefill_reqs, inv_priv, [])
+            if self.graph_max and T > self.graph_max and self.pf_multi[0]:  # eager, several prefills in the step
+                attn_prefill *= multi_prefill_factor(prefill_reqs, *self.pf_multi)
+        else:
+            attn_prefill = 0.0
+        linear = self.linear_time(T)
+        lm_head = self.lm_head_time(n_req)
+        kv_write = T * self.kvw_tok + self.kvw_launch if T else 0.0
+        if plan.copies:
+            kv_copy = sum(c.length for c in plan.copies) * self.copy_tok + self.copy_launch
+        else:
+            kv_copy = 0.0
+        prefix = merge = 0.0
+        if n > 1:
+            if n <= SHORT_BLOCK:
+                return self._short_block(n, n_req, n_dec, tok, tok, inv_priv, 0.0, 0,
+                                         (linear, lm_head, attn_prefill, prefix, merge, kv_write), kv_copy)
+            return self._long_block(plan, n, n_req, n_dec, tok, inv_priv, linear, lm_head, attn_prefill, kv_write,
+                                    kv_copy)
+        overhead = self._host(n_req, tok, 0)
+        attn_decode = 0.0
+        if n_dec:
+            toks = float(tok)
+            attn_decode = float(max(toks * self.dec_f_tok, (toks * inv_priv + 0.0) * self.dec_b_tok
+                                    + n_dec * self.dec_qo) + self.dec_launch)
+        total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
+        return step_result(total, dict(zip(BREAKDOWN_KEYS, (linear, lm_head, attn_prefill, attn_decode, prefix,
+                                                            merge, kv_write, kv_copy, overhead)))), None
+
+    def _long_block(self, plan, n, n_req, n_dec, tok, inv_priv, linear, lm_head, attn_prefill, kv_write, kv_copy):
+        """``step_block``'s array form of a block over SHORT_BLOCK steps, for ``_ungrouped_step``."""
+        steps_ = np.arange(n, dtype=float)
+        if not n_dec:
+            dec = np.zeros(steps_.size)
+        else:
+            toks = tok + steps_ * n_dec
+            dec = np.maximum(toks * self.dec_f_tok,
+                             (toks * inv_priv + 0.0) * self.dec_b_tok + n_dec * self.dec_qo) + self.dec_launch
+        prefix = merge = 0.0
+        host = self._host(n_req, tok + n_dec * np.arange(n), 0)
+        steps = linear + lm_head + attn_prefill + dec + prefix + merge + kv_write
+        steps[0] += kv_copy
+        steps += host
+        block = StepBlock(steps, dec, host, (linear, lm_head, attn_prefill, prefix, merge, kv_write), kv_copy)
+        return block.first(n), block
+
     def _short_block(self, n: int, n_req: int, n_dec: int, tok: int, host_tok: int, inv_priv: float,
                      shared_eff: float, passes: int, fixed: tuple, kv_copy: float) -> tuple[StepResult, StepBlock]:
         """The form-1 fast-forward block of ``step_block`` without engine scaling, step by step on
@@ -293,20 +360,19 @@ class StepPricing:
         host0 = self.step_overhead + self.overhead_req * n_req
         per_tok, per_pass = self.overhead_tok, self.overhead_pass * passes
         f_tok, b_tok, qo, launch = self.dec_f_tok, self.dec_b_tok, n_dec * self.dec_qo, self.dec_launch
-        steps, dec, host = [], [], []
-        for s in range(n):
-            if n_dec:
+        if n_dec:  # max(a, b) as ``b if b > a else a`` (what max returns), without the call
+            dec = []
+            for s in range(n):
                 toks = tok + float(s) * n_dec
-                d = max(toks * f_tok, (toks * inv_priv + shared_eff) * b_tok + qo) + launch
-            else:
-                d = 0.0
-            h = host0 + per_tok * (host_tok + n_dec * s) + per_pass
-            t = base + d + prefix + merge + kv_write
-            if s == 0:
-                t += kv_copy
-            steps.append(t + h)
-            dec.append(d)
-            host.append(h)
+                a = toks * f_tok
+                b = (toks * inv_priv + shared_eff) * b_tok + qo
+                dec.append((b if b > a else a) + launch)
+        else:
+            dec = [0.0] * n
+        host = [host0 + per_tok * (host_tok + n_dec * s) + per_pass for s in range(n)]
+        steps = [base + d + prefix + merge + kv_write + h for d, h in zip(dec, host)]
+        if kv_copy:  # the first step's copies: (t + kv_copy) + h (adding 0.0 to t changes nothing)
+            steps[0] = base + dec[0] + prefix + merge + kv_write + kv_copy + host[0]
         block = StepBlock(steps, dec, host, fixed, kv_copy)  # lists: first() sums them as numpy would
         return block.first(n), block
 

@@ -11,17 +11,20 @@ from granisim.core.workload import PROMPT_DTYPE, VOCAB, LazySuffix, RequestSpec
 from granisim.lagging import lagging
 
 
-# (position * 104729) % VOCAB for positions 0 .. VOCAB - 1: stand_in_tokens' per-position term
-_POSITION_TERM = np.arange(VOCAB, dtype=np.int64) * 104729 % VOCAB
+# (position * 104729) % VOCAB for positions 0 .. 2 * VOCAB - 1 (read-only): stand_in_tokens' windows.
+# 104729 is prime to VOCAB, so (position * 104729 + c) % VOCAB = _CYCLE[position + c * _INVERSE % VOCAB]
+_CYCLE = np.arange(2 * VOCAB, dtype=np.int64) * 104729 % VOCAB
+_CYCLE.flags.writeable = False
+_INVERSE = pow(104729, -1, VOCAB)
 
 
 def stand_in_tokens(rid: int, first: int, n: int) -> np.ndarray:
     """The simulator's stand-in for sampling: output tokens ``first .. first + n`` of request ``rid``
-    (deterministic per request and position; int64): ``(rid * 7919 + position * 104729 + 17) % VOCAB``."""
-    if 0 <= first and first + n <= VOCAB:  # the same integers, from the per-position terms: two array operations
-        out = _POSITION_TERM[first : first + n] + (rid * 7919 + 17) % VOCAB
-        out %= VOCAB
-        return out
+    (deterministic per request and position; int64): ``(rid * 7919 + position * 104729 + 17) % VOCAB``.
+    Read-only (a view of one table) when ``first + n <= VOCAB``."""
+    if 0 <= first and first + n <= VOCAB:  # the same integers, a window of the table: no array arithmetic
+        s = first + (rid * 7919 + 17) % VOCAB * _INVERSE % VOCAB
+        return _CYCLE[s : s + n]
     return (rid * 7919 + (np.arange(first, first + n, dtype=np.int64) * 104729) + 17) % VOCAB
 
 
@@ -107,7 +110,8 @@ class Request:
         if buf is None:
             buf = self._buf = np.empty(self.prompt_len + self.spec.output_len, dtype=PROMPT_DTYPE)
             p = self.spec.prefix.size
-            buf[:p] = self.spec.prefix
+            if p:
+                buf[:p] = self.spec.prefix
             buf[p : self.prompt_len] = self._suffix
             self._suffix = buf[p : self.prompt_len]  # the drawn copy goes: the spec's suffix is this part now
             src = self.spec.suffix_source

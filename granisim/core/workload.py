@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from granisim.frozen import slot_setters
+
 VOCAB = 32000  # synthetic token ids; only equality matters to the radix index
 AZURE_CONV = "azure_conv_2023.csv"
 # shipped length-only traces (workload.lengths_trace = NAME): prompt/output lengths without timestamps
@@ -195,6 +197,27 @@ class RequestSpec:
         return np.concatenate([self.prefix, self.suffix]).astype(np.int64, copy=False)
 
 
+_SPEC_SET = slot_setters(RequestSpec)
+
+
+def request_spec(rid: int, arrival_s: float, prefix: np.ndarray, suffix_source, output_len: int, shared_len: int,
+                 role: int = -1, session: int = -1, turn: int = 0, started: bool = False) -> RequestSpec:
+    """``RequestSpec(...)`` (an equal object) without the frozen ``__init__``'s per-field calls: one per request."""
+    o = object.__new__(RequestSpec)
+    a, b, c, d, e, f, g, h, i, j = _SPEC_SET
+    a(o, rid)
+    b(o, arrival_s)
+    c(o, prefix)
+    d(o, suffix_source)
+    e(o, output_len)
+    f(o, shared_len)
+    g(o, role)
+    h(o, session)
+    i(o, turn)
+    j(o, started)
+    return o
+
+
 def rng_for(seed: int, stream: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
 
@@ -325,8 +348,8 @@ class InitialSpecs:
         prefix = self._prefixes[role] if role >= 0 else self._no_prefix
         suffix = LazySuffix(self._stream, i, int(self._suffix_lens[i]))
         session = i if self._sessions else -1
-        return RequestSpec(i, float(self.times[i]), prefix, suffix, int(self._out_lens[i]),
-                           int(prefix.size), role, session, 0)
+        return request_spec(i, float(self.times[i]), prefix, suffix, int(self._out_lens[i]),
+                            int(prefix.size), role, session, 0)
 
     def __iter__(self):
         return (self[i] for i in range(len(self.times)))

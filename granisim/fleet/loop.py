@@ -23,7 +23,7 @@ from granisim.core.request import JoinedRecords, RequestRecord, RequestRecords
 from granisim.core.serving_loop import UrgentTimeout
 from granisim.core.workload import ArrivalQueue, Workload
 from granisim.fleet.replica import Replica, ReplicaSpec
-from granisim.fleet.routers import Router, initial_state, reads_only_up
+from granisim.fleet.routers import Router, initial_state, reads_no_request, reads_only_up
 from granisim.fleet.views import ReplicaView, request_view
 
 NO_REPLICA = -1  # the `replica` of a request rejected at the router
@@ -79,6 +79,7 @@ class FleetLoop:
         self.router = router or Router(fleet_cfg.router, initial_state(fleet_cfg.router, fleet_cfg, n, s.seed,
                                                                        len(self.workload.prefixes)))
         self._views: list = [None] * n
+        self._blind = reads_no_request(self.router.policy)  # route(None, ...): no request view per arrival
         # a router that reads only whether each replica is up (round robin) gets these, not the full views
         # (the same answers: the full views' ``up`` is always the replica's own, stale or not)
         self._up_views = [(ReplicaView(i, up=False), ReplicaView(i, up=True)) for i in range(n)] \
@@ -180,7 +181,7 @@ class FleetLoop:
             views = self._up_now
         else:
             views = self._current_views()
-        i = self.router.route(request_view(spec), views)
+        i = self.router.route(None if self._blind else request_view(spec), views)
         self.replicas[i].submit(spec)
 
     def _reject(self, spec, reason: str) -> RequestRecord:

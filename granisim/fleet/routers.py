@@ -227,6 +227,14 @@ Policy = Callable[[RequestView, Views, object], tuple[int, object]]
 UP_ONLY: frozenset = frozenset({round_robin})  # policies that read of each view only whether it is up
 
 
+NO_REQUEST: frozenset = frozenset({round_robin})  # policies that read nothing of the request
+
+
+def reads_no_request(policy) -> bool:
+    """Whether ``policy`` reads nothing of the request it routes: the fleet then passes None, not its view."""
+    return any(policy is p for p in NO_REQUEST)
+
+
 def reads_only_up(policy) -> bool:
     """Whether ``policy`` reads nothing of a view but ``up`` (and its position): the fleet then need not
     take the replicas' views (their load and cache), which costs a pass per replica per arrival."""

@@ -184,7 +184,7 @@ class ServingLoop:
             self.submit(spec)
 
     def _engine(self):
-        env, sched, ex = self.env, self.scheduler, self.executor
+        env, sched, ex, feed = self.env, self.scheduler, self.executor, self.feed
         n_done = 0
         while True:
             sched.expire(env.now)
@@ -199,20 +199,38 @@ class ServingLoop:
             steps = min(sched.fast_forward_limit(plan), ex.max_steps_per_plan) if ex.max_steps_per_plan > 1 else 1
             result = None
             if steps > 1:
-                block = ex.execute(with_steps(plan, steps))
+                whole = with_steps(plan, steps)  # the plan standing for the whole block (kept if it runs whole)
+                block = ex.execute(whole)
                 cut = self._steps_until_event(block.step_durations, steps)
                 result = block if cut == steps else None  # cut short by an event: its first steps (executor)
                 steps = cut
             start = env.now
-            if steps > 1 and result is not None and self.feed is not None:
-                steps, result = yield from self._fleet_block(plan, steps, result)
+            if steps > 1 and result is not None and feed is not None:
+                # fleet replica: wait out the block unless a request is routed here first; then stop at the
+                # first step boundary at or after its arrival, as the single loop does for an arrival it knows
+                # in advance. The block's extra K/V slots are allocated after it, for the steps that ran
+                self._in_block = True
+                try:
+                    yield env.timeout(result.duration_s)
+                    routed = False
+                except simpy.Interrupt as stop:
+                    if stop.cause != _ARRIVAL:
+                        raise
+                    routed = True
+                finally:
+                    self._in_block = False
+                if routed:
+                    k = _first_boundary(result.step_durations, env.now - start, steps)
+                    result = result if k == steps else ex.execute(with_steps(plan, k))
+                    yield env.timeout(max(0.0, start + result.duration_s - env.now))
+                    steps = k
                 if steps > 1:
                     sched.extend_plan(plan, steps)
-                    plan = with_steps(plan, steps)
+                    plan = whole if steps == whole.num_steps else with_steps(plan, steps)
             else:
                 if steps > 1:
                     sched.extend_plan(plan, steps)
-                    plan = with_steps(plan, steps)
+                    plan = whole if steps == whole.num_steps else with_steps(plan, steps)
                 result = result or ex.execute(plan)
                 yield env.timeout(result.duration_s)
             done = sched.postprocess(plan, result, env.now, steps)
@@ -242,29 +260,9 @@ class ServingLoop:
             if gap > 0:
                 idle(gap)
 
-    def _fleet_block(self, plan, steps: int, block):
-        """Fleet replica: wait out a fast-forward block of ``steps`` decode steps unless a request is
-        routed here first; then stop at the first step boundary at or after its arrival, as the single
-        loop does for an arrival it knows in advance. Returns (steps run, their result). The block's
-        extra K/V slots are allocated after it, for the steps that ran (nothing reads them meanwhile)."""
-        env, start = self.env, self.env.now
-        self._in_block = True
-        try:
-            yield env.timeout(block.duration_s)
-            return steps, block
-        except simpy.Interrupt as stop:
-            if stop.cause != _ARRIVAL:
-                raise
-        finally:
-            self._in_block = False
-        k = _first_boundary(block.step_durations, env.now - start, steps)
-        result = block if k == steps else self.executor.execute(with_steps(plan, k))
-        yield env.timeout(max(0.0, start + result.duration_s - env.now))
-        return k, result
-
     def _steps_until_event(self, durations, k: int) -> int:
         """Steps to run so that the block ends at the first step boundary at or after the next event
-        (a fleet replica learns of its arrivals only when they are routed: see _fleet_block)."""
+        (a fleet replica learns of its arrivals only when they are routed: see _engine)."""
         arrival = None if self.feed is not None else (self._pending.first() if self._pending else None)
         nxt = [t for t in (arrival, self.scheduler.next_expiry()) if t is not None]
         if not nxt:

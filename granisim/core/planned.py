@@ -75,6 +75,14 @@ class PlannedRequests(Sequence):
         d = self._decode
         return d.groups[1] if d is not None and d.groups is not None else None
 
+    def row_context(self, i: int) -> int:
+        """``context_len[i]`` (0 <= i < len) without building the column."""
+        c = self._context_len
+        if c is None:
+            d = self._decode
+            return self._later[i - d.n] if i >= d.n else d.at(i)
+        return c[i]
+
     def __len__(self) -> int:
         return len(self.rid)
 

@@ -302,10 +302,12 @@ class StepPricing:
         if pidx:
             if n > 1:
                 raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
-            prefill_reqs = [plan.requests[i] for i in pidx]
-            attn_prefill = self.prefill_time(prefill_reqs, inv_priv, [])
             if self.graph_max and T > self.graph_max and self.pf_multi[0]:  # eager, several prefills in the step
+                prefill_reqs = [plan.requests[i] for i in pidx]
+                attn_prefill = self.prefill_time(prefill_reqs, inv_priv, [])
                 attn_prefill *= multi_prefill_factor(prefill_reqs, *self.pf_multi)
+            else:
+                attn_prefill = self._ungrouped_prefill(cols, pidx, inv_priv)
         else:
             attn_prefill = 0.0
         linear = self.linear_time(T)
@@ -331,6 +333,26 @@ class StepPricing:
         total = linear + lm_head + attn_prefill + attn_decode + prefix + merge + kv_write + kv_copy + overhead
         return step_result(total, dict(zip(BREAKDOWN_KEYS, (linear, lm_head, attn_prefill, attn_decode, prefix,
                                                             merge, kv_write, kv_copy, overhead)))), None
+
+    def _ungrouped_prefill(self, cols, pidx: list, inv_priv: float) -> float:
+        """``prefill_time`` (form 1) of the rows ``pidx`` of ungrouped columns, read from the columns (no
+        PlannedRequest per row) and with only the terms form 1 sums: the same operations in the same order."""
+        f = bts = 0.0
+        num_new, context = cols.num_new, cols.row_context
+        G, mt, d, n_q, kvb, b = self.G, self.pf_mt, self.d, self.n_q, self.kvb, self.b
+        ceil = math.ceil
+        for i in pidx:
+            q = num_new[i]
+            if q <= 0:
+                continue
+            c = context(i)
+            kv_eff = (c - 0) * inv_priv + 0 * 0.0  # no group: no shared part (prefill_time's s = 0, inv_s = 0.0)
+            rows = q * G  # _prefill_terms' FLOPs and bytes
+            nt = ceil(rows / mt)
+            pad = nt * mt / rows
+            f += 4.0 * d * n_q * (q * c + q * (q + 1) / 2.0) * pad
+            bts += kvb * (kv_eff + q) + 2.0 * q * n_q * d * b
+        return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
 
     def _long_block(self, plan, n, n_req, n_dec, tok, inv_priv, linear, lm_head, attn_prefill, kv_write, kv_copy):
         """``step_block``'s array form of a block over SHORT_BLOCK steps, for ``_ungrouped_step``."""

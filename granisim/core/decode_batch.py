@@ -130,10 +130,15 @@ class DecodeBatch:
         self._members = None
         rid = r.rid
         pos = self._order.index(r)
-        self._uncount(int(self._gk[pos]), self._keys[pos])
-        del self._reqs[rid], self._order[pos], self._keys[pos]
-        n = len(self._order)
-        self._gk[pos:n] = self._gk[pos + 1 : n + 1]
+        stats = self._stats
+        if len(stats) == 1 and -1 in stats:  # no member has a group: every kept group id is -1, none moves
+            self._uncount(-1, self._keys[pos])
+            del self._reqs[rid], self._order[pos], self._keys[pos]
+        else:
+            self._uncount(int(self._gk[pos]), self._keys[pos])
+            del self._reqs[rid], self._order[pos], self._keys[pos]
+            n = len(self._order)
+            self._gk[pos:n] = self._gk[pos + 1 : n + 1]
         if self.special.pop(rid, None) is None:
             self._off_clock(r)
 

@@ -144,7 +144,8 @@ class RadixIndex:
 
     def _account(self, node: RadixNode, sign: int) -> None:
         bucket = self.protected if node.lock_ref else self.evictable
-        bucket[node.pool] = bucket.get(node.pool, 0) + sign * len(node)
+        pool = node.pool
+        bucket[pool] = bucket.get(pool, 0) + sign * node.key.size  # len(node), without its __len__
 
     def _split(self, child: RadixNode, m: int) -> RadixNode:
         """Cut ``child`` after ``m`` tokens; returns the new head node (the child keeps the tail)."""
@@ -271,11 +272,13 @@ class RadixIndex:
 
     # ---- reference counts -----------------------------------------------------------------
     def lock(self, node: RadixNode) -> None:
-        while node is not self.root:
-            if node.lock_ref == 0:
-                self._account(node, -1)
+        root, evictable, protected = self.root, self.evictable, self.protected
+        while node is not root:
+            if node.lock_ref == 0:  # _account(node, -1), locked, _account(node, +1)
+                pool, size = node.pool, node.key.size
+                evictable[pool] = evictable.get(pool, 0) - size
                 node.lock_ref = 1
-                self._account(node, +1)
+                protected[pool] = protected.get(pool, 0) + size
             else:
                 node.lock_ref += 1
             node = node.parent
@@ -288,12 +291,14 @@ class RadixIndex:
                 raise ValueError(f"radix unlock: node {n.id} would drop below zero references")
             n = n.parent
         now = self._tick()
-        while node is not self.root:
+        root, evictable, protected = self.root, self.evictable, self.protected
+        while node is not root:
             node.last_access = now
-            if node.lock_ref == 1:
-                self._account(node, -1)
+            if node.lock_ref == 1:  # _account(node, -1), unlocked, _account(node, +1)
+                pool, size = node.pool, node.key.size
+                protected[pool] = protected.get(pool, 0) - size
                 node.lock_ref = 0
-                self._account(node, +1)
+                evictable[pool] = evictable.get(pool, 0) + size
                 if node in self._leaves:
                     self._offer(node)
             else:
@@ -346,7 +351,7 @@ class RadixIndex:
                 continue  # stale: locked, touched or no longer a leaf since it was pushed
             self.remove_leaf(leaf)  # offers the parent if it is now an unlocked leaf
             free(leaf)
-            freed += len(leaf)
+            freed += leaf.key.size
         return freed
 
     def evict_subtree(self, node: RadixNode, free: Callable[[RadixNode], None]) -> int:

@@ -304,6 +304,7 @@ VALIDATION_VERBS = {
     "idle-effect": ("idle_effect", "the same unit measured with and without waiting out the arrival gaps"),
     "rescore": ("rescore", "a granisim validate run judged again with the current cost model and a profile"),
     "refit": ("refit", "engine corrections fitted on several machines' runs, every policy pooled (a profile)"),
+    "step-classes": ("step_classes", "step-class factors (engine time over price per class of step) fitted on runs"),
     "judge": ("judge", "a candidate profile judged on every unit of several runs, beside another summary"),
     "host-probe": ("host_probe", "the host's speed: CPU time a plan of the simulator's loop on a fixed workload"),
     "paper-setting": ("paper_setting", "the paper's setting on the real engine against the simulator's prediction"),

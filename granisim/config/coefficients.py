@@ -237,6 +237,19 @@ class KernelTable:
     rows: Mapping[str, tuple]  # column (KERNEL_TABLE_COLS) -> values
 
 
+@dataclass(frozen=True, slots=True)
+class StepClasses:
+    """Engine time over the cost model's price per model, policy and class of step
+    (granisim/costmodel/step_classes.py): ``factors[model][policy][class]``."""
+
+    factors: Mapping[str, Mapping[str, Mapping[str, float]]]
+    source: Source
+
+    def for_model(self, model: str, tp: int = 1) -> Mapping[str, Mapping[str, float]] | None:
+        """The model's factors by policy; None if it is not listed or is a tensor-parallel shard (fitted on one GPU)."""
+        return self.factors.get(model) if tp == 1 else None
+
+
 @dataclass(frozen=True, slots=True, eq=False)  # identity hash: usable as a cache key
 class HardwareProfile:
     name: str
@@ -248,6 +261,7 @@ class HardwareProfile:
     kernel_table: KernelTable | None = None
     # linear tables measured at other model shapes: a model is priced from the nearest (costmodel.tables)
     more_linear_tables: tuple[LinearTable, ...] = ()
+    step_classes: StepClasses | None = None  # measured corrections by class of step (optional)
 
     def __getitem__(self, name: str) -> float:
         c = self.coefficients.get(name)
@@ -289,6 +303,10 @@ class HardwareProfile:
             rows = [f"{len(lt.num_tokens)} token counts"] if lt.num_tokens else []
             rows += [f"tp {', '.join(map(str, sorted(lt.tp_ops)))} shard rows"] if lt.tp_ops else []
             lines.append(f"  more_linear_tables: {lt.path.name} ({'; '.join(rows)}) — {lt.source.describe()}")
+        if self.step_classes is not None:
+            sc = self.step_classes
+            n = sum(len(c) for by_policy in sc.factors.values() for c in by_policy.values())
+            lines.append(f"  step_classes: {n} factors for {', '.join(sorted(sc.factors))} — {sc.source.describe()}")
         if self.kernel_table is not None:
             kt = self.kernel_table
             lines.append(f"  kernel_table: {kt.path.name if kt.path else '(in memory)'} ({len(kt.rows['family'])} "

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ValidationError
 from granisim.config.files import unreadable
 from granisim.config.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
                                    OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
-                                   ProfileError, Source)
+                                   ProfileError, Source, StepClasses)
 from granisim.config.models import TABLE_SHAPE_KEYS, table_dtype_error
 from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, PublishedSource
 
@@ -221,7 +221,36 @@ def load_profile(path: str | Path) -> HardwareProfile:
             raise _fail(path, "kernel_table", t.file, "needs coefficients.attn.form = 2")
         tpath = _table_file(path, "kernel_table", t)
         ktable = KernelTable(tpath, MappingProxyType(dict(t.model)), _source(t.source), _read_kernel_table(path, tpath))
-    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable, more)
+    classes = _step_classes(path, m.step_classes) if m.step_classes is not None else None
+    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable, more, classes)
+
+
+STEP_CLASS_RANGE = (0.5, 2.0)  # a factor outside it is a fit gone wrong, not an engine
+
+
+def _step_classes(path: Path, sc) -> StepClasses:
+    """The step-class factors, each model known, each policy a validation policy, each class one the cost model
+    prices (granisim/costmodel/step_classes.py) and each factor within STEP_CLASS_RANGE."""
+    from granisim.config.models import MODELS
+    from granisim.costmodel.step_classes import CLASSES, POLICY_KEY
+
+    lo, hi = STEP_CLASS_RANGE
+    out = {}
+    for model, by_policy in sc.factors.items():
+        if model not in MODELS:
+            raise _fail(path, f"step_classes.factors.{model}", model, f"unknown model; known: {', '.join(MODELS)}")
+        for policy, factors in by_policy.items():
+            where = f"step_classes.factors.{model}.{policy}"
+            if not POLICY_KEY.fullmatch(policy):
+                raise _fail(path, where, policy, "not a policy: granikv, token or paged<page size>, e.g. paged16")
+            for cls, f in factors.items():
+                if cls not in CLASSES:
+                    raise _fail(path, f"{where}.{cls}", cls, "unknown class of step, e.g. 'decode 1-4' or "
+                                                             "'prefill >2048 x2 fresh'")
+                if not (math.isfinite(f) and lo <= f <= hi):
+                    raise _fail(path, f"{where}.{cls}", f, f"must be a factor within {lo}..{hi}")
+        out[model] = MappingProxyType({p: MappingProxyType(dict(f)) for p, f in by_policy.items()})
+    return StepClasses(MappingProxyType(out), _source(sc.source))
 
 
 def _linear_table(path: Path, field: str, t, shards_only: bool = False) -> LinearTable:

@@ -59,6 +59,11 @@ class KernelTableModel(_Strict):
     source: SourceModel = Field(discriminator="kind")
 
 
+class StepClassesModel(_Strict):
+    factors: dict[str, dict[str, dict[str, float]]]  # model -> policy -> class of step -> factor
+    source: SourceModel = Field(discriminator="kind")
+
+
 class ProfileModel(_Strict):
     schema_: Literal["granikv-hardware-profile/1"] = Field(alias="schema")
     name: str = Field(min_length=1)
@@ -67,4 +72,5 @@ class ProfileModel(_Strict):
     linear_table: LinearTableModel | None = None
     more_linear_tables: list[LinearTableModel] = []  # measured at other model shapes
     kernel_table: KernelTableModel | None = None
+    step_classes: StepClassesModel | None = None
     coefficients: dict[str, CoefficientModel]

@@ -65,6 +65,7 @@ from granisim.config.models import ModelShape
 from granisim.core.contract import BatchPlan, StepResult
 
 from .correction import Correction, storage_class
+from .step_classes import corrected
 from .operators import (BREAKDOWN_KEYS, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS,
                         fit_roofline, op_work, roofline_time)
 from .tables import CostTables
@@ -93,8 +94,11 @@ def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> S
 
 
 def plan_cost(tables: CostTables, plan: BatchPlan, profile: HardwareProfile) -> StepResult:
-    """``plan`` priced by ``tables`` (its compute), lengthened by the host-tier copies compute does not hide."""
+    """``plan`` priced by ``tables`` (its compute, with its class's measured factor where the profile has one),
+    lengthened by the host-tier copies compute does not hide."""
     result = tables.step(plan)
+    if tables.step_classes:
+        result = corrected(tables.step_classes, plan, result)
     if not plan.transfers:
         return result
     from granisim.costmodel.transfers import with_transfers

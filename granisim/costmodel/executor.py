@@ -6,6 +6,7 @@ from pathlib import Path
 
 from granisim.costmodel import cost_tables, plan_cost
 from granisim.costmodel.step import StepBlock
+from granisim.costmodel.step_classes import corrected
 from granisim.costmodel.transfers import with_transfers
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
@@ -39,6 +40,8 @@ class CostExecutor:
         else:
             result, block = self._tables.step_block(plan)
             self._block = (plan, block)
+        if self._tables.step_classes:
+            result = corrected(self._tables.step_classes, plan, result)
         return with_transfers(plan, result, self.profile) if plan.transfers else result
 
 

@@ -68,6 +68,8 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
 
     def __init__(self, profile: HardwareProfile, model: ModelShape, use_table: bool = True):
         self.profile, self.model = profile, model
+        # measured factors by policy and class of step (step_classes.py), or None: priced as the model says
+        self.step_classes = profile.step_classes.for_model(model.name, model.tp) if profile.step_classes else None
         self.corr: dict = {}
         self._priv_class = "slots"  # kernel-table storage class of the plan's private KV (set per step)
         p = profile

@@ -388,7 +388,8 @@ class Scheduler:
 
     def _finish(self, r: Request, now: float) -> None:
         self._decoding.leave(r)  # a request finishes decoding
-        self.alloc.release(r.rid, r.tokens[: r.computed])
+        # its buffer is written once per position and never after it finishes: the index may keep views of it
+        self.alloc.release(r.rid, r.tokens[: r.computed], fixed=True)
         del self.running[r.rid]
         self.records.add_completed(r.spec, r, now)
 

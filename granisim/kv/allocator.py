@@ -401,11 +401,12 @@ class KVAllocator:
         return np.concatenate(out) if len(out) > 1 else out[0].copy()
 
     # ---- caching and release --------------------------------------------------------------
-    def cache_prefix(self, rid: int, tokens: np.ndarray) -> None:
+    def cache_prefix(self, rid: int, tokens: np.ndarray, fixed: bool = False) -> None:
         """Make the request's first ``len(tokens)`` computed tokens matchable by others.
 
         With a reserved slab, nothing is cached until the whole slab is computed. The
         request keeps them locked. Slots that duplicate what is already cached are freed.
+        ``fixed``: the tokens never change afterwards (the radix index may keep a view of them).
         """
         seq = self.requests.get(rid)
         tokens = np.asarray(tokens, TOKEN_DTYPE)
@@ -421,13 +422,13 @@ class KVAllocator:
             seq.n_new -= seq.slab_len
             seq.slab, seq.slab_len = None, 0
         if end > seq.cached_len:
-            self._cache_private(seq, tokens[:end])
+            self._cache_private(seq, tokens[:end], fixed)
         seq.group = prefix_group_of(seq, self.page_size)
 
-    def _cache_private(self, seq: _Seq, tokens: np.ndarray) -> None:
+    def _cache_private(self, seq: _Seq, tokens: np.ndarray, fixed: bool = False) -> None:
         k = tokens.size - seq.cached_len
         own = seq.priv[:k]  # insert copies them; the locked path already holds tokens[:cached_len]
-        node, already = self.radix.insert(tokens, own, self.store.name, below=seq.node)
+        node, already = self.radix.insert(tokens, own, self.store.name, below=seq.node, fixed=fixed)
         dup = max(0, already - seq.cached_len)
         if dup:
             self.store.release(seq.priv[:dup])
@@ -440,9 +441,9 @@ class KVAllocator:
         self.radix.unlock(seq.node)
         seq.node, seq.cached_len = node, cached_len
 
-    def release(self, rid: int, tokens: np.ndarray | None = None) -> None:
+    def release(self, rid: int, tokens: np.ndarray | None = None, fixed: bool = False) -> None:
         """End a request. With ``tokens`` (finished), cache its computed tokens first;
-        without (preempted / aborted), just free its private slots."""
+        without (preempted / aborted), just free its private slots. ``fixed``: as for ``cache_prefix``."""
         seq = self.requests.get(rid)
         if seq._growth is not None:
             self.untrack(rid)
@@ -450,7 +451,7 @@ class KVAllocator:
             tokens = np.asarray(tokens, TOKEN_DTYPE)[: seq.num_tokens]
             if seq.slab is not None and seq.n_new < seq.slab_len:
                 tokens = tokens[: seq.cached_len]  # slab never filled: nothing new to cache
-            self.cache_prefix(rid, tokens)
+            self.cache_prefix(rid, tokens, fixed)
         if seq.slab is not None:
             self.hot.release(seq.slab)
         if seq.priv.size:

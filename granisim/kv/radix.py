@@ -227,7 +227,7 @@ class RadixIndex:
         return m
 
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str,
-               below: RadixNode | None = None) -> tuple[RadixNode, int]:
+               below: RadixNode | None = None, fixed: bool = False) -> tuple[RadixNode, int]:
         """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).
 
         The caller still owns the slots of the already-cached part (they duplicate the
@@ -236,6 +236,9 @@ class RadixIndex:
         ``below``: a node whose path holds the first ``tokens.size - slots.size`` tokens (a request's
         locked node); ``slots`` are then those of the rest. The same result as inserting every token
         with the path's slots in front, without comparing the path's tokens or gathering its slots.
+
+        ``fixed``: ``tokens`` (an int32 array) never change afterwards (a finished request's buffer), so the
+        new node may hold a view of them instead of a copy (where the view keeps little else alive).
         """
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
         slots = np.asarray(slots, dtype=np.int64)
@@ -258,7 +261,9 @@ class RadixIndex:
             value = slots[pos - skip:]
             if value.flags.writeable:  # a read-only array (a counting pool's placeholder ids) stays as it is
                 value = value.copy()
-            leaf = RadixNode(self._next_id, tokens[pos:].copy(), value, pool, node)
+            # a view holds the tokens before pos too: taken only where they are at most half of them
+            key = tokens[pos:] if fixed and 2 * pos <= tokens.size else tokens[pos:].copy()
+            leaf = RadixNode(self._next_id, key, value, pool, node)
             self._next_id += 1
             self.num_nodes += 1
             leaf.last_access = self._tick()

@@ -428,7 +428,7 @@ class KVAllocator:
     def _cache_private(self, seq: _Seq, tokens: np.ndarray, fixed: bool = False) -> None:
         k = tokens.size - seq.cached_len
         own = seq.priv[:k]  # insert copies them; the locked path already holds tokens[:cached_len]
-        node, already = self.radix.insert(tokens, own, self.store.name, below=seq.node, fixed=fixed)
+        node, already = self.radix.insert(tokens, own, self.store.name, below=seq.node, fixed=fixed, locking=True)
         dup = max(0, already - seq.cached_len)
         if dup:
             self.store.release(seq.priv[:dup])

@@ -227,7 +227,7 @@ class RadixIndex:
         return m
 
     def insert(self, tokens: np.ndarray, slots: np.ndarray, pool: str,
-               below: RadixNode | None = None, fixed: bool = False) -> tuple[RadixNode, int]:
+               below: RadixNode | None = None, fixed: bool = False, locking: bool = False) -> tuple[RadixNode, int]:
         """Insert a sequence with its slots. Returns (deepest node, tokens that were already cached).
 
         The caller still owns the slots of the already-cached part (they duplicate the
@@ -239,6 +239,8 @@ class RadixIndex:
 
         ``fixed``: ``tokens`` (an int32 array) never change afterwards (a finished request's buffer), so the
         new node may hold a view of them instead of a copy (where the view keeps little else alive).
+        ``locking``: the caller locks the returned node before anything can evict, so a new leaf gets no LRU
+        entry now (it would be stale when popped; unlocking offers it with its key then).
         """
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
         slots = np.asarray(slots, dtype=np.int64)
@@ -271,7 +273,8 @@ class RadixIndex:
             self._leaves.add(leaf)
             self._leaves.discard(node)
             self._account(leaf, +1)
-            self._offer(leaf)
+            if not locking:
+                self._offer(leaf)
             node = leaf
         return node, pos
 

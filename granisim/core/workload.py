@@ -54,7 +54,7 @@ class SuffixStream:
     ``MARK_EVERY`` requests. Values never depend on the order of reads.
 
     The generator draws the suffixes of ``MARK_EVERY`` requests in one call (a chunk: from one mark
-    to the next) and hands each request a copy of its part. The bit generator keeps the unused half
+    to the next) and hands each request a view of its part. The bit generator keeps the unused half
     of a 64-bit draw between calls and bounded integers take one 32-bit draw each (with Lemire's
     rejection), so the chunk holds the tokens of drawing its requests one call each; one call
     instead of 64 is what saves time (most of a small draw is the call's own overhead).
@@ -105,7 +105,9 @@ class SuffixStream:
     def _part(chunk: tuple[int, np.ndarray, list[int]], i: int) -> np.ndarray:
         start, tokens, offsets = chunk
         k = i - start
-        return tokens[offsets[k] : offsets[k + 1]].copy()  # its own array: held only while its request is
+        # a view: the chunk lives while one of its suffixes is held (a request copies its suffix into its
+        # own buffer when admitted, then lets go of it), no copy per request
+        return tokens[offsets[k] : offsets[k + 1]]
 
     def _own(self, i: int) -> np.ndarray:
         """A long suffix (over ``LONG`` tokens), from its own generator: spawned from the stream's seed by

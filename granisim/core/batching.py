@@ -64,6 +64,9 @@ class BatchBuilder:
     def __post_init__(self):
         if self.dispatch in ("cost", "auto") and self.path_chooser is None:
             raise ValueError(f"dispatch = {self.dispatch!r} needs a path_chooser (the cost model)")
+        # n -> ([1] * n, [False] * n): the decode rows' num_new and is_prefill columns, shared by every plan
+        # with n decode rows and nothing else (plans' columns are never written)
+        self._decode_cols: dict[int, tuple[list[int], list[bool]]] = {}
 
     def path(self, prefix_len: int, b: int, storage: str, private: int = 0, allow_paged: bool = True) -> str:
         return choose_path(self.policy, self.dispatch, prefix_len, b, storage, group_size=self.group_size,
@@ -127,7 +130,10 @@ class BatchBuilder:
                                        [False] * nd + [True] * len(work), None, None, n_decode=nd,
                                        decode_contexts=ctx, group_rows=group_rows)
             else:
-                reqs = PlannedRequests(rids, later, [1] * nd, [False] * nd, None, None, n_decode=nd,
+                cols = self._decode_cols.get(nd)
+                if cols is None:
+                    cols = self._decode_cols[nd] = ([1] * nd, [False] * nd)
+                reqs = PlannedRequests(rids, later, cols[0], cols[1], None, None, n_decode=nd,
                                        decode_contexts=ctx, group_rows=group_rows)
         plan = batch_plan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups), tuple(alloc.take_copies()),
                           transfers=tuple(alloc.take_transfers()))

@@ -45,6 +45,7 @@ class DecodeBatch:
         self.clock = DecodeClock()
         self._reqs: dict[int, Request] = {}
         self._order: list[Request] = []  # the members in running order
+        self._rids: list[int] = []  # their ids, in the same order (the keys of _reqs)
         self._keys: list[int] = []  # computed - clock.now of each, in running order
         self._gk = np.empty(64, np.int64)  # each one's prefix group node id (-1: none), in running order
         self._stats: dict[int, list] = {}  # group node id (-1: none) -> [members, key sum, key max or None]
@@ -79,7 +80,7 @@ class DecodeBatch:
         leaves (a plan per step reads them; the batch changes far less often)."""
         m = self._members
         if m is None:
-            m = self._members = (list(self._order), list(self._reqs))
+            m = self._members = (self._order[:], self._rids[:])
         return m
 
     # ---- joining and leaving ------------------------------------------------------------------
@@ -97,11 +98,13 @@ class DecodeBatch:
         if not order or order[-1].admit_order < r.admit_order:
             self._reqs[r.rid] = r
             order.append(r)
+            self._rids.append(r.rid)
             self._keys.append(key)
             gk[n] = g
         else:  # an earlier-admitted request decodes after a later one: insert it at its place
             pos = sum(1 for q in order if q.admit_order < r.admit_order)
             order.insert(pos, r)
+            self._rids.insert(pos, r.rid)
             self._keys.insert(pos, key)
             gk[pos + 1 : n + 1] = gk[pos:n].copy()
             gk[pos] = g
@@ -133,10 +136,10 @@ class DecodeBatch:
         stats = self._stats
         if len(stats) == 1 and -1 in stats:  # no member has a group: every kept group id is -1, none moves
             self._uncount(-1, self._keys[pos])
-            del self._reqs[rid], self._order[pos], self._keys[pos]
+            del self._reqs[rid], self._order[pos], self._keys[pos], self._rids[pos]
         else:
             self._uncount(int(self._gk[pos]), self._keys[pos])
-            del self._reqs[rid], self._order[pos], self._keys[pos]
+            del self._reqs[rid], self._order[pos], self._keys[pos], self._rids[pos]
             n = len(self._order)
             self._gk[pos:n] = self._gk[pos + 1 : n + 1]
         if self.special.pop(rid, None) is None:
@@ -264,7 +267,7 @@ class DecodeBatch:
         for r in self._slotted:
             r._sync()
             r._clock = None
-        self._reqs, self._order, self._keys, self._stats, self.special = {}, [], [], {}, {}
+        self._reqs, self._order, self._rids, self._keys, self._stats, self.special = {}, [], [], [], {}, {}
         self._heap, self._slot, self._slotted, self._held, self._fin_sum = [], {}, [], 0, 0
         for r in members:
             self.join(r)

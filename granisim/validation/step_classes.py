@@ -98,12 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     base_file = Path(args.base) if args.base.endswith(".json") else PROFILE_DIR / f"{args.base}.json"
     doc = json.loads(base_file.read_text())
     doc["name"] = args.out.stem
+    doc["notes"] = (f"{args.base} with step-class factors (engine time over its price per model, policy and class of "
+                    f"step) fitted on real-engine validation runs; models and policies without factors are priced as "
+                    f"{args.base} prices them. {args.base}'s notes: {doc.get('notes', '')}")
     cmd = (f"granisim validation step-classes {' '.join(map(str, runs))} --base {args.base} "
            f"--min-steps {args.min_steps}")
     doc["step_classes"] = {"factors": fitted, "source": {
         "kind": "measured", "date": datetime.now(timezone.utc).date().isoformat(), "command": cmd,
         "note": f"engine seconds over {args.base}'s price summed per model, policy and class of step over "
-                f"{len(units)} validation units (held-out workloads left out): {', '.join(units)}"}}
+                f"{len(units)} validation units of {', '.join(sorted({u.split('/', 1)[0] for u in units}))} "
+                f"(held-out workloads left out)"}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     get_profile(str(args.out))  # the written profile loads, or a one-line ProfileError

@@ -60,6 +60,8 @@ class Scheduler:
         self.preemptions = 0
         self._decode_plan: tuple | None = None  # (plan, its requests, their ids) of the last decode-only plan
         self._plan_rows: tuple | None = None  # (the last plan's requests, its decoding requests: its first rows)
+        # the pools' sizes move only with adaptive HOT: else their sum is fixed, kept for add()
+        self._max_tokens = None if getattr(allocator, "adaptive", True) else sum(self._pool_sizes())
 
     # ---- arrivals and rejection -------------------------------------------------------------
     def add(self, spec: RequestSpec, now: float) -> None:
@@ -85,6 +87,8 @@ class Scheduler:
         return self.alloc.store.capacity, self.alloc.hot.capacity if self.alloc.hot is not None else 0
 
     def _max_request_tokens(self) -> int:
+        if self._max_tokens is not None:
+            return self._max_tokens
         return sum(self._pool_sizes())
 
     def expire(self, now: float) -> None:

@@ -450,8 +450,9 @@ class ArrivalQueue:
     def __init__(self, specs):
         self._seq = None
         self._next = 0
+        self._end = 0  # len(self._seq)
         if isinstance(specs, InitialSpecs) and specs.in_order():
-            self._seq, self._heap = specs, []
+            self._seq, self._heap, self._end = specs, [], len(specs)
         else:
             self._heap = [(s.arrival_s, s.rid, s) for s in specs]
             heapq.heapify(self._heap)
@@ -461,7 +462,7 @@ class ArrivalQueue:
 
     def _seq_first(self) -> bool:
         """Whether the sequence's next spec comes before the heap's first."""
-        if self._seq is None or self._next >= len(self._seq):
+        if self._next >= self._end:  # no sequence, or read to its end
             return False
         if not self._heap:
             return True
@@ -479,4 +480,4 @@ class ArrivalQueue:
         return heapq.heappop(self._heap)[2]
 
     def __len__(self) -> int:
-        return len(self._heap) + (len(self._seq) - self._next if self._seq is not None else 0)
+        return len(self._heap) + self._end - self._next

@@ -214,32 +214,34 @@ class Scheduler:
         return sum([int(ratio * (q.output_len - q.generated)) + (q.n_tokens - q.computed) for q in others])
 
     def _admit(self, r: Request, now: float, outstanding: LazyReserve) -> bool:
+        alloc, spec = self.alloc, r.spec
+        shared = spec.shared_len
         tokens = r.tokens[: r.n_tokens]
-        prefix = r.spec.prefix  # the prompt starts with it: its role's cached nodes need no second look
+        prefix = spec.prefix  # the prompt starts with it: its role's cached nodes need no second look
         reserve = outstanding.plus(int(self.cfg.new_token_ratio * r.remaining_output))
-        if not self.alloc.can_admit(tokens, r.spec.shared_len, reserve, prefix):
-            if not self.running and not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
+        if not alloc.can_admit(tokens, shared, reserve, prefix):
+            if not self.running and not alloc.can_admit(tokens, shared, 0, prefix):
                 # nothing running and it still does not fit: the cache must give way (and adaptive HOT its
                 # free space, which it keeps for the recent prefix demand)
-                self.alloc.clear_cache()
-                self.alloc.give_back_hot()
-                if not self.alloc.can_admit(tokens, r.spec.shared_len, 0, prefix):
+                alloc.clear_cache()
+                alloc.give_back_hot()
+                if not alloc.can_admit(tokens, shared, 0, prefix):
                     return False
             elif self.running:
                 return False
-        r.computed = self.alloc.admit(r.rid, tokens, r.spec.shared_len, prefix, checked=True)
-        r.group = self.alloc.prefix_group(r.rid)  # changes only when its prefix is cached (postprocess)
+        computed = r.computed = alloc.admit(r.rid, tokens, shared, prefix, checked=True)
+        r.group = alloc.prefix_group(r.rid)  # changes only when its prefix is cached (postprocess)
         if r.admitted_s is None:
             r.admitted_s = now
-            r.cached_at_admit = r.computed
+            r.cached_at_admit = computed
         r.admit_order = self._admitted
         self._admitted += 1
-        r.prefix_cached = r.spec.shared_len > 0 and r.computed >= r.spec.shared_len
+        r.prefix_cached = shared > 0 and computed >= shared
         # others of its role wait for it only while it computes what the cache will hold of the prefix: whole
         # pages (a paged policy never caches a partial page, so waiting for more would gain nothing)
-        shareable = r.spec.shared_len - r.spec.shared_len % self.alloc.page_size
-        if r.computed < shareable:
-            self._prefix_owner[(r.spec.role, r.spec.shared_len)] = r.rid
+        shareable = shared - shared % alloc.page_size
+        if computed < shareable:
+            self._prefix_owner[(spec.role, shared)] = r.rid
         self.running[r.rid] = r
         self._prefilling[r.rid] = r  # its admit_order is the largest: the end of running order
         return True

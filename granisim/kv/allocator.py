@@ -144,17 +144,18 @@ class KVAllocator:
         self._asked = (tokens, prefix, m, radix._next_id, radix.num_nodes)  # admit(checked=True) may reuse m
         need = tokens.size - m.length
         hot = self.hot_slabs
-        if hot is not None and shared_len:
+        if hot is not None and shared_len:  # (no slab is wanted without a declared prefix)
             hot.note_demand(tokens, shared_len)
-        if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
-            n = shared_len - m.length
-            cold_need = 0  # read by adaptive HOT only: it grows by the COLD tokens needed, reserve included
-            if hot.demand is not None:
-                reserve = exact_reserve(reserve)
-                cold_need = need + reserve - n
-            if hot.can_place(n, cold_need, m):
-                need -= n
-        on_path = sum(len(n) for n in m.path() if n.lock_ref == 0 and n.pool == self.store.name)
+            if hot.wants_slab(shared_len, m.length, tokens.size):
+                n = shared_len - m.length
+                cold_need = 0  # read by adaptive HOT only: it grows by the COLD tokens needed, reserve included
+                if hot.demand is not None:
+                    reserve = exact_reserve(reserve)
+                    cold_need = need + reserve - n
+                if hot.can_place(n, cold_need, m):
+                    need -= n
+        # (nothing matched: the path is empty)
+        on_path = sum(len(n) for n in m.path() if n.lock_ref == 0 and n.pool == self.store.name) if m.length else 0
         avail = self.store.free + self.radix.evictable.get(self.store.name, 0) - on_path
         if isinstance(reserve, LazyReserve):
             if self.store.need(0, need + reserve.bound) <= avail:
@@ -197,7 +198,7 @@ class KVAllocator:
         if self._owing:
             seq._owed_pool = self.store.pool  # grow() may count its decode slots
         self.requests.add(seq)
-        if hot is not None and hot.wants_slab(shared_len, m.length, tokens.size):
+        if hot is not None and shared_len and hot.wants_slab(shared_len, m.length, tokens.size):
             hot.place(seq, shared_len - m.length)
             if seq.slab is not None:
                 self._filling[rid] = seq
@@ -422,7 +423,10 @@ class KVAllocator:
             seq.n_new -= seq.slab_len
             seq.slab, seq.slab_len = None, 0
         if end > seq.cached_len:
-            self._cache_private(seq, tokens[:end], fixed)
+            if fixed:
+                self._cache_private(seq, tokens[:end], fixed)
+            else:  # (the two-argument call subclasses may override: the fuzzers' planted bugs)
+                self._cache_private(seq, tokens[:end])
         seq.group = prefix_group_of(seq, self.page_size)
 
     def _cache_private(self, seq: _Seq, tokens: np.ndarray, fixed: bool = False) -> None:

@@ -28,7 +28,7 @@ from granisim.validation.clock_term import run_units
 from granisim.validation.report import held_out
 from granisim.validation.validate import reprice
 
-MIN_STEPS = 20
+MIN_STEPS = 1
 
 
 def class_sums(runs: list[Path], base) -> tuple[dict, list[str]]:

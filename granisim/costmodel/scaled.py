@@ -18,6 +18,11 @@ class ScaledExecutor:
         self.max_steps_per_plan = inner.max_steps_per_plan
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        r, f = self.inner.execute(plan), self.factor
-        steps = tuple(d * f for d in r.step_durations) if r.step_durations is not None else None
-        return step_result(r.duration_s * f, {k: v * f for k, v in r.breakdown.items()}, r.next_tokens, steps)
+        return scaled(self.inner.execute(plan), self.factor)
+
+
+def scaled(result: StepResult, factor: float) -> StepResult:
+    """``result`` with its duration, each fast-forwarded step and each breakdown key times ``factor``."""
+    steps = tuple(d * factor for d in result.step_durations) if result.step_durations is not None else None
+    return step_result(result.duration_s * factor, {k: v * factor for k, v in result.breakdown.items()},
+                       result.next_tokens, steps)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from granisim.core.contract import BatchPlan, StepResult, step_result
+from granisim.core.contract import BatchPlan, StepResult
 from granisim.core.planned import columns
+from granisim.costmodel.scaled import scaled
 
 DECODE_BINS = ((4, "decode 1-4"), (16, "decode 5-16"), (64, "decode 17-64"))
 DECODE_LAST = "decode 65+"
@@ -51,14 +52,8 @@ def classify(num_tokens: int, batch: int, prefill_requests: int, fresh: bool) ->
 def plan_class(plan: BatchPlan) -> str:
     """The class of one of ``plan``'s steps (a fast-forwarded plan's steps are all decode steps of one batch)."""
     cols = columns(plan.requests)
-    n_pf = fresh = 0
-    tokens = 0
-    for ctx, nn, pre in zip(cols.context_len, cols.num_new, cols.is_prefill):
-        tokens += nn
-        if pre:
-            n_pf += 1
-            fresh = fresh or ctx == 0
-    return classify(tokens, len(cols), n_pf, bool(fresh))
+    prefill_ctx = [ctx for ctx, pre in zip(cols.context_len, cols.is_prefill) if pre]
+    return classify(sum(cols.num_new), len(cols), len(prefill_ctx), 0 in prefill_ctx)
 
 
 POLICY_KEY = re.compile(r"granikv|token|paged[1-9][0-9]*")
@@ -67,13 +62,6 @@ POLICY_KEY = re.compile(r"granikv|token|paged[1-9][0-9]*")
 def policy_key(plan: BatchPlan) -> str:
     """The policy as validation units name it: ``granikv``, ``token``, ``paged16`` (paged with its page size)."""
     return f"paged{plan.page_size}" if plan.policy == "paged" else plan.policy
-
-
-def scaled(result: StepResult, factor: float) -> StepResult:
-    """``result`` with its duration, each fast-forwarded step and each breakdown key times ``factor``."""
-    steps = tuple(d * factor for d in result.step_durations) if result.step_durations is not None else None
-    return step_result(result.duration_s * factor, {k: v * factor for k, v in result.breakdown.items()},
-                       result.next_tokens, steps)
 
 
 def corrected(by_policy: Mapping[str, Mapping[str, float]], plan: BatchPlan, result: StepResult) -> StepResult:

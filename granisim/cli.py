@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, run_one, summary_table
+from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, parse_names, run_one, summary_table
 from granisim.config.files import OneLineParser
 from granisim.config.scenario import MAX_REPLICAS, ScenarioError, load_scenario
 from granisim.experiments.sensitivity import DEFAULT_DELTA
@@ -107,9 +107,7 @@ def cmd_compare(args) -> int:
         print(routers_table(compare_routers(scenario, args.scenario, parse_routers(args.routers), out)))
         print(f"\nwrote {out}/")
         return 0
-    policies = [p.strip() for p in (DEMO_POLICIES if args.policies is None else args.policies).split(",") if p.strip()]
-    if not policies:
-        raise ScenarioError("--policies: give at least one policy, e.g. granikv,token,paged16")
+    policies = parse_names("--policies", DEMO_POLICIES if args.policies is None else args.policies, DEMO_POLICIES)
     out = Path(args.out or f"out/{scenario.name}-compare")
     summaries = compare(scenario, args.scenario, policies, out)
     print(summary_table(summaries))
@@ -382,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("capacity", help="highest arrival rate each policy sustains within an SLO (bisection)")
     ca.add_argument("scenario")
     ca.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=100ms")
-    ca.add_argument("--policies", default=DEMO_POLICIES)
+    ca.add_argument("--policies", help=f"policies to search (default {DEMO_POLICIES}; with --rate, the scenario's)")
     ca.add_argument("--out")
     ca.add_argument("--lo", type=POS_FLOAT, help="lowest rate to try (req/s; default: scenario rate / 8)")
     ca.add_argument("--hi", type=POS_FLOAT, help="first upper rate to try (req/s; default: scenario rate x 2)")

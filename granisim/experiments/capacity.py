@@ -220,6 +220,7 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
 
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, load_scenario
+    from granisim.experiments.compare import DEMO_POLICIES, parse_names
     from granisim.experiments.run import prepare
 
     scenario = load_scenario(args.scenario)
@@ -229,7 +230,7 @@ def capacity_cli(args) -> int:
                             "capacity searches the Poisson rate; a trace replay's arrivals have no rate to vary "
                             "(use arrivals = \"poisson\" with kind = \"multi_agent\" or \"control\")")
     slo = parse_slo(args.slo)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = parse_names("--policies", args.policies or DEMO_POLICIES, DEMO_POLICIES)
     for pol in policies:
         prepare(scenario.with_changes(**{"policy.name": pol}), args.scenario)  # names and budget, early
     out = Path(args.out or f"out/{scenario.name}-capacity")

@@ -6,10 +6,21 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from granisim.config.scenario import Scenario, load_scenario
+from granisim.config.scenario import Scenario, ScenarioError, load_scenario
 from granisim.core.metrics import summary_json
 
 DEMO_POLICIES = "granikv,token,paged16"
+
+
+def parse_names(option: str, text: str, example: str) -> list[str]:
+    """A comma-separated option's names, in order: at least one, none given twice (each names one run)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ScenarioError(f"{option}: give at least one name, e.g. {example}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ScenarioError(f"{option} {text}: {', '.join(twice)} given twice; name each once")
+    return names
 
 
 def demo_scenario() -> tuple[Scenario, str]:

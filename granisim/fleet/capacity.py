@@ -20,6 +20,7 @@ from pathlib import Path
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
 from granisim.experiments.capacity import meets
+from granisim.experiments.compare import DEMO_POLICIES, parse_names
 
 
 @dataclass
@@ -164,7 +165,7 @@ def fleet_capacity_cli(args) -> int:
     routers = parse_routers(args.routers or default_router)
     from granisim.experiments.run import prepare
 
-    policies = [p.strip() for p in (args.policies or scenario.policy.name).split(",") if p.strip()]
+    policies = parse_names("--policies", args.policies or scenario.policy.name, DEMO_POLICIES)
     for p in policies:  # names and budgets, early: one line and exit 2 before any simulation
         prepare(scenario.with_changes(**{"policy.name": p}), args.scenario)
     out = Path(args.out or f"out/{scenario.name}-fleet-capacity")

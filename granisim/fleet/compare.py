@@ -10,9 +10,9 @@ from granisim.core.metrics import summary_json
 
 
 def parse_routers(text: str) -> list[str]:
-    names = [r.strip() for r in text.split(",") if r.strip()]
-    if not names:
-        raise ScenarioError("--routers: give at least one router, e.g. round_robin,cache_aware,hot_aware")
+    from granisim.experiments.compare import parse_names
+
+    names = parse_names("--routers", text, "round_robin,cache_aware,hot_aware")
     for r in names:
         if r not in ROUTERS:
             raise ScenarioError(f"--routers: unknown router {r!r}; use {', '.join(ROUTERS)}")

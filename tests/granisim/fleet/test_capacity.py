@@ -129,3 +129,30 @@ def test_rate_search_options_with_rate_are_refused(tmp_path, capsys, extra):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {extra[0]} {extra[1]}") and "rate search" in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_fewest_replicas_searches_the_scenarios_policy_unless_told(tmp_path, capsys):
+    """Without --policies the fleet search runs the scenario's policy alone, as it does its router. Planted: the
+    rate search's default (granikv,token,paged16) made `capacity --rate` search three policies the scenario does
+    not name."""
+    path = tmp_path / "f.toml"
+    path.write_text(TOML + "[policy]\nname = \"token\"\n")
+    out = tmp_path / "o"
+    assert main(["capacity", str(path), "--slo", "ttft_p99=5s", "--rate", "2", "--max-replicas", "2",
+                 "--workers", "1", "--out", str(out)]) == 0
+    res = json.loads((out / "fleet_capacity.json").read_text())["results"]
+    assert [(r["router"], r["policy"]) for r in res] == [("cache_aware", "token")]
+
+
+@pytest.mark.parametrize("args", [["compare", "--policies", "granikv,token,granikv"],
+                                  ["compare", "--routers", "round_robin,hot_aware,round_robin"],
+                                  ["capacity", "--slo", "ttft_p99=1s", "--policies", "token,token"],
+                                  ["capacity", "--slo", "ttft_p99=1s", "--rate", "5", "--routers", "hot_aware,hot_aware"]])
+def test_a_name_given_twice_is_refused(tmp_path, capsys, args):
+    """Each name is one run: a name given twice is a typo for another, refused with one line. Planted: the
+    comparison kept one run per name and said nothing of the second."""
+    path = tmp_path / "f.toml"
+    path.write_text(TOML.replace("[fleet]", "[fleet]\nreplicas = 2"))
+    assert main([args[0], str(path), *args[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "given twice" in err and len(err.strip().splitlines()) == 1

@@ -124,6 +124,20 @@ def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target
     return fit_multi_prefill(pd.concat(frames, ignore_index=True), limits.pop()), names
 
 
+def runs_to_fit(args) -> list[Path]:
+    """A fit's run folders: ``args.runs`` less ``args.skip`` (--except), each a folder; ``args.out`` a .json."""
+    if args.out.suffix != ".json":
+        raise ValueError(f"--out {args.out}: a profile is a .json file")
+    for run in args.runs:
+        if not run.is_dir():
+            raise ValueError(f"{run}: no such run folder")
+    skip = {p.resolve() for p in args.skip}
+    runs = [r for r in args.runs if r.resolve() not in skip]
+    if not runs:
+        raise ValueError(f"--except {' '.join(map(str, args.skip))}: leaves none of the runs to fit on")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="granisim validation refit", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+")
@@ -136,15 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="PREFIX",
                     help="refit only the coefficients whose names start so; the rest from --keep-from")
     args = ap.parse_args(argv)
-    if args.out.suffix != ".json":
-        raise ValueError(f"--out {args.out}: a profile is a .json file")
-    for run in args.runs:
-        if not run.is_dir():
-            raise ValueError(f"{run}: no such run folder")
-    skip = {p.resolve() for p in args.skip}
-    runs = [r for r in args.runs if r.resolve() not in skip]
-    if not runs:
-        raise ValueError(f"--except {' '.join(map(str, args.skip))}: leaves none of the runs to fit on")
+    runs = runs_to_fit(args)
     known = [*COEFFICIENTS, *OPTIONAL_COEFFICIENTS]
     for p in args.only or ():
         if not any(k.startswith(p) for k in known):

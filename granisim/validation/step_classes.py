@@ -25,6 +25,7 @@ from granisim.config.hardware import PROFILE_DIR, get_profile
 from granisim.config.models import get_model
 from granisim.costmodel.step_classes import CLASSES, plan_class, policy_key
 from granisim.validation.clock_term import run_units
+from granisim.validation.refit import runs_to_fit
 from granisim.validation.report import held_out
 from granisim.validation.validate import reprice
 
@@ -80,17 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--except", dest="skip", type=Path, nargs="*", default=[], help="leave these runs out")
     ap.add_argument("--min-steps", type=int, default=MIN_STEPS, help=f"fewest steps a class needs (default {MIN_STEPS})")
     args = ap.parse_args(argv)
-    if args.out.suffix != ".json":
-        raise ValueError(f"--out {args.out}: a profile is a .json file")
     if args.min_steps < 1:
         raise ValueError(f"--min-steps {args.min_steps}: give 1 or more")
-    for run in args.runs:
-        if not run.is_dir():
-            raise ValueError(f"{run}: no such run folder")
-    skip = {p.resolve() for p in args.skip}
-    runs = [r for r in args.runs if r.resolve() not in skip]
-    if not runs:
-        raise ValueError(f"--except {' '.join(map(str, args.skip))}: leaves none of the runs to fit on")
+    runs = runs_to_fit(args)
     base = get_profile(args.base)
     sums, units = class_sums(runs, base)
     fitted = factors(sums, args.min_steps)

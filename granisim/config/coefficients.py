@@ -61,6 +61,10 @@ COEFFICIENTS: dict[str, tuple[str, str]] = {
 }
 
 
+# a kernel family's launch terms (explained below): name, unit, rule, default
+_LAUNCH_TERMS = (("launch_s", "s", "nonneg", 0.0), ("program_s", "s", "nonneg", 0.0),
+                 ("sat_ctas_per_sm", "CTAs", "pos", 1.0), ("resident_ctas_per_sm", "CTAs", "int", 1))
+
 # Optional coefficients: absent means the default (which keeps the first cost-model forms). ``attn.form = 2``
 # selects the attention/KV forms fitted to the Triton kernels (granisim/costmodel/) and then needs all of
 # FORM2_COEFFICIENTS; name -> (unit, rule, default).
@@ -72,12 +76,8 @@ FORM2_DEFAULTS: dict[str, tuple[str, str, float]] = {
     #                         hbm_bandwidth * mem_eff / (sm_count * sat_ctas_per_sm))
     #   resident_ctas_per_sm  programs an SM runs at once (programs beyond run in later waves)
     **{f"attn.{p}.{k}": (u, r, d)
-       for p in ("prefill", "decode", "cascade", "dense", "merge")
-       for k, u, r, d in (("launch_s", "s", "nonneg", 0.0), ("program_s", "s", "nonneg", 0.0),
-                          ("sat_ctas_per_sm", "CTAs", "pos", 1.0), ("resident_ctas_per_sm", "CTAs", "int", 1))},
-    **{f"kv.write_{k}": (u, r, d)
-       for k, u, r, d in (("launch_s", "s", "nonneg", 0.0), ("program_s", "s", "nonneg", 0.0),
-                          ("sat_ctas_per_sm", "CTAs", "pos", 1.0), ("resident_ctas_per_sm", "CTAs", "int", 1))},
+       for p in ("prefill", "decode", "cascade", "dense", "merge") for k, u, r, d in _LAUNCH_TERMS},
+    **{f"kv.write_{k}": (u, r, d) for k, u, r, d in _LAUNCH_TERMS},
     "kv.copy_launch_s": ("s", "nonneg", 0.0),
     # the extend kernel's own gather efficiencies (no split along KV: few programs, latency-bound gathers)
     "attn.prefill.page1_eff": ("", "frac", 1.0),

@@ -63,6 +63,25 @@ METRIC_COLUMNS = (
     "kv_budget_tokens", "m_sat", *(f"t_{k}_s" for k in BREAKDOWN_KEYS), "mean_group_size", "hot_placements",
     "hot_fallbacks", "hot_evictions", "compactions", "copied_tokens", "evicted_tokens", "hot_capacity_end",
     "sim_wall_s")
+# written only by a point with a host KV tier (hardware.host_kv_gb > 0): seconds its copies added to steps (the
+# summary's figure and the breakdown total of its steps' t_host_copy)
+HOST_METRIC_COLUMNS = ("host_copy_s", "t_host_copy_s")
+
+
+def _metrics(points: list["Point"]) -> tuple[str, ...]:
+    """The results metrics these points write: METRIC_COLUMNS, + HOST_METRIC_COLUMNS where some has a host tier."""
+    host = any(p.scenario.hardware.host_kv_gb > 0 for p in points)
+    return METRIC_COLUMNS + (HOST_METRIC_COLUMNS if host else ())
+
+
+SPEEDUP_OR = "'speedup' or "  # what a plot's value may name besides a metric
+
+
+def _not_a_metric(name, points: list["Point"], other: str = "") -> str:
+    """Why ``name`` is not a results metric of these points, and what to use instead (``other`` or a metric)."""
+    why = ("written only by points with a host tier, and no point has hardware.host_kv_gb > 0; "
+           if name in HOST_METRIC_COLUMNS else "")
+    return f"{why}use {other}one of {', '.join(_metrics(points))}"
 
 
 def scenario_fields(model=Scenario, prefix: str = "") -> list[str]:
@@ -262,14 +281,21 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
     elif extra:
         combos = extra
 
-    # every distinct (field, value) checked alone first: the error names the culprit
+    # every distinct (field, value) checked alone first, so that the error of a point that fails names the culprit;
+    # a value that is only valid together with its point's other values (policy.name = 'token' beside
+    # policy.host_tier = 'slabs+pages' over a base with a host tier) is no mistake
+    where = "grid" if grids else "points"
     seen: set[tuple[str, str]] = set()
+    alone: dict[tuple[str, str], ScenarioError] = {}
     for c in combos:
         for k, v in c.items():
             key = (k, json.dumps(v, sort_keys=True))
             if key not in seen:
                 seen.add(key)
-                _check_value(base, k, v, source, "grid" if grids else "points")
+                try:
+                    _check_value(base, k, v, source, where)
+                except ScenarioError as err:
+                    alone[key] = err
     points, ids = [], set()
     varied: list[str] = []
     setups_checked: set[str] = set()
@@ -277,7 +303,12 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
         for k in c:
             if k not in varied:
                 varied.append(k)
-        sc = parse_scenario(_apply(base, c, source, "grid"), source=source, strict=True)
+        try:
+            sc = parse_scenario(_apply(base, c, source, where), source=source, strict=True)
+        except ScenarioError as err:
+            culprit = next((alone[key] for key in ((k, json.dumps(v, sort_keys=True)) for k, v in c.items())
+                            if key in alone), None)
+            raise (culprit or ScenarioError(f"{err} (in {where})")) from None
         pid = point_id(sc)
         if pid in ids:
             continue  # the same resolved scenario listed twice runs once
@@ -340,13 +371,13 @@ def _speedup(sp, base: dict, points: list[Point], source: str) -> Speedup | None
     if not isinstance(speedup.field, str) or speedup.field not in fields:
         raise ScenarioError(f"{source}: field speedup.field = {short_repr(speedup.field)}: not a scenario field "
                             f"(e.g. policy.name, policy.dispatch)")
-    if not isinstance(speedup.metric, str) or speedup.metric not in METRIC_COLUMNS:
+    if not isinstance(speedup.metric, str) or speedup.metric not in _metrics(points):
         raise ScenarioError(f"{source}: field speedup.metric = {short_repr(speedup.metric)}: not a results metric; "
-                            f"use one of {', '.join(METRIC_COLUMNS)}")
+                            f"{_not_a_metric(speedup.metric, points)}")
     for key in ("target", "baseline"):
         value = getattr(speedup, key)
-        _check_value(base, speedup.field, value, source, f"speedup.{key}")
-        if not _some_point_has(points, speedup.field, value):
+        if not _some_point_has(points, speedup.field, value):  # a value some point has is valid (with its point)
+            _check_value(base, speedup.field, value, source, f"speedup.{key}")  # a bad value: its own error
             raise ScenarioError(f"{source}: field speedup.{key} = {short_repr(value)}: no point has "
                                 f"{speedup.field} = {short_repr(value)} (the speedup column would be empty)")
     return speedup
@@ -358,7 +389,7 @@ def _plots(raw_plots, speedup: Speedup | None, points: list[Point], source: str)
     if not isinstance(raw_plots, list):
         raise ScenarioError(f"{source}: field plot = {short_repr(raw_plots)}: give [[plot]] tables")
     fields, plots = scenario_fields(), []
-    columns = set(fields) | set(METRIC_COLUMNS)
+    columns = set(fields) | set(_metrics(points))
     for i, p in enumerate(raw_plots):
         where = f"plot #{i + 1}"
         if not isinstance(p, dict):
@@ -387,7 +418,7 @@ def _plots(raw_plots, speedup: Speedup | None, points: list[Point], source: str)
                 raise ScenarioError(f"{source}: field plot.value = 'speedup' ({where}): needs a [speedup] table")
         elif not isinstance(spec.value, str) or spec.value not in columns:
             raise ScenarioError(f"{source}: field plot.value = {short_repr(spec.value)} ({where}): not a results "
-                                f"column; use 'speedup' or one of {', '.join(METRIC_COLUMNS)}")
+                                f"column; {_not_a_metric(spec.value, points, SPEEDUP_OR)}")
         if not isinstance(spec.title, str):
             raise ScenarioError(f"{source}: field plot.title = {short_repr(spec.title)} ({where}): give a string")
         if spec.where is not None:

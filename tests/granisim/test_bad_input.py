@@ -230,6 +230,20 @@ def test_metric_columns_are_what_a_point_writes():
     assert set(row) - {"point_id", "overrides", "scenario"} - set(scenario_fields()) == set(METRIC_COLUMNS)
 
 
+def test_host_metric_columns_are_what_a_host_tier_point_adds():
+    """A point with a host KV tier writes HOST_METRIC_COLUMNS besides METRIC_COLUMNS (the sweep file accepts them
+    where some point has a tier). Planted bug: a new host-tier summary key not added to HOST_METRIC_COLUMNS."""
+    from granisim.config.scenario import parse_scenario
+    from granisim.experiments.sweep import run_point
+    from granisim.experiments.sweep_file import HOST_METRIC_COLUMNS, METRIC_COLUMNS, scenario_fields
+
+    sc = parse_scenario({"hardware": {"host_kv_gb": 1.0},
+                         "workload": {"roles": 1, "prefix_len": 64, "num_requests": 2, "max_output_len": 2}})
+    row = run_point("x", json.dumps(sc.model_dump(mode="json")), "{}")
+    extra = set(row) - {"point_id", "overrides", "scenario"} - set(scenario_fields())
+    assert extra == set(METRIC_COLUMNS) | set(HOST_METRIC_COLUMNS)
+
+
 # --- profile files (`granisim profile check`): (edit of a shipped profile, field, value) ------------------
 def _nan_cell(doc, tmp):
     lines = (ROOT / "granisim/config/data" / doc["linear_table"]["file"]).read_text().splitlines()

@@ -11,6 +11,7 @@ import pytest
 from granisim.cli import main
 from granisim.experiments.sweep_results import ResultsStore
 from granisim.experiments.sweep import run_sweep
+from granisim.config.scenario import ScenarioError
 from granisim.experiments.sweep_file import load_sweep
 
 BASE = """
@@ -242,3 +243,45 @@ where = { "hardware.tp" = 1 }
     assert (df["policy.host_tier"] == "slabs").all()
     speedup = pd.read_csv(out / "speedup.csv")
     assert len(speedup) == 2 and speedup.speedup.notna().all()
+
+
+HOST_BASE = BASE.format(n=6) + "[base.hardware]\nhost_kv_gb = 1.0\n"
+
+
+def test_a_value_valid_only_beside_its_point_s_other_values(tmp_path):
+    """catches: every grid value was checked alone against the base before the points, so `policy.name = 'token'`
+    over a base with a host tier was refused (host_tier 'slabs' needs HOT slabs) although its every point sets
+    policy.host_tier = 'slabs+pages' (and the same for a [speedup] baseline some point has)."""
+    text = "name = 'host'\n" + HOST_BASE + """
+[grid]
+"policy.name" = ["granikv", "token"]
+"policy.host_tier" = ["slabs+pages"]
+[speedup]
+"""
+    spec = load_sweep(_sweep(tmp_path, text))
+    assert sorted(p.scenario.policy.name for p in spec.points) == ["granikv", "token"]
+    bad = "name = 'host'\n" + HOST_BASE + '[grid]\n"policy.name" = ["granikv", "token"]\n'
+    with pytest.raises(ScenarioError, match=r"policy.host_tier = 'slabs': policy token .* \(in grid\)"):
+        load_sweep(_sweep(tmp_path, bad))  # a point that is invalid still names the value that makes it so
+
+
+def test_host_copy_s_is_a_metric_of_a_sweep_with_a_host_tier(tmp_path):
+    """catches: docs/scenarios.md lists host_copy_s among the metrics [speedup] and [[plot]] may name, and points
+    with a host tier write it, but the sweep file refused it as 'not a results metric'."""
+    text = "name = 'hc'\n" + HOST_BASE + """
+[grid]
+"policy.name" = ["granikv", "token"]
+"policy.host_tier" = ["slabs+pages"]
+[speedup]
+metric = "host_copy_s"
+[[plot]]
+kind = "line"
+x = "policy.name"
+value = "host_copy_s"
+"""
+    spec = load_sweep(_sweep(tmp_path, text))
+    assert spec.speedup.metric == "host_copy_s" and spec.plots[0].value == "host_copy_s"
+    without = text.replace("[base.hardware]\nhost_kv_gb = 1.0\n", "").replace(
+        '"policy.host_tier" = ["slabs+pages"]\n', "")
+    with pytest.raises(ScenarioError, match="speedup.metric = 'host_copy_s': .*no point has hardware.host_kv_gb > 0"):
+        load_sweep(_sweep(tmp_path, without))

@@ -220,8 +220,7 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
 
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, load_scenario
-    from granisim.experiments.compare import DEMO_POLICIES, parse_names
-    from granisim.experiments.run import prepare
+    from granisim.experiments.compare import DEMO_POLICIES, parse_names, policy_scenarios
 
     scenario = load_scenario(args.scenario)
     wl = scenario.workload
@@ -231,8 +230,7 @@ def capacity_cli(args) -> int:
                             "(use arrivals = \"poisson\" with kind = \"multi_agent\" or \"control\")")
     slo = parse_slo(args.slo)
     policies = parse_names("--policies", args.policies or DEMO_POLICIES, DEMO_POLICIES)
-    for pol in policies:
-        prepare(scenario.with_changes(**{"policy.name": pol}), args.scenario)  # names and budget, early
+    policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any probe
     out = Path(args.out or f"out/{scenario.name}-capacity")
     print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())
           + f" ({scenario.workload.num_requests or 'all'} requests per probe)")

@@ -23,6 +23,22 @@ def parse_names(option: str, text: str, example: str) -> list[str]:
     return names
 
 
+def policy_scenarios(scenario: Scenario, source: str, policies: list[str]) -> dict[str, Scenario]:
+    """The scenario under each of ``policies`` (from --policies), every one resolved (policy name, page size, KV
+    budget) before any of them runs: a bad name is one line naming --policies, not an error after the first runs."""
+    from granisim.experiments.run import prepare
+
+    out = {}
+    for pol in policies:
+        try:
+            sc = scenario.with_changes(**{"policy.name": pol})
+        except ScenarioError as err:
+            raise ScenarioError(f"--policies {','.join(policies)}: {str(err).removeprefix('<override>: ')}") from None
+        prepare(sc, source)
+        out[pol] = sc
+    return out
+
+
 def demo_scenario() -> tuple[Scenario, str]:
     ref = resources.files("granisim.config.scenarios").joinpath("demo.toml")
     with resources.as_file(ref) as p:
@@ -65,8 +81,7 @@ def compare(scenario: Scenario, source: str, policies: list[str], out: Path, pro
     from granisim.experiments.plots import plot_compare
 
     summaries, reqs = {}, {}
-    for pol in policies:
-        sc = scenario.with_changes(**{"policy.name": pol})
+    for pol, sc in policy_scenarios(scenario, source, policies).items():
         summaries[pol] = run_one(sc, source, out / pol, progress)
         reqs[pol] = pd.read_parquet(out / pol / "requests.parquet")
     (out / "compare.json").write_text(summary_json(summaries))

@@ -20,7 +20,7 @@ from pathlib import Path
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
 from granisim.experiments.capacity import meets
-from granisim.experiments.compare import DEMO_POLICIES, parse_names
+from granisim.experiments.compare import DEMO_POLICIES, parse_names, policy_scenarios
 
 
 @dataclass
@@ -163,11 +163,8 @@ def fleet_capacity_cli(args) -> int:
     slo = parse_slo(args.slo)
     default_router = scenario.fleet.router if scenario.fleet is not None else "round_robin"
     routers = parse_routers(args.routers or default_router)
-    from granisim.experiments.run import prepare
-
     policies = parse_names("--policies", args.policies or scenario.policy.name, DEMO_POLICIES)
-    for p in policies:  # names and budgets, early: one line and exit 2 before any simulation
-        prepare(scenario.with_changes(**{"policy.name": p}), args.scenario)
+    policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any simulation
     out = Path(args.out or f"out/{scenario.name}-fleet-capacity")
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))

@@ -330,6 +330,21 @@ def test_an_out_folder_that_is_a_file(tmp_path, capsys):
                     "File exists")
 
 
+@pytest.mark.parametrize("argv", [["compare"], ["capacity", "--slo", "ttft_p99=2s"],
+                                  ["capacity", "--slo", "ttft_p99=2s", "--rate", "5"]],
+                         ids=["compare", "capacity", "capacity --rate"])
+def test_a_bad_policy_in_policies_before_anything_runs(tmp_path, capsys, argv):
+    """catches: `compare --policies granikv,vllm` simulated granikv (and wrote its folder) before refusing vllm,
+    and its error named '<override>' rather than the option the user typed."""
+    path = tmp_path / "s.toml"
+    path.write_text(SMALL)
+    out = tmp_path / "o"
+    rc = main([argv[0], str(path), *argv[1:], "--policies", "granikv,vllm", "--out", str(out)])
+    line = _one_line_error(capsys, rc, "--policies granikv,vllm", "policy.name = 'vllm'")
+    assert "<override>" not in line
+    assert not out.exists()  # nothing ran
+
+
 # --- paper and calibrate: an argument or a raw measurement folder a user could give --------------------------
 def _raw(tmp, edit: dict) -> Path:
     """A copy of the shipped H200 raw folder with some files replaced (name -> text)."""

@@ -206,22 +206,27 @@ def cmd_fuzz(args) -> int:
     return run_fuzz(args)
 
 
+BENCH_REPEATS = {"alloc": 15, "sim": 3}  # bench --repeats unless given (sweep runs its points once)
+
+
 def cmd_bench(args) -> int:
+    from granisim.experiments import bench_alloc, bench_sim, bench_sweep
+
+    out = args.out or {"alloc": bench_alloc, "sweep": bench_sweep, "sim": bench_sim}[args.what].DEFAULT_OUT
+    if Path(out).is_dir():  # found before the benchmark runs, not when its report is written
+        raise ScenarioError(f"--out {out}: a folder; give the JSON file to write")
+    if args.repeats is not None and args.what not in BENCH_REPEATS:
+        raise ScenarioError(f"--repeats {args.repeats}: for bench {' and '.join(BENCH_REPEATS)}; bench {args.what} "
+                            f"runs each point once")
+    repeats = BENCH_REPEATS.get(args.what) if args.repeats is None else args.repeats
     if args.what == "alloc":
-        from granisim.experiments import bench_alloc
-
-        bench_alloc.run(args.out or bench_alloc.DEFAULT_OUT)
+        bench_alloc.run(out, repeats=repeats)
     elif args.what == "sweep":
-        from granisim.experiments import bench_sweep
-
-        bench_sweep.run(args.out or bench_sweep.DEFAULT_OUT, points=args.points, requests=args.requests,
-                        workers=args.workers, ray=args.ray)
+        bench_sweep.run(out, points=args.points, requests=args.requests, workers=args.workers, ray=args.ray)
     elif args.what == "sim":
-        from granisim.experiments import bench_sim
-
         if args.router not in bench_sim.FLEET_ROUTERS:
             raise ScenarioError(f"--router: unknown router {args.router!r} (known: {', '.join(bench_sim.FLEET_ROUTERS)})")
-        bench_sim.run(args.out or bench_sim.DEFAULT_OUT, bench_sim.FLEET_CASES if args.fleet else bench_sim.DEFAULT_CASES,
+        bench_sim.run(out, bench_sim.FLEET_CASES if args.fleet else bench_sim.DEFAULT_CASES, repeats=repeats,
                       router=args.router)
     return 0
 
@@ -414,8 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_fuzz)
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=["alloc", "sweep", "sim"])
-    b.add_argument("--out", help="JSON report to write (default out/bench/alloc.json, out/bench/sweep_speed.json; "
-                                 "the tracked reports/ copies are refreshed with --out reports/NAME.json)")
+    b.add_argument("--out", metavar="FILE.json",
+                   help="JSON report to write (default out/bench/alloc.json, out/bench/sweep_speed.json, "
+                        "out/bench/sim_speed.json; the tracked reports/ copies are refreshed with --out "
+                        "reports/sim_speed/NAME.json)")
+    b.add_argument("--repeats", type=POS_INT,
+                   help=f"alloc, sim: runs per measurement, the median reported (default {BENCH_REPEATS['alloc']} for "
+                        f"alloc, {BENCH_REPEATS['sim']} for sim)")
     b.add_argument("--points", type=POS_INT, default=1000, help="sweep: points")
     b.add_argument("--requests", type=POS_INT, default=200, help="sweep: requests per point")
     b.add_argument("--workers", type=POS_INT, help="sweep: local processes (default: CPU count)")

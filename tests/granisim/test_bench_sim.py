@@ -63,3 +63,34 @@ def test_baseline_runs_alternate_and_give_the_ratio_of_medians(monkeypatch, tmp_
     assert rep["cases"][0]["cpu_s"] == 2.0 and rep["baseline"]["cases"][0]["cpu_s"] == 6.0
     assert rep["baseline"]["speedup"]["azure_replay"]["cpu_s_ratio"] == 3.0
     assert rep["baseline"]["speedup"]["azure_replay"]["same_plans"] is True
+
+
+@pytest.mark.parametrize("what", ["alloc", "sweep", "sim"])
+def test_granisim_bench_refuses_an_out_folder_before_it_runs(what, tmp_path, monkeypatch, capsys):
+    """catches: README showed `granisim bench ... [--out DIR]`; a folder ran the whole benchmark, then failed
+    writing its JSON report ('Is a directory')."""
+    from granisim.cli import main
+    from granisim.experiments import bench_alloc, bench_sweep
+
+    for mod in (bench_alloc, bench_sweep, bench_sim):
+        monkeypatch.setattr(mod, "run", lambda *a, **k: pytest.fail("the benchmark ran"))
+    assert main(["bench", what, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {tmp_path}: a folder") and err.count("\n") == 1
+
+
+def test_granisim_bench_sim_takes_repeats(tmp_path, monkeypatch, capsys):
+    """catches: reports/sim_speed/README.md reproduces its fleet series with `granisim bench sim --fleet --repeats
+    1`, which the CLI refused (unrecognized arguments); sweep, which repeats nothing, refuses it in one line."""
+    from granisim.cli import main
+
+    got = {}
+    monkeypatch.setattr(bench_sim, "run", lambda out, cases, repeats, router: got.update(
+        out=out, cases=cases, repeats=repeats, router=router))
+    out = str(tmp_path / "f.json")
+    assert main(["bench", "sim", "--fleet", "--repeats", "1", "--out", out]) == 0
+    assert got == {"out": out, "cases": bench_sim.FLEET_CASES, "repeats": 1, "router": "round_robin"}
+    assert main(["bench", "sim", "--out", out]) == 0 and got["repeats"] == 3
+    assert main(["bench", "sweep", "--repeats", "2", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --repeats 2: for bench alloc and sim") and err.count("\n") == 1

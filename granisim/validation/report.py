@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="more runs whose steps join this run's in the --profile-out fit (not in the per-run variants)")
     args = ap.parse_args(argv)
     variants = VARIANTS + ((("check_profile", f"{args.check_profile} as it stands"),) if args.check_profile else ())
+    for run in (args.run, *args.fit_runs):
+        if not run.is_dir():  # not 'no unit of granikv ... to fit on', which sends one looking inside it
+            raise ValueError(f"{run}: no such run folder (granisim validation gpu-run validate --out RUN writes one)")
     names, steps, plans = _load(args.run, args.policy, args.model)
     fitted = [n for n in names if not held_out(n)]
     if not fitted:

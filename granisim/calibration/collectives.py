@@ -109,11 +109,25 @@ def add_to_file(path: Path) -> None:
     Path(path).write_text(json.dumps(add_to_doc(doc, m_sat_ratios(path)), indent=2) + "\n")
 
 
-def main(paths: list[str]) -> None:
-    for p in paths or sorted(PROFILE_DIR.glob("*.json")):
-        add_to_file(Path(p))
+def main(argv: list[str] | None = None) -> int:
+    from granisim.config.files import OneLineParser
+
+    ap = OneLineParser(prog="python -m granisim.calibration.collectives",
+                       description="Add or refresh the extrapolated tensor-parallel and MoE coefficients of "
+                                   "profile files in place (measured ones are kept).")
+    ap.add_argument("profiles", nargs="*", help="profile JSON files (default: every shipped profile, "
+                                                "granisim/config/profiles/*.json)")
+    args = ap.parse_args(argv)
+    paths = [Path(p) for p in args.profiles] or sorted(PROFILE_DIR.glob("*.json"))
+    missing = next((p for p in paths if not p.is_file()), None)
+    if missing is not None:  # before any file is rewritten
+        print(f"error: {missing}: no such profile file", file=sys.stderr)
+        return 2
+    for p in paths:
+        add_to_file(p)
         print(f"tp / MoE coefficients: {p}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main())

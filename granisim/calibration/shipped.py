@@ -71,5 +71,22 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
           f"{cal.msat['per_L_model']}")
 
 
+def cli(argv: list[str] | None = None) -> int:
+    from granisim.config.files import OneLineParser
+
+    ap = OneLineParser(prog="python -m granisim.calibration.shipped",
+                       description="Refit the shipped h200 profile from a raw calibration run and derive h100-sxm "
+                                   "and b200 from it (rewrites granisim/config/profiles/, granisim/config/data/ "
+                                   "and reports/calibration/).")
+    ap.add_argument("raw_dir", nargs="?", default="calibration/raw/h200",
+                    help="raw run folder, relative to the checkout (default calibration/raw/h200)")
+    args = ap.parse_args(argv)
+    if not (ROOT / args.raw_dir).is_dir():  # before anything is rewritten
+        print(f"error: {ROOT / args.raw_dir}: no such raw run folder", file=sys.stderr)
+        return 2
+    main(args.raw_dir)
+    return 0
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    sys.exit(cli())

@@ -373,3 +373,26 @@ def test_padded_decode_layouts_end_in_empty_sequences():
             assert lay.indptr.tolist() == [0, 2, 4, 6, 6, 6] and lay.lens.tolist() == [32, 32, 32, 0, 0]
         else:
             assert lay.indptr.tolist() == [0, 32, 64, 96, 96, 96]
+
+
+def test_profile_scripts_take_help_and_refuse_a_missing_path(tmp_path, capsys):
+    """catches: docs/tp.md names `python -m granisim.calibration.collectives` and `.shipped`, which rewrite the
+    shipped profiles; `--help` was read as a profile file or raw folder (a FileNotFoundError traceback), and a
+    missing path was a traceback too. Now --help prints the usage, a missing path is one line, exit 2, before
+    anything is written; a profile file given is extended in place."""
+    import shutil
+
+    from granisim.calibration import collectives, shipped
+
+    for entry in (collectives.main, shipped.cli):
+        with pytest.raises(SystemExit) as stop:
+            entry(["--help"])
+        assert stop.value.code == 0 and "usage:" in capsys.readouterr().out
+    assert collectives.main([str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'none.json'}: no such profile file\n"
+    assert shipped.cli([str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'none'}: no such raw run folder\n"
+    copy = tmp_path / "h200.json"
+    shutil.copyfile(PROFILE_DIR / "h200.json", copy)
+    assert collectives.main([str(copy)]) == 0
+    assert "comm.allreduce.tp2.busbw" in json.loads(copy.read_text())["coefficients"]

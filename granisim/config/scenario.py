@@ -369,11 +369,17 @@ _INERT = (
 )
 
 
+def inert(dotted: str, sc: Scenario) -> str | None:
+    """Why the field ``dotted`` (``section.name``) has no effect in ``sc``; None where it acts or always does."""
+    return next((why for section, name, acts, why in _INERT if f"{section}.{name}" == dotted and not acts(sc)), None)
+
+
 def check_effective(data: dict, sc: Scenario, source: str) -> None:
     """Reject a field the user wrote (in ``data``) that the resolved scenario ``sc`` would ignore."""
-    for section, name, acts, why in _INERT:
+    for section, name, _, _ in _INERT:
         table = data.get(section)
-        if isinstance(table, dict) and name in table and not acts(sc):
+        why = inert(f"{section}.{name}", sc) if isinstance(table, dict) and name in table else None
+        if why:
             raise ScenarioError(f"{source}: field {section}.{name} = {short_repr(table[name])}: {why}")
 
 

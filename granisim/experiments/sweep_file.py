@@ -47,7 +47,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from granisim.config.scenario import (Scenario, ScenarioError, load_scenario, parse_scenario,
+from granisim.config.scenario import (Scenario, ScenarioError, inert, load_scenario, parse_scenario,
                                       parse_scenario_file_data, read_toml, short_repr)
 from granisim.core.metrics import BREAKDOWN_KEYS
 
@@ -317,6 +317,10 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
             _check_setup(sc, c, source, setups_checked)
         points.append(Point(pid, c, sc))
 
+    for k in varied:  # a varied field that acts at no point gives the same results at every value
+        why = inert(k, points[0].scenario)
+        if why and all(inert(k, p.scenario) for p in points):
+            raise ScenarioError(f"{source}: {where} field {k}: {why} (at every point of the sweep)")
     speedup = _speedup(raw.get("speedup"), base, points, source)
     plots = _plots(raw.get("plot"), speedup, points, source)
     name = raw.get("name") or path.stem

@@ -125,6 +125,7 @@ def test_resume_after_kill_loses_nothing_finished(tmp_path):
     ('[grid]\n"model.name" = ["gpt-9"]\n', "field model.name = 'gpt-9'"),
     ('[grid]\n"workload.rate" = 3\n', "must be a list of values"),
     ('[grids]\n"workload.rate" = [3]\n', "unknown sweep key 'grids'"),
+    ('[grid]\n"workload.time_scale" = [1.0, 2.0]\n', "grid field workload.time_scale: has no effect with Poisson"),
 ])
 def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, needle):
     path = _sweep(tmp_path, text)
@@ -285,3 +286,16 @@ value = "host_copy_s"
         '"policy.host_tier" = ["slabs+pages"]\n', "")
     with pytest.raises(ScenarioError, match="speedup.metric = 'host_copy_s': .*no point has hardware.host_kv_gb > 0"):
         load_sweep(_sweep(tmp_path, without))
+
+
+def test_a_varied_field_acting_at_some_point_is_accepted(tmp_path):
+    """A grid field is refused only where it acts at no point (time_scale under Poisson arrivals: every point the
+    same, as a scenario file refuses it); a product grid in which it acts at some points is accepted. Planted: the
+    check run on each point alone refused this grid (host_tier is inert where host_kv_gb = 0)."""
+    text = "name = 'mixed'\n" + BASE.format(n=8) + """
+[grid]
+"hardware.host_kv_gb" = [0.0, 1.0]
+"policy.host_tier" = ["slabs", "slabs+pages"]
+"""
+    spec = load_sweep(_sweep(tmp_path, text))
+    assert len(spec.points) == 4

@@ -16,6 +16,9 @@ class FleetExecutors:
     """``make(setup)`` for :class:`granisim.fleet.loop.FleetLoop`: a GpuExecutor per call, shared weights."""
 
     def __init__(self, device: str = "cuda", **options):
+        from gpu_backend.executor import check_device
+
+        check_device(device)  # before the fleet's output folder is made
         self.device, self.options = device, options
         self.weights: dict[tuple, object] = {}  # (model name, seed) -> RandomWeights
         self.made = 0

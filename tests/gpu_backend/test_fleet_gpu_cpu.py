@@ -69,3 +69,18 @@ def test_validate_on_a_fleet_reports_every_replica(tmp_path, capsys):
     assert main(["run", str(path), "--executor", "gpu", "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
     reqs = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert (reqs.status == "completed").all() and set(reqs.replica) <= {0, 1}
+
+
+def test_validate_without_a_cuda_device_makes_no_output_folder(tmp_path, monkeypatch, capsys):
+    """`granisim validate` of a fleet where the device is missing: one line, exit 2, and no output folder.
+    Planted: the device was first checked when the first replica's executor was built, after the fleet's
+    output folder was made, which the failed run left empty."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "f.toml"
+    path.write_text('name = "f"\n[model]\nname = "tiny"\n[workload]\nroles = 2\nprefix_len = 24\nnum_requests = 4\n'
+                    'rate = 10.0\n[fleet]\nreplicas = 2\n')
+    assert main(["validate", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "no CUDA device here" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -269,7 +269,7 @@ def main():
     eff = float(f"{hi * (1 + 2e-6):.8f}")
     base = a100(eff, linear)
     add_parallel(write(base))  # the tp all-reduce curve and MoE grouped-GEMM coefficients (extrapolated)
-    # h200 is the measured profile and h100-sxm / b200 derive from it (scripts/make_calibrated_profiles.py);
+    # h200 is the measured profile and h100-sxm / b200 derive from it (python -m granisim.calibration.shipped);
     # `derived(name, base)` (the first, a100-carried what-if profiles) is kept for reference only.
     for name in ["a100-80gb", *DATASHEETS]:
         prof = load_profile(PROFILE_DIR / f"{name}.json")

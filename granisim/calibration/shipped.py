@@ -59,7 +59,7 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
     add_more(shipped)  # ... the latter replaced by their measurement
     model = get_model("llama-3.1-8b")
     for target in ("h100-sxm", "b200"):
-        doc = derive(cal.doc, target, source_name="h200 (calibration/profiles/h200.json)")  # the name it was derived under
+        doc = derive(cal.doc, target, source_name="h200 (granisim/config/profiles/h200.json)")
         path = PROFILE_DIR / f"{target}.json"
         path.write_text(json.dumps(doc, indent=2) + "\n")
         add_parallel(path)

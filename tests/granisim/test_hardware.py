@@ -43,7 +43,7 @@ def test_every_coefficient_has_a_valid_source(name):
 
 def test_datasheet_values():
     """a100: datasheet; h200: measured (the calibration run); h100-sxm, b200: the measured h200 scaled by
-    datasheet ratios (scripts/make_calibrated_profiles.py)."""
+    datasheet ratios (python -m granisim.calibration.shipped)."""
     a, h1, h2, b = (get_profile(n) for n in SHIPPED)
     assert (a.hbm_bandwidth, a.bf16_flops, a.sm_count, a.memory_bytes) == (2.039e12, 312e12, 108, 80 * GIB)
     for p in (a,):

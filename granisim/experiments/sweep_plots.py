@@ -17,7 +17,8 @@ def add_speedup(df: pd.DataFrame, sp: Speedup, varied: list[str]) -> pd.DataFram
 
     A baseline row matches on every varied field that all baseline rows override (so a
     baseline swept over fewer fields, e.g. ``token`` without ``hot_fraction``, serves every
-    target row that shares its values)."""
+    target row that shares its values) and on every field the baseline rows differ in (baselines
+    from several ``[[grid]]`` tables are told apart, not averaged)."""
     if df.empty or sp.field not in df.columns:
         return df.iloc[0:0]
     tgt = df[df[sp.field].astype(str) == str(sp.target)].copy()
@@ -26,7 +27,8 @@ def add_speedup(df: pd.DataFrame, sp: Speedup, varied: list[str]) -> pd.DataFram
         tgt["speedup"] = np.nan
         return tgt
     base_keys = set.intersection(*(set(json.loads(o)) for o in base.overrides))
-    keys = [k for k in varied if k != sp.field and k in base_keys and k in df.columns]
+    keys = [k for k in varied if k != sp.field and k in df.columns
+            and (k in base_keys or base[k].astype(str).nunique() > 1)]
     ref = base.groupby(keys, dropna=False)[sp.metric].mean() if keys else base[sp.metric].mean()
     if keys:
         idx = pd.MultiIndex.from_frame(tgt[keys]) if len(keys) > 1 else pd.Index(tgt[keys[0]])

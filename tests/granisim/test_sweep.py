@@ -299,3 +299,29 @@ def test_a_varied_field_acting_at_some_point_is_accepted(tmp_path):
 """
     spec = load_sweep(_sweep(tmp_path, text))
     assert len(spec.points) == 4
+
+
+def test_speedup_pairs_each_target_with_the_baseline_of_its_own_grid(tmp_path):
+    """Baselines from two [[grid]] tables (one at the base's rate, one at another) are told apart: each granikv
+    row is divided by the token row at its own rate. Planted: matching only on the fields every baseline row
+    overrides (policy.name alone here) divided both granikv rows by the mean of the two token rows."""
+    from granisim.experiments.sweep_plots import add_speedup
+
+    text = "name = 'two'\n" + BASE.format(n=12) + """
+[[grid]]
+"policy.name" = ["granikv", "token"]
+[[grid]]
+"policy.name" = ["granikv", "token"]
+"workload.rate" = [2.0]
+[speedup]
+field = "policy.name"
+target = "granikv"
+baseline = "token"
+"""
+    spec = load_sweep(_sweep(tmp_path, text))
+    df = run_sweep(spec, tmp_path / "o", workers=1, progress=False)
+    got = add_speedup(df, spec.speedup, spec.varied).set_index("workload.rate")
+    token = df[df["policy.name"] == "token"].set_index("workload.rate")["throughput_rps"]
+    assert token[2.0] != token[20.0]
+    for rate in (2.0, 20.0):
+        assert got.loc[rate, "baseline_throughput_rps"] == token[rate]

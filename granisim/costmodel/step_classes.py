@@ -1,10 +1,11 @@
 """Step-class corrections: the real engine's time over the cost model's price, per model, policy and class of step.
 
 Which class of step a plan is (pure): a decode step by its batch (``decode 1-4``, ``decode 5-16``, ``decode 17-64``,
-``decode 65+`` requests), a step with prefill work by its new tokens (``<=512``, ``<=2048``, ``>2048``: the engine
-runs steps over 2048 tokens eagerly), by how many requests prefill in it (``x1``, ``x2``, ``x3``, ``x4+``) and by
+``decode 65+`` requests), a step with prefill work by its new tokens (``<=512``, ``<=2048``, ``<=8191``, ``>=8192``:
+the engine runs steps over 2048 tokens eagerly, and 8192 is the default token budget of a step, a full prefill
+chunk), by how many requests prefill in it (``x1``, ``x2``, ``x3``, ``x4+``) and by
 whether one of them prefills from scratch (``fresh``: no cached context, its attention reads only its own tokens) or
-every one over cached context (``cached``: a prefix hit or an earlier chunk), e.g. ``prefill >2048 x2 fresh``.
+every one over cached context (``cached``: a prefix hit or an earlier chunk), e.g. ``prefill <=8191 x2 fresh``.
 
 A profile's optional ``step_classes`` section holds a factor per (model, policy, class), fitted on real-engine
 validation runs (``granisim validation step-classes``). The price of a plan of a listed model and policy is
@@ -24,8 +25,8 @@ from granisim.costmodel.scaled import scaled
 
 DECODE_BINS = ((4, "decode 1-4"), (16, "decode 5-16"), (64, "decode 17-64"))
 DECODE_LAST = "decode 65+"
-TOKEN_BINS = ((512, "<=512"), (2048, "<=2048"))
-TOKEN_LAST = ">2048"
+TOKEN_BINS = ((512, "<=512"), (2048, "<=2048"), (8191, "<=8191"))
+TOKEN_LAST = ">=8192"
 
 
 def _all_classes() -> tuple[str, ...]:

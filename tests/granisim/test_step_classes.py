@@ -33,16 +33,17 @@ def test_classes_by_batch_tokens_prefilling_requests_and_context():
         "decode 65+"]
     assert classify(512, 1, 1, True) == "prefill <=512 x1 fresh"
     assert classify(513, 9, 2, False) == "prefill <=2048 x2 cached"
-    assert classify(2049, 3, 3, True) == "prefill >2048 x3 fresh"
-    assert classify(8192, 12, 7, False) == "prefill >2048 x4+ cached"
-    labels = {classify(t, b, n, f) for t in (1, 600, 5000) for b in (1, 8, 40, 90) for n in range(6)
+    assert classify(2049, 3, 3, True) == "prefill <=8191 x3 fresh"
+    assert classify(8191, 12, 7, False) == "prefill <=8191 x4+ cached"
+    assert classify(8192, 12, 7, False) == "prefill >=8192 x4+ cached"
+    labels = {classify(t, b, n, f) for t in (1, 600, 5000, 8192) for b in (1, 8, 40, 90) for n in range(6)
               for f in (False, True)}
-    assert labels <= set(CLASSES) and len(CLASSES) == len(set(CLASSES)) == 4 + 3 * 4 * 2
+    assert labels <= set(CLASSES) and len(CLASSES) == len(set(CLASSES)) == 4 + 4 * 4 * 2
 
 
 def test_a_plan_is_fresh_when_one_prefilling_request_has_no_cached_context():
     """Decode rows do not count: a chunk over cached context beside decodes is cached."""
-    assert plan_class(_prefill((0, 3000))) == "prefill >2048 x1 fresh"
+    assert plan_class(_prefill((0, 3000))) == "prefill <=8191 x1 fresh"
     assert plan_class(_prefill((4096, 1000))) == "prefill <=2048 x1 cached"
     assert plan_class(_prefill((4096, 1000), (0, 600))) == "prefill <=2048 x2 fresh"
     mixed = BatchPlan(0, "granikv", 1, (PlannedRequest(0, 4096, 100, True), PlannedRequest(1, 0, 1, False)))
@@ -109,10 +110,10 @@ def test_a_bad_section_names_file_field_value(tmp_path, factors, field, value):
 
 def test_a_good_section_loads_and_is_described(tmp_path):
     doc = copy.deepcopy(BASE)
-    doc["step_classes"] = {"factors": {"qwen-2.5-14b": {"paged16": {"prefill >2048 x2 fresh": 1.08}}}, "source": SRC}
+    doc["step_classes"] = {"factors": {"qwen-2.5-14b": {"paged16": {"prefill <=8191 x2 fresh": 1.08}}}, "source": SRC}
     p = tmp_path / "good.json"
     p.write_text(json.dumps(doc))
     prof = load_profile(p)
-    assert prof.step_classes.for_model("qwen-2.5-14b")["paged16"]["prefill >2048 x2 fresh"] == 1.08
+    assert prof.step_classes.for_model("qwen-2.5-14b")["paged16"]["prefill <=8191 x2 fresh"] == 1.08
     assert prof.step_classes.for_model("llama-3.1-8b") is None
     assert "step_classes: 1 factors for qwen-2.5-14b" in prof.describe()

@@ -16,9 +16,9 @@ from granisim.core.contract import BatchPlan, PlannedRequest
 def test_a_factor_is_the_ratio_of_sums_and_needs_its_steps():
     sums = {("llama-3.1-8b", "token", "decode 1-4"): [3.0, 2.0, 25],  # 1 s and 2 s priced 1 s each: 1.5, not 1.25
             ("llama-3.1-8b", "token", "decode 5-16"): [9.0, 3.0, 19],  # too few steps: no factor
-            ("qwen-2.5-14b", "paged16", "prefill >2048 x2 fresh"): [2.2, 2.0, 20]}
+            ("qwen-2.5-14b", "paged16", "prefill <=8191 x2 fresh"): [2.2, 2.0, 20]}
     assert SC.factors(sums, min_steps=20) == {"llama-3.1-8b": {"token": {"decode 1-4": 1.5}},
-                                "qwen-2.5-14b": {"paged16": {"prefill >2048 x2 fresh": 1.1}}}
+                                "qwen-2.5-14b": {"paged16": {"prefill <=8191 x2 fresh": 1.1}}}
     assert SC.factors(sums)["llama-3.1-8b"]["token"]["decode 5-16"] == 3.0  # the default takes every class
 
 

@@ -72,7 +72,7 @@ from .tables import CostTables
 
 __all__ = ["BREAKDOWN_KEYS", "ELEMENTWISE_FAMILIES", "ENGINE_KEYS", "GEMM_FAMILIES", "LAYER_OPS", "STEP_OPS", "Correction",
            "CostTables", "cheaper_path", "cost_tables", "fit_roofline", "group_path_cost", "m_sat_crossover",
-           "m_sat_threshold", "op_work", "plan_cost", "roofline_time", "step_cost", "storage_class"]
+           "finished", "m_sat_threshold", "op_work", "plan_cost", "roofline_time", "step_cost", "storage_class"]
 
 _TABLES: dict[tuple, CostTables] = {}
 
@@ -94,9 +94,13 @@ def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> S
 
 
 def plan_cost(tables: CostTables, plan: BatchPlan, profile: HardwareProfile) -> StepResult:
-    """``plan`` priced by ``tables`` (its compute, with its class's measured factor where the profile has one),
-    lengthened by the host-tier copies compute does not hide."""
-    result = tables.step(plan)
+    """``plan`` priced by ``tables`` (:func:`finished`)."""
+    return finished(tables, plan, tables.step(plan), profile)
+
+
+def finished(tables: CostTables, plan: BatchPlan, result: StepResult, profile: HardwareProfile) -> StepResult:
+    """``plan``'s compute ``result`` times its class's measured factor where the profile has one, lengthened by
+    the host-tier copies compute does not hide."""
     if tables.step_classes:
         result = corrected(tables.step_classes, plan, result)
     if not plan.transfers:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from granisim.costmodel import cost_tables, plan_cost
+from granisim.costmodel import cost_tables, finished, plan_cost
 from granisim.costmodel.step import StepBlock
-from granisim.costmodel.step_classes import corrected
-from granisim.costmodel.transfers import with_transfers
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
 from granisim.core.contract import BatchPlan, StepResult
@@ -40,9 +38,7 @@ class CostExecutor:
         else:
             result, block = self._tables.step_block(plan)
             self._block = (plan, block)
-        if self._tables.step_classes:
-            result = corrected(self._tables.step_classes, plan, result)
-        return with_transfers(plan, result, self.profile) if plan.transfers else result
+        return finished(self._tables, plan, result, self.profile)
 
 
 def _fewer_steps_of(plan: BatchPlan, block: BatchPlan) -> bool:

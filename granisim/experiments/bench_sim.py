@@ -7,7 +7,7 @@
 
 Cases (Llama-3.1-8B on a100-80gb, cost-model executor):
 
-* ``azure_replay`` — scenarios/azure_replay.toml: the Azure conversation trace (19,366
+* ``azure_replay`` — azure_replay.toml: the Azure conversation trace (19,366
   requests, ~1 h of arrivals) at its own timestamps.
 * ``azure_replay_half`` — its first 9,683 requests (~30 min): with ``azure_replay``, the memory
   one more request costs (the difference of the two over the difference in requests), apart
@@ -15,11 +15,14 @@ Cases (Llama-3.1-8B on a100-80gb, cost-model executor):
   cache, the first string column's allocator pages).
 * ``azure_replay_x4``, ``azure_replay_x16`` — the trace 4 or 16 times back to back (4 h, 16 h):
   memory per request, and how the cost per plan grows with the length of a run.
-* ``multi_agent_saturated`` — scenarios/multi_agent_16k.toml (4 roles, 16K-token shared
+* ``multi_agent_saturated`` — multi_agent_16k.toml (4 roles, 16K-token shared
   prompts) with 1,200 requests arriving at 12/s, twice what one GPU serves: a long queue.
 * ``fleet_N`` (N = 1, 4, 16, 64) — N replicas behind the round-robin router (``--router
   cache_aware``: SGLang's), fed N copies of the trace compressed N-fold in time (each replica
   sees the trace's load). ``--fleet`` runs this series alone.
+
+The cases' scenario files ship with the package (granisim/config/scenarios/, copies of scenarios/*.toml),
+so the benchmark runs from an installed granisim as from a checkout.
 
 Each run is a fresh subprocess, so peak RSS (``ru_maxrss``) is that run's own. CPU time is
 ``time.process_time()`` around the simulation; speed vs real time = simulated seconds / CPU
@@ -43,10 +46,13 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT / "scenarios"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, when run from one (its commit goes in the report)
+# The cases' scenarios: package data (pyproject.toml), byte-identical copies of scenarios/*.toml (a test keeps them
+# so), not the checkout's scenarios/ folder, which an installed granisim does not have.
+SCENARIOS = "granisim.config.scenarios"
 DEFAULT_OUT = "out/bench/sim_speed.json"  # outside the tracked tree; reports/sim_speed/ quotes its figures
 
 
@@ -85,6 +91,14 @@ def repeat_trace(trace, copies: int):
     return pd.concat(parts, ignore_index=True)
 
 
+def load_case_scenario(name: str):
+    """A case's scenario file (``Case.scenario``), from the package's scenarios."""
+    from granisim.config.scenario import load_scenario
+
+    with resources.as_file(resources.files(SCENARIOS).joinpath(name)) as path:
+        return load_scenario(path)
+
+
 def _rss_now() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -100,12 +114,12 @@ def _peak_rss() -> int:
 
 def measure(name: str, policy: str, router: str = "round_robin") -> dict:
     """Run one case in this process (call it in a fresh one) and return its figures."""
-    from granisim.config.scenario import load_scenario, parse_scenario
+    from granisim.config.scenario import parse_scenario
     from granisim.core.metrics import requests_frame
     from granisim.experiments.run import prepare, simulate
 
     case = CASES[name]
-    sc = load_scenario(SCENARIOS / case.scenario).with_changes(**{"policy.name": policy, **dict(case.changes)})
+    sc = load_case_scenario(case.scenario).with_changes(**{"policy.name": policy, **dict(case.changes)})
     if case.replicas:
         data = sc.model_dump()
         data["fleet"] = {"replicas": case.replicas, "router": router}
@@ -126,7 +140,7 @@ def measure(name: str, policy: str, router: str = "round_robin") -> dict:
 
 def _run_child(name: str, policy: str, router: str = "round_robin", code: str | Path | None = None) -> dict:
     """One measurement in a fresh process; ``code``: run another checkout's granisim instead (its
-    folder first on PYTHONPATH, its own scenarios)."""
+    folder first on PYTHONPATH, the scenarios of its own package, or of its scenarios/ before they shipped)."""
     cmd = [sys.executable, "-m", "granisim.experiments.bench_sim", "--child", name, "--policy", policy,
            "--router", router]
     env = None
@@ -149,6 +163,8 @@ def _median_row(got: list[dict]) -> dict:
 
 
 def _commit(where: str | Path = ROOT) -> str:
+    if not (Path(where) / ".git").exists():  # an installed granisim: not the commit of a repository around it
+        return "unknown"
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=where, text=True,
                                        stderr=subprocess.DEVNULL).strip()
@@ -214,11 +230,11 @@ def run(out: str | Path = DEFAULT_OUT, cases=DEFAULT_CASES, repeats: int = 3, po
 
 def _policy_error(cases: list[str], policy: str) -> str | None:
     """Why ``policy`` cannot run these cases (checked before any is timed), or None."""
-    from granisim.config.scenario import ScenarioError, load_scenario
+    from granisim.config.scenario import ScenarioError
 
     for scenario in sorted({CASES[c].scenario for c in cases}):
         try:
-            load_scenario(SCENARIOS / scenario).with_changes(**{"policy.name": policy})
+            load_case_scenario(scenario).with_changes(**{"policy.name": policy})
         except ScenarioError as err:
             return str(err)
     return None

@@ -1,10 +1,50 @@
 """granisim bench sim: the trace repetition, one measurement, the table and bad arguments."""
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from granisim.experiments import bench_sim
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_cases_scenarios_ship_with_the_package_as_copies_of_scenarios():
+    """The packaged copies (granisim/config/scenarios/, package data) are byte-identical to scenarios/*.toml, so
+    the benchmark times the scenarios the reports name. Planted bug: editing scenarios/azure_replay.toml alone."""
+    names = sorted({c.scenario for c in bench_sim.CASES.values()})
+    assert names == ["azure_replay.toml", "multi_agent_16k.toml"]
+    for name in names:
+        packaged = ROOT / "granisim" / "config" / "scenarios" / name
+        assert packaged.read_bytes() == (ROOT / "scenarios" / name).read_bytes(), name
+
+
+def test_the_benchmark_runs_from_the_package_alone(tmp_path):
+    """catches: the cases' scenarios were read from ROOT / "scenarios", a folder of the checkout that an installed
+    granisim (`pip install .`, run from another folder) does not have: `granisim bench sim` failed with "cannot read
+    scenario file". Here the package is copied alone (no scenarios/ beside it) and imported from there."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "granisim", site / "granisim", ignore=shutil.ignore_patterns("__pycache__"))
+    code = (
+        "from granisim.experiments import bench_sim as b\n"
+        f"assert b.__file__.startswith({str(site)!r}), b.__file__\n"
+        "err = b._policy_error(list(b.CASES), 'granikv')\n"
+        "assert err is None, err\n"
+        "b.CASES['tiny'] = b.Case('multi_agent_16k.toml', (('workload.num_requests', 4),))\n"
+        "print(b.measure('tiny', 'granikv')['requests'], b._commit())\n")
+    run = tmp_path / "elsewhere"
+    run.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    got = subprocess.run([sys.executable, "-c", code], cwd=run, env=env, capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["4", "unknown"]
 
 
 def test_repeat_trace_puts_copies_back_to_back_one_mean_gap_apart():
@@ -18,7 +58,7 @@ def test_repeat_trace_puts_copies_back_to_back_one_mean_gap_apart():
 
 def test_one_measurement_reports_its_figures(monkeypatch):
     monkeypatch.setitem(bench_sim.CASES, "tiny", bench_sim.Case(
-        "control_short_prefix.toml", (("workload.num_requests", 12),), copies=2))
+        "azure_replay.toml", (("workload.num_requests", 12),), copies=2))
     got = bench_sim.measure("tiny", "granikv")
     assert got["case"] == "tiny" and got["requests"] == 12 and got["plans"] > 0
     assert got["cpu_s"] > 0 and got["speed_x_real_time"] == pytest.approx(got["simulated_s"] / got["cpu_s"])

@@ -369,9 +369,20 @@ _INERT = (
 )
 
 
-def inert(dotted: str, sc: Scenario) -> str | None:
-    """Why the field ``dotted`` (``section.name``) has no effect in ``sc``; None where it acts or always does."""
-    return next((why for section, name, acts, why in _INERT if f"{section}.{name}" == dotted and not acts(sc)), None)
+# fields a scenario file may set where they do not act, but a sweep must not vary where they act at no point
+# (every point would give the same results): a scenario written for granikv keeps its hot_fraction when it is
+# run, compared (`granisim compare --policies`) or swept under another policy
+_INERT_IN_SWEEPS = (
+    ("policy", "hot_fraction", lambda sc: sc.policy.name == "granikv",
+     "has no effect unless policy.name = 'granikv' (token and paged policies have no HOT pool)"),
+)
+
+
+def inert(dotted: str, sc: Scenario, sweep: bool = False) -> str | None:
+    """Why the field ``dotted`` (``section.name``) has no effect in ``sc``; None where it acts or always does.
+    ``sweep``: also the fields only a sweep's varied fields are checked for (``_INERT_IN_SWEEPS``)."""
+    table = _INERT + _INERT_IN_SWEEPS if sweep else _INERT
+    return next((why for section, name, acts, why in table if f"{section}.{name}" == dotted and not acts(sc)), None)
 
 
 def check_effective(data: dict, sc: Scenario, source: str) -> None:

@@ -318,8 +318,8 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
         points.append(Point(pid, c, sc))
 
     for k in varied:  # a varied field that acts at no point gives the same results at every value
-        why = inert(k, points[0].scenario)
-        if why and all(inert(k, p.scenario) for p in points):
+        why = inert(k, points[0].scenario, sweep=True)
+        if why and all(inert(k, p.scenario, sweep=True) for p in points):
             raise ScenarioError(f"{source}: {where} field {k}: {why} (at every point of the sweep)")
     speedup = _speedup(raw.get("speedup"), base, points, source)
     plots = _plots(raw.get("plot"), speedup, points, source)

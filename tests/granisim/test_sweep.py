@@ -126,6 +126,10 @@ def test_resume_after_kill_loses_nothing_finished(tmp_path):
     ('[grid]\n"workload.rate" = 3\n', "must be a list of values"),
     ('[grids]\n"workload.rate" = [3]\n', "unknown sweep key 'grids'"),
     ('[grid]\n"workload.time_scale" = [1.0, 2.0]\n', "grid field workload.time_scale: has no effect with Poisson"),
+    ('set = { "policy.name" = "token" }\n[grid]\n"policy.hot_fraction" = [0.1, 0.4]\n',
+     "grid field policy.hot_fraction: has no effect unless policy.name = 'granikv'"),
+    ('[[points]]\n"policy.name" = "paged16"\n"policy.hot_fraction" = 0.1\n[[points]]\n"policy.name" = "token"\n'
+     '"policy.hot_fraction" = 0.4\n', "points field policy.hot_fraction: has no effect unless policy.name = 'granikv'"),
 ])
 def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, needle):
     path = _sweep(tmp_path, text)
@@ -299,6 +303,26 @@ def test_a_varied_field_acting_at_some_point_is_accepted(tmp_path):
 """
     spec = load_sweep(_sweep(tmp_path, text))
     assert len(spec.points) == 4
+
+
+def test_hot_fraction_is_refused_only_where_no_point_runs_granikv(tmp_path):
+    """policy.hot_fraction sizes granikv's HOT pool; token and paged have none, so a sweep over it under those
+    policies alone lists distinct points with identical results, and is refused (above). Where a point runs granikv
+    it is accepted, and a scenario file that sets it under another policy (a granikv scenario switched to token,
+    as `granisim compare --policies` does) still loads: only a sweep's varied fields are checked for it. Planted:
+    adding it to the table scenario files are checked against refused that file."""
+    from granisim.config.scenario import load_scenario
+
+    text = "name = 'hot'\n" + BASE.format(n=8) + """
+[grid]
+"policy.name" = ["granikv", "token"]
+"policy.hot_fraction" = [0.1, 0.4]
+"""
+    assert len(load_sweep(_sweep(tmp_path, text)).points) == 4
+    sc = tmp_path / "token_hot.toml"
+    sc.write_text('[policy]\nname = "token"\nhot_fraction = 0.3\n[workload]\nnum_requests = 4\n')
+    assert load_scenario(sc).policy.hot_fraction == 0.3
+    assert load_scenario(sc).with_changes(**{"policy.name": "granikv"}).policy.name == "granikv"
 
 
 def test_speedup_pairs_each_target_with_the_baseline_of_its_own_grid(tmp_path):

@@ -5,7 +5,7 @@ from granisim.experiments import bench_sim
 
 def test_a_fleet_case_runs_the_fleet_behind_the_router(monkeypatch):
     monkeypatch.setitem(bench_sim.CASES, "tiny_fleet", bench_sim.Case(
-        "control_short_prefix.toml", (("workload.num_requests", 12), ("workload.time_scale", 2.0)),
+        "azure_replay.toml", (("workload.num_requests", 12), ("workload.time_scale", 2.0)),
         copies=2, replicas=2))
     seen = []
     import granisim.fleet.build as build
@@ -39,10 +39,10 @@ def test_a_fleet_simulates_the_setups_trace_not_a_fresh_one():
     19,366 rows here) and ignored it."""
     import dataclasses
 
-    from granisim.config.scenario import load_scenario, parse_scenario
+    from granisim.config.scenario import parse_scenario
     from granisim.experiments.run import prepare, simulate
 
-    data = load_scenario(bench_sim.SCENARIOS / "azure_replay.toml").model_dump()
+    data = bench_sim.load_case_scenario("azure_replay.toml").model_dump()
     data["fleet"] = {"replicas": 2}
     setup = prepare(parse_scenario(data))
     setup = dataclasses.replace(setup, trace=bench_sim.repeat_trace(setup.trace.iloc[:15].copy(), 2))

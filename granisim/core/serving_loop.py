@@ -190,8 +190,10 @@ class ServingLoop:
             sched.expire(env.now)
             plan = sched.schedule(env.now)
             if plan is None:
-                if not self._pending and not sched.has_work and self.feed is None:
-                    break
+                if not self._pending and not sched.has_work:
+                    if feed is None:
+                        break
+                    feed.idle()  # a fleet replica: the fleet may have no work left anywhere
                 self._idle_until_next_arrival()
                 self._wake = env.event()
                 yield self._wake

@@ -90,6 +90,9 @@ class FleetLoop:
         self._up_now: tuple = ()  # the views of _up_views as the replicas are now
         self._views_s = float("-inf")
         self._held = []  # arrivals while every replica is down
+        self._arriving = 0  # arrival processes still delivering
+        self._recovering = 0  # faults that have begun and will end (a replica coming back)
+        self._done: simpy.Event | None = None  # no work left: faults still to come change nothing
         self.rerouted: dict[int, int] = {}
         self.recomputed = 0
 
@@ -112,7 +115,12 @@ class FleetLoop:
         self._up_changed()
         for f in self.cfg.faults:
             env.process(self._fault(f))
-        env.run()
+        self._done = env.event()
+        try:  # the run ends with its work: a fault due later would only move the clock (and the run's span)
+            env.run(until=self._done)
+        except RuntimeError:
+            if self._done.triggered or env.peek() != float("inf"):
+                raise
         self._bar.close()
         parts = [(NO_REPLICA, RequestRecords(self._reject(spec, "no replica up (every replica down for good)")
                                              for spec in self._held))]
@@ -123,6 +131,7 @@ class FleetLoop:
                            self.router.name, self.router.decisions)
 
     def _add_arrivals(self, specs) -> None:
+        self._arriving += 1
         self.env.process(self._arrivals(ArrivalQueue(specs)))
 
     def _arrivals(self, queue: ArrivalQueue):
@@ -130,6 +139,20 @@ class FleetLoop:
             spec = queue.pop()
             yield UrgentTimeout(self.env, max(0.0, spec.arrival_s - self.env.now))
             self._route(spec)
+        self._arriving -= 1
+        self.idle()
+
+    def idle(self) -> None:
+        """A replica ran out of work (or an arrival process ended): end the run if the whole fleet has, so that
+        a fault due after the last request changes neither the run's end nor its figures. Requests held with
+        every replica down wait only for a fault that has begun to end (a fault to come brings none back)."""
+        if self._done is None or self._done.triggered or self._arriving:
+            return
+        if self._held and self._recovering:
+            return
+        if any(rep.loop is not None and rep.loop.scheduler.has_work for rep in self.replicas):
+            return
+        self._done.succeed()
 
     def _fault(self, f):
         env, rep = self.env, self.replicas[f.replica]
@@ -142,14 +165,18 @@ class FleetLoop:
             self.rerouted[spec.rid] = self.rerouted.get(spec.rid, 0) + 1
             self._route(spec)
         if f.for_s is None:
+            self.idle()  # the last busy replica may have gone for good with every other one down
             return
+        self._recovering += 1
         yield env.timeout(f.for_s)
+        self._recovering -= 1
         if rep.recover(env):
             self._views[rep.index] = None
             self._up_changed()
             held, self._held = self._held, []
             for spec in held:
                 self._route(spec)
+        self.idle()
 
     # ---- routing ----------------------------------------------------------------------------------
     def _current_views(self) -> list:

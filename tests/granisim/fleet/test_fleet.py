@@ -98,6 +98,30 @@ def test_with_every_replica_down_for_good_requests_are_rejected_with_a_reason():
     assert len(reqs) == 36
 
 
+
+def test_a_fault_due_after_the_last_request_changes_nothing():
+    """A fault after the work is done used to move the run's end to the fault (a 20-second run reported over
+    1,001 s, its throughput 50 times too low) and count the replica down for the second after."""
+    sc = scenario({"replicas": 2})
+    late = scenario({"replicas": 2, "faults": [{"replica": 1, "at_s": 1000.0, "for_s": 1.0},
+                                               {"replica": 0, "at_s": 2000.0}]})
+    want, got = run(sc), run(late)
+    assert got.end_s == want.end_s < 100
+    s_want, s_got = (fleet_summary(r, fleet_requests(r), fleet_steps(r)) for r in (want, got))
+    assert s_got == s_want
+    assert [rep.down_s for rep in got.replicas] == [0.0, 0.0]
+
+
+def test_requests_held_with_every_replica_down_wait_for_one_coming_back_only():
+    """Held requests end the run (rejected) once no fault that has begun will bring a replica back; a replica that
+    is down for a while still gets them."""
+    gone = run(scenario({"replicas": 1, "faults": [{"replica": 0, "at_s": 0.2}, {"replica": 0, "at_s": 500.0}]}))
+    reqs = fleet_requests(gone)
+    assert (reqs.replica == -1).any() and gone.end_s < 100
+    back = run(scenario({"replicas": 1, "faults": [{"replica": 0, "at_s": 0.2, "for_s": 300.0}]}))
+    reqs = fleet_requests(back)
+    assert (reqs.status == "completed").all() and len(reqs) == 36 and back.end_s > 300
+
 def check_nothing_lost(res, sessions: int, turns: int) -> None:
     """Every request finishes or is rejected with a reason, exactly once; every finished turn's follow-up exists."""
     reqs = fleet_requests(res)

@@ -26,23 +26,45 @@ def replica_specs(scenario: Scenario, source: str = "<scenario>") -> list[Replic
         sc, n = scenario, cfg.size
         if group is not None:
             n = group.replicas
-            changes = {}
-            if group.profile is not None:
-                changes["hardware.profile"] = group.profile
-            if group.policy is not None:
-                changes["policy.name"] = group.policy
-            sc = scenario.with_changes(**changes) if changes else scenario
         try:
+            if group is not None and (group.profile is not None or group.policy is not None):
+                sc = _group_scenario(scenario, group, source)
             setup = prepare(sc, source)
         except ScenarioError as err:
             if group is None:
                 raise
-            msg = str(err).replace("field hardware.profile", f"field fleet.groups.{g}.profile").replace(
-                "field policy.name", f"field fleet.groups.{g}.policy")
-            raise ScenarioError(msg) from None
+            raise ScenarioError(_group_error(str(err), g, group)) from None
         first = len(specs)
         specs.extend(ReplicaSpec(first + k, setup, sc.hardware.tp, g) for k in range(n))
     return specs
+
+
+def _group_scenario(scenario: Scenario, group, source: str) -> Scenario:
+    """The scenario as one replica group runs it: its profile and policy in place of the scenario's."""
+    from granisim.config.scenario import parse_scenario
+
+    data = scenario.model_dump()
+    if group.profile is not None:
+        data["hardware"]["profile"] = group.profile
+    if group.policy is not None:
+        data["policy"]["name"] = group.policy
+    return parse_scenario(data, source=source)
+
+
+def _group_error(msg: str, g: int, group) -> str:
+    """A mistake found in replica group ``g``'s scenario, said of the group's field where it is the group's
+    own (its profile or policy), else with the group named."""
+    where = f"fleet.groups.{g}"
+    msg = msg.replace("field hardware.profile", f"field {where}.profile").replace("field policy.name",
+                                                                                    f"field {where}.policy")
+    if group.policy is not None and "field policy.host_tier = " in msg and f"policy {group.policy} " in msg:
+        head, _, rest = msg.partition("field policy.host_tier = ")
+        why = rest.partition(": ")[2]
+        return f"{head}field {where}.policy = {group.policy!r}: under policy.host_tier = 'slabs', {why}"
+    if f"field {where}." in msg:
+        return msg
+    own = ", ".join(f"{k} {v!r}" for k, v in (("profile", group.profile), ("policy", group.policy)) if v is not None)
+    return f"{msg} (in replica group {where}: {own})"
 
 
 def simulate_fleet(scenario: Scenario, source: str = "<scenario>", make_executor=None, progress: bool = True,

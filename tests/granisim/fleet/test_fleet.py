@@ -277,3 +277,19 @@ def test_a_request_handed_back_after_it_started_does_not_time_out_in_the_queue()
     assert reqs.rerouted[0] == 1  # started at t = 0 on idle replica 0 (400 outputs), handed back at 1.5
     assert reqs.status[0] == "completed", reqs.reason[0]
     check_nothing_lost(run(sc), 40, 1)
+
+
+@pytest.mark.parametrize("head, group, want", [
+    # catches: the group's policy refused by the host tier was reported as "<override>: field policy.host_tier"
+    ("[hardware]\nhost_kv_gb = 1.0\n", "policy = \"token\"", "field fleet.groups.1.policy = 'token': "),
+    # catches: a group's profile without room for the KV cache blamed the scenario's field without the group
+    ("[model]\nname = \"llama-3.1-70b\"\n[hardware]\nprofile = \"h200\"\ntp = 2\nreserve_gb = 10.0\n",
+     "profile = \"a100-80gb\"", "field hardware.reserve_gb = 10.0: "),
+])
+def test_a_replica_groups_mistake_names_the_file_and_the_group(tmp_path, capsys, head, group, want):
+    path = write(tmp_path, TOML + head + "[fleet]\n[[fleet.groups]]\nreplicas = 1\n[[fleet.groups]]\nreplicas = 1\n"
+                 + group + "\n")
+    assert main(["run", path, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}: ") and want in err, err
+    assert "fleet.groups.1" in err and "<override>" not in err, err

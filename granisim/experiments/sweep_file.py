@@ -440,16 +440,24 @@ def _plots(raw_plots, speedup: Speedup | None, points: list[Point], source: str)
 
 
 def _check_setup(sc: Scenario, overrides: dict, source: str, done: set[str]) -> None:
-    """Resolve model, profile, trace and KV budget once per distinct combination."""
+    """Resolve model, profile, trace, KV budget, pool split and (for a fleet) every replica group and fault once
+    per distinct combination of the fields they read (all but the name, the seed, the scheduler and the rate)."""
     from granisim.experiments.run import prepare
+    from granisim.fleet.build import replica_specs
 
-    key = json.dumps([sc.model.model_dump(), sc.hardware.model_dump(), sc.workload.trace,
-                      sc.workload.prefix_len if sc.workload.kind != "azure" else 0], sort_keys=True)
+    data = sc.model_dump(mode="json")
+    for k in ("name", "seed", "scheduler"):
+        data.pop(k, None)
+    data["workload"].pop("rate", None)
+    key = json.dumps(data, sort_keys=True)
     if key in done:
         return
     done.add(key)
     where = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
     try:
-        prepare(sc, source)
+        if sc.fleet is not None:
+            replica_specs(sc, source)
+        else:
+            prepare(sc, source)
     except ScenarioError as err:
         raise ScenarioError(f"{err} (point {where})") from None

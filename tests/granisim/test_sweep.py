@@ -2,6 +2,7 @@
 bad sweep files are rejected with one line."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -349,3 +350,18 @@ baseline = "token"
     assert token[2.0] != token[20.0]
     for rate in (2.0, 20.0):
         assert got.loc[rate, "baseline_throughput_rps"] == token[rate]
+
+
+@pytest.mark.parametrize("base, grid, want", [
+    # catches: the up-front check ran once per model, hardware and prefix length, so a second policy's pool split
+    # (a page larger than the budget) failed only when its point ran
+    ("[base.hardware]\nkv_budget_tokens = 3000\n", '"policy.name" = ["granikv", "paged4096"]',
+     "field policy.name = 'paged4096': the KV budget of 3000 tokens"),
+    # ... and a fleet's faults were never checked against the fleet's size at each point
+    ("[base.fleet]\nreplicas = 2\n[[base.fleet.faults]]\nreplica = 1\nat_s = 0.5\n", '"fleet.replicas" = [2, 1]',
+     "field fleet.faults.0.replica = 1: the fleet has replicas 0..0"),
+])
+def test_every_point_is_resolved_before_anything_runs(tmp_path, base, grid, want):
+    text = "name = 'x'\n" + BASE.format(n=8) + base + "[grid]\n" + grid + "\n"
+    with pytest.raises(ScenarioError, match=re.escape(want)):
+        load_sweep(_sweep(tmp_path, text))

@@ -84,7 +84,12 @@ def expert_pick_probs(model: ModelShape) -> np.ndarray:
         excess = float((q[over] - 1.0).sum())
         q[over] = 1.0
         free = ~over & (q < 1.0)
-        q[free] += excess * q[free] / q[free].sum()
+        share = q[free].sum()
+        if share > 0:
+            q[free] += excess * q[free] / share
+        else:  # the rest's popularity underflowed to 0 (a large s): the next most popular take whole picks
+            idx = np.flatnonzero(free)[: int(np.ceil(excess - 1e-9))]
+            q[idx] = np.minimum(1.0, excess - np.arange(len(idx)))
     return np.minimum(q, 1.0)
 
 

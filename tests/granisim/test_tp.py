@@ -299,3 +299,16 @@ def test_shard_check_prices_the_shards_as_the_cost_model_does(tmp_path):
     for e in errs.values():
         assert e["table"]["median"] < 1e-9 and e["table"]["p90"] < 1e-9 and e["table"]["n"] == 4 * 27
         assert e["roofline"]["median"] > 0.01
+
+
+@pytest.mark.parametrize("s", [300.0, 1000.0, 1e300])
+def test_a_steep_zipf_router_picks_the_k_most_popular_experts(s):
+    """catches: with expert_zipf_s = 1000 every expert's popularity past the first underflowed to 0, the capped
+    excess was shared out as 0 / 0, and every MoE step (and the run's throughput) came out NaN."""
+    m = get_model("qwen3-30b-a3b")
+    q = expert_pick_probs(replace(m, expert_routing="zipf", expert_zipf_s=s))
+    k = m.experts_per_token
+    assert np.isfinite(q).all() and q.sum() == pytest.approx(k) and q.max() <= 1.0
+    assert q[:k] == pytest.approx(np.ones(k)) and q[k:].sum() == pytest.approx(0.0, abs=1e-9)
+    active, rows = expected_expert_rows(replace(m, expert_routing="zipf", expert_zipf_s=s), 100, 16)
+    assert active == pytest.approx(k) and np.isfinite(rows)

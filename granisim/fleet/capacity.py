@@ -160,6 +160,12 @@ def fleet_capacity_cli(args) -> int:
     from granisim.fleet.compare import parse_routers
 
     scenario = load_scenario(args.scenario)
+    wl = scenario.workload
+    if wl.kind == "azure" or wl.arrivals == "trace":  # every probe sets workload.rate, which a replay ignores
+        raise ScenarioError(f"{args.scenario}: field workload.arrivals = {wl.arrivals!r} (kind = {wl.kind!r}): "
+                            f"capacity --rate {args.rate:g} offers the fleet that Poisson rate; a trace replay's "
+                            "arrivals have no rate to set (use arrivals = \"poisson\" with kind = \"multi_agent\" "
+                            "or \"control\")")
     slo = parse_slo(args.slo)
     default_router = scenario.fleet.router if scenario.fleet is not None else "round_robin"
     routers = parse_routers(args.routers or default_router)

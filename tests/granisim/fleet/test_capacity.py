@@ -156,3 +156,18 @@ def test_a_name_given_twice_is_refused(tmp_path, capsys, args):
     assert main([args[0], str(path), *args[1:]]) == 2
     err = capsys.readouterr().err
     assert "given twice" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("workload", ['kind = "azure"\nnum_requests = 20\n',
+                                      'roles = 2\nprefix_len = 256\nnum_requests = 20\narrivals = "trace"\n'])
+def test_a_trace_replay_is_refused_by_the_fewest_replicas_search(tmp_path, capsys, workload):
+    """catches: every probe set workload.rate = R, which a trace replay ignores, so `--rate 3` on the Azure replay
+    reported the fewest replicas 'holding 3 req/s' for the trace's own arrivals."""
+    path = tmp_path / "az.toml"
+    path.write_text(f"name = \"az\"\n[workload]\n{workload}[fleet]\nreplicas = 2\n")
+    out = tmp_path / "o"
+    assert main(["capacity", str(path), "--slo", "ttft_p99=2s", "--rate", "3", "--max-replicas", "2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}: field workload.arrivals = "), err
+    assert "--rate 3" in err and not out.exists()

@@ -262,6 +262,7 @@ class HardwareProfile:
     # linear tables measured at other model shapes: a model is priced from the nearest (costmodel.tables)
     more_linear_tables: tuple[LinearTable, ...] = ()
     step_classes: StepClasses | None = None  # measured corrections by class of step (optional)
+    base: str | None = None  # the profile this one was made from (config/profile_base.py), as its file names it
 
     def __getitem__(self, name: str) -> float:
         c = self.coefficients.get(name)
@@ -291,7 +292,8 @@ class HardwareProfile:
 
     def describe(self) -> str:
         """The coefficients with their units and sources, one per line."""
-        lines = [f"{self.name} ({self.gpu})" + (f" — {self.path}" if self.path else "")]
+        lines = [f"{self.name} ({self.gpu})" + (f" — {self.path}" if self.path else "")
+                 + (f", made from {self.base}" if self.base else "")]
         w = max(map(len, self.coefficients))
         for k, c in self.coefficients.items():
             lines.append(f"  {k:<{w}}  {c.value:>12.6g} {c.unit:<7} {c.source.describe()}")

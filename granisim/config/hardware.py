@@ -23,6 +23,8 @@ A profile is a JSON file (shipped ones live in ``granisim/config/profiles/``)::
       }
     }
 
+A profile may be made from another (``"base"``: granisim.config.profile_base) and hold only what it changes.
+
 Every coefficient in :data:`COEFFICIENTS` must be present; those in :data:`OPTIONAL_COEFFICIENTS` may
 be (``attn.form = 2`` needs all of them); nothing else. A coefficient's ``source`` is one of
 
@@ -46,6 +48,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
+from granisim.config import profile_base
 from granisim.config.files import unreadable
 from granisim.config.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
                                    OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
@@ -171,6 +174,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ProfileError(f"{path}: field (file): value {str(path)!r}: {unreadable(e, 'no such profile file')}") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: field (file): value line {e.lineno} col {e.colno}: invalid JSON ({e.msg})") from None
+    base = profile_base.reference(raw)
+    raw = profile_base.resolve(path, raw, PROFILE_DIR, _fail)  # a profile made from another: its base filled in
     try:
         m = ProfileModel.model_validate(raw)
     except ValidationError as e:
@@ -222,7 +227,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
         tpath = _table_file(path, "kernel_table", t)
         ktable = KernelTable(tpath, MappingProxyType(dict(t.model)), _source(t.source), _read_kernel_table(path, tpath))
     classes = _step_classes(path, m.step_classes) if m.step_classes is not None else None
-    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable, more, classes)
+    return HardwareProfile(m.name, m.gpu, MappingProxyType(coefs), table, m.notes, path, ktable, more, classes, base)
 
 
 STEP_CLASS_RANGE = (0.5, 2.0)  # a factor outside it is a fit gone wrong, not an engine

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from granisim.config.files import OneLineParser
 from granisim.config.hardware import PROFILE_DIR, get_profile
+from granisim.config.profile_base import derived
 from granisim.config.models import get_model
 from granisim.costmodel.step_classes import CLASSES, plan_class, policy_key
 from granisim.validation.clock_term import run_units
@@ -88,12 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     sums, units = class_sums(runs, base)
     fitted = factors(sums, args.min_steps)
     print(table(sums, fitted), end="")
-    base_file = Path(args.base) if args.base.endswith(".json") else PROFILE_DIR / f"{args.base}.json"
-    doc = json.loads(base_file.read_text())
-    doc["name"] = args.out.stem
-    doc["notes"] = (f"{args.base} with step-class factors (engine time over its price per model, policy and class of "
-                    f"step) fitted on real-engine validation runs; models and policies without factors are priced as "
-                    f"{args.base} prices them. {args.base}'s notes: {doc.get('notes', '')}")
+    notes = (f"{args.base} with step-class factors (engine time over its price per model, policy and class of "
+             f"step) fitted on real-engine validation runs; models and policies without factors are priced as "
+             f"{args.base} prices them. {args.base}'s notes: {base.notes}")
+    doc = derived(args.base, args.out, PROFILE_DIR, name=args.out.stem, notes=notes)  # the factors on its base
     cmd = (f"granisim validation step-classes {' '.join(map(str, runs))} --base {args.base} "
            f"--min-steps {args.min_steps}")
     doc["step_classes"] = {"factors": fitted, "source": {

@@ -90,7 +90,7 @@ MAX_HOST_TOKENS = 1 << 26  # host-tier slots the simulator tracks (13 bytes of b
 
 def host_tier_config(scenario, model) -> HostTierConfig | None:
     """The tier of a scenario (None when ``hardware.host_kv_gb`` is 0: no tier). ValueError naming the field when
-    the host holds more than MAX_HOST_TOKENS tokens of ``model``'s KV."""
+    the host holds more than MAX_HOST_TOKENS tokens of ``model``'s KV, or less than one."""
     gb = getattr(scenario.hardware, "host_kv_gb", 0.0)
     if not gb:
         return None
@@ -102,8 +102,11 @@ def host_tier_config(scenario, model) -> HostTierConfig | None:
             f"bookkeeping per host token, so at most {MAX_HOST_TOKENS} tokens "
             f"({MAX_HOST_TOKENS * per_token / 1e9:.0f} GB of {model.name}'s KV)")
     cap = int(gb * 1e9 // per_token)
-    if cap < 1:
-        return None
+    if cap < 1:  # a tier asked for (host_kv_gb > 0) that would hold nothing: said, not silently dropped
+        raise ValueError(
+            f"field hardware.host_kv_gb = {gb}: less than one token of {model.name}'s KV ({per_token} bytes"
+            f"{' per GPU' if getattr(model, 'tp', 1) > 1 else ''}), so the tier would hold nothing; use 0 for no "
+            f"host tier, or at least {per_token / 1e9:.3g}")
     pol = scenario.policy
     return HostTierConfig(cap, per_token, pol.host_tier, pol.host_eviction, pol.host_write)
 

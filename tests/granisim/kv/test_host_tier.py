@@ -263,6 +263,20 @@ def test_a_host_tier_past_what_the_simulator_tracks_is_one_line(gb):
     prepare(parse_scenario_file_data({"hardware": {"host_kv_gb": 8e3}}, "f.toml"), "f.toml")  # 61M tokens: fits
 
 
+
+@pytest.mark.parametrize("gb", [1e-12, 5e-324])
+def test_a_host_tier_of_less_than_one_token_is_one_line(gb):
+    """catches: host_kv_gb = 1e-12 (> 0: a tier asked for, with its host_tier / host_write fields accepted) rounded
+    down to 0 tokens and the run went on silently without a tier."""
+    from granisim.experiments.run import prepare
+
+    sc = parse_scenario_file_data({"hardware": {"host_kv_gb": gb}, "policy": {"host_write": "reused"}}, "f.toml")
+    with pytest.raises(ScenarioError) as err:
+        prepare(sc, "f.toml")
+    msg = str(err.value)
+    assert msg.startswith(f"f.toml: field hardware.host_kv_gb = {gb}: less than one token") and "\n" not in msg
+    prepare(parse_scenario_file_data({"hardware": {"host_kv_gb": 131072e-9}}, "f.toml"), "f.toml")  # one token
+
 def test_tier_off_dumps_as_before():
     sc = parse_scenario_file_data({"hardware": {"host_kv_gb": 0.0}}, "f.toml")
     d = sc.model_dump()

@@ -59,7 +59,7 @@ from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, Pub
 # granisim.config.hardware is the profiles' public module: the catalogue and data classes are importable from here too
 __all__ = ["COEFFICIENTS", "OPTIONAL_COEFFICIENTS", "FORM2_COEFFICIENTS", "KERNEL_TABLE_COLS", "KERNEL_FAMILIES",
            "SCHEMA", "PROFILE_DIR", "DATA_DIR", "ProfileError", "Source", "Coefficient", "LinearTable", "KernelTable",
-           "HardwareProfile", "load_profile", "available_profiles", "get_profile"]
+           "HardwareProfile", "load_profile", "profile_json", "available_profiles", "get_profile"]
 
 SCHEMA = "granikv-hardware-profile/1"
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -165,17 +165,26 @@ def _read_tp_tables(file: Path | str, path: Path, field: str) -> Mapping[int, tu
     return MappingProxyType(out)
 
 
-def load_profile(path: str | Path) -> HardwareProfile:
-    """Read and validate one profile file."""
-    path = Path(path)
+def _read_json(path: Path):
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise ProfileError(f"{path}: field (file): value {str(path)!r}: {unreadable(e, 'no such profile file')}") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: field (file): value line {e.lineno} col {e.colno}: invalid JSON ({e.msg})") from None
-    base = profile_base.reference(raw)
-    raw = profile_base.resolve(path, raw, PROFILE_DIR, _fail)  # a profile made from another: its base filled in
+
+
+def profile_json(path: str | Path) -> dict:
+    """A profile file's JSON with its base's fields filled in (config/profile_base.py), not yet validated."""
+    path = Path(path)
+    return profile_base.resolve(path, _read_json(path), PROFILE_DIR, _fail)
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    """Read and validate one profile file."""
+    path = Path(path)
+    base = profile_base.reference(_read_json(path))
+    raw = profile_json(path)  # a profile made from another: its base filled in
     try:
         m = ProfileModel.model_validate(raw)
     except ValidationError as e:

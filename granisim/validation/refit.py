@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         only = only_values(values, args.only)
         source = replace(source, command=source.command + " --only " + " ".join(args.only))
-        write_engine_profile(str(keep_file), only, source, args.out, {}, fitted_on)
+        write_engine_profile(args.keep_from, only, source, args.out, {}, fitted_on)
         print(f"{args.out}: {', '.join(sorted(only))} refitted on {fitted_on}; the rest as in {args.keep_from}")
         return 0
     write_engine_profile(args.base, values, source, args.out, kept_coefficients(keep_file), fitted_on)

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from granisim.validation.gpu_runs import HELD_OUT, VALIDATION, split_unit, unit_name, validation_scenario
 from granisim.calibration.engine_fit import ENGINE_HOST_DUPLEX, ENGINE_HOST_OVERLAP, fit, host_work, unit_of, with_engine
-from granisim.config.hardware import PROFILE_DIR, Source, get_profile
+from granisim.config.hardware import PROFILE_DIR, Source, get_profile, profile_json
+from granisim.config.profile_base import derived
 from granisim.config.models import get_model
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import prepare, simulate
@@ -198,17 +199,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_engine_profile(base: str, values: dict, source: Source, out: Path, kept: dict, fitted_on: str) -> None:
-    """Write the profile ``base`` (a name or a .json path) plus the engine corrections ``values`` (each with
-    ``source``) and the ``kept`` coefficients, as the profile ``out`` (named by its stem)."""
-    base_file = Path(base) if base.endswith(".json") else PROFILE_DIR / f"{base}.json"
-    doc = json.loads(base_file.read_text())
-    doc["name"] = out.stem
-    doc["notes"] += (f" Engine-calibrated ({out.stem}): plus the real engine's per-key corrections and host overhead "
-                     f"fitted on {fitted_on} (reports/validation/README.md); use it to predict the GraniKV engine itself.")
-    for name, v in values.items():
-        doc["coefficients"][name] = {"value": v, "unit": unit_of(name),
-                                     "source": {"kind": "measured", "date": source.date, "command": source.command,
-                                                "note": source.note}}
+    """Write the profile ``out`` (named by its stem), made from ``base`` (a name or a .json path;
+    config/profile_base.py): the engine corrections ``values`` (each with ``source``) and the ``kept``
+    coefficients on top of the base's."""
+    notes = (get_profile(base).notes + f" Engine-calibrated ({out.stem}): plus the real engine's per-key corrections "
+             f"and host overhead fitted on {fitted_on} (reports/validation/README.md); use it to predict the GraniKV "
+             f"engine itself.")
+    doc = derived(base, out, PROFILE_DIR, name=out.stem, notes=notes)
+    doc["coefficients"] = {name: {"value": v, "unit": unit_of(name),
+                                  "source": {"kind": "measured", "date": source.date, "command": source.command,
+                                             "note": source.note}} for name, v in values.items()}
     doc["coefficients"].update(kept)
     doc["coefficients"]["host.overlap"] = ENGINE_HOST_OVERLAP
     doc["coefficients"]["host.duplex"] = ENGINE_HOST_DUPLEX
@@ -237,7 +237,7 @@ def kept_coefficients(profile_out: Path | None) -> dict:
     """Coefficients of an existing --profile-out that the grid fits (engine_vs_sim.py --fit) put there."""
     if profile_out is None or not profile_out.exists():
         return {}
-    old = json.loads(profile_out.read_text())["coefficients"]
+    old = profile_json(profile_out)["coefficients"]
     return {k: v for k, v in old.items() if k in KEEP}
 
 

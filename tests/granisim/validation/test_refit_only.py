@@ -63,3 +63,24 @@ def test_several_models_are_pooled_only_for_the_multi_prefill_factor(tmp_path):
     with pytest.raises(ValueError, match="several models are pooled only for --only engine.eager.attn_prefill.multi"):
         main([str(tmp_path), "--model", "llama-3.1-8b", "qwen-2.5-14b", "--only", "engine.eager.linear",
               "--out", str(tmp_path / "p.json")])
+
+
+def test_a_refit_on_a_profile_made_from_another_is_made_from_it(tmp_path):
+    """--keep-from h200-engine-steps (itself made from h200-engine): the refitted profile is made from it, keeps
+    its step classes and everything else, and carries the refitted values (write_engine_profile)."""
+    import json
+
+    from granisim.config.coefficients import Source
+    from granisim.config.hardware import PROFILE_DIR, get_profile, load_profile
+    from granisim.validation.report import KEEP, kept_coefficients, write_engine_profile
+
+    out = tmp_path / "cand.json"
+    src = Source("measured", date="2026-12-06", command="granisim validation refit RUN", note="test")
+    write_engine_profile("h200-engine-steps", {"overhead.step_s": 4e-4}, src, out, {}, "1 unit")
+    assert json.loads(out.read_text())["base"]["profile"] == "h200-engine-steps"
+    p, steps = load_profile(out), get_profile("h200-engine-steps")
+    assert p["overhead.step_s"] == 4e-4 and p.step_classes == steps.step_classes
+    assert {k: c for k, c in p.coefficients.items() if not k.startswith(("overhead.step_s", "host."))} == \
+        {k: c for k, c in steps.coefficients.items() if not k.startswith(("overhead.step_s", "host."))}
+    kept = kept_coefficients(PROFILE_DIR / "h200-engine-steps.json")
+    assert set(kept) == {k for k in KEEP if k in steps.coefficients}

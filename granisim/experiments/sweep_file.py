@@ -84,12 +84,16 @@ def _not_a_metric(name, points: list["Point"], other: str = "") -> str:
     return f"{why}use {other}one of {', '.join(_metrics(points))}"
 
 
-def scenario_fields(model=Scenario, prefix: str = "") -> list[str]:
-    """Every leaf field of the scenario schema by dotted name (the results table's scenario columns)."""
+def scenario_fields(model=Scenario, prefix: str = "", optional: bool = True) -> list[str]:
+    """Every leaf field of the scenario schema by dotted name: those of an optional table too (``fleet.router``;
+    what [speedup] and [[plot]] may name), or with ``optional`` False that table as one field (``fleet``: the
+    results table's scenario columns of a point without it)."""
     out = []
     for name, f in model.model_fields.items():
-        sub = getattr(f.annotation, "model_fields", None)
-        out.extend(scenario_fields(f.annotation, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"])
+        table = f.annotation if hasattr(f.annotation, "model_fields") else None
+        if table is None and optional and type(None) in getattr(f.annotation, "__args__", ()):
+            table = next((a for a in f.annotation.__args__ if hasattr(a, "model_fields")), None)  # Model | None
+        out.extend(scenario_fields(table, f"{prefix}{name}.", optional) if table is not None else [f"{prefix}{name}"])
     return out
 
 
@@ -336,6 +340,8 @@ def _value_of(sc: Scenario, dotted: str):
     except KeyError:  # dropped at its default (point ids stay stable as fields are added): read the model
         v = sc
         for part in dotted.split("."):
+            if v is None:  # a field of an optional table the point has not (fleet.router without [fleet])
+                return None
             v = getattr(v, part)
     return v
 
@@ -350,7 +356,7 @@ def scenario_columns(sc: Scenario) -> dict:
         return out
 
     cols = flat(sc.model_dump(mode="json"))
-    for name in scenario_fields():
+    for name in scenario_fields(optional=False):
         if name not in cols and not any(k.startswith(name + ".") for k in cols):
             cols[name] = _value_of(sc, name)
     return cols

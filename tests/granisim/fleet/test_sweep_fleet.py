@@ -40,3 +40,22 @@ def test_a_sweep_over_the_router_gives_the_figures_of_granisim_run(tmp_path):
             assert got[k] == want[k], (router, k)
     a, b = (rows[rows["fleet.router"] == r].iloc[0] for r in ("round_robin", "hot_aware"))
     assert a.prefix_hit_rate != b.prefix_hit_rate  # the router mattered
+
+
+def test_speedup_and_plots_may_name_the_fleet_fields_a_sweep_varies(tmp_path):
+    """catches: the schema's fleet table is optional (`FleetCfg | None`), so the fields [speedup] and [[plot]] may
+    name listed only `fleet`, and `[speedup] field = "fleet.router"` or a plot by `fleet.replicas` was refused as
+    'not a scenario field' although the grid varied exactly that field."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text("name = 'routers'\n[base]\n" + BASE.format(p="base.")
+                     + '[grid]\n"fleet.router" = ["round_robin", "hot_aware"]\n"fleet.replicas" = [1, 2]\n'
+                     + '[speedup]\nfield = "fleet.router"\ntarget = "hot_aware"\nbaseline = "round_robin"\n'
+                     + '[[plot]]\nkind = "line"\nx = "fleet.replicas"\ny = "fleet.router"\nvalue = "speedup"\n'
+                     + 'where = { "fleet.router" = "hot_aware" }\n')
+    spec = load_sweep(str(sweep))
+    assert spec.speedup.field == "fleet.router" and spec.plots[0].x == "fleet.replicas"
+    single = tmp_path / "one.toml"  # a point without [fleet] still has one `fleet` column, as before
+    single.write_text("name = 'one'\n[base]\n" + BASE.format(p="base.").split("[base.fleet]")[0]
+                      + '[grid]\n"policy.name" = ["granikv", "token"]\n')
+    rows = run_sweep(load_sweep(str(single)), tmp_path / "sw", workers=1, progress=False)
+    assert "fleet" in rows and not any(c.startswith("fleet.") for c in rows.columns)

@@ -48,6 +48,10 @@ def parse_slo(text: str) -> dict[str, float]:
             raise ScenarioError(f"--slo: unknown unit {unit!r} in {item.strip()!r}; use s, ms, us or min")
         if value <= 0:
             raise ScenarioError(f"--slo: {item.strip()!r}: the limit must be > 0")
+        if not math.isfinite(value * UNITS[unit]):  # 1e400s reads as inf: a limit every probe would meet
+            raise ScenarioError(f"--slo: {item.strip()!r}: the limit must be a finite number")
+        if f"{name}_s" in out:  # the second would silently replace the first
+            raise ScenarioError(f"--slo: {name} given twice (in {text.strip()!r}); give each metric one limit")
         out[f"{name}_s"] = value * UNITS[unit]
     if not out:
         raise ScenarioError("--slo: give at least one limit, e.g. ttft_p99=2s,tpot_p99=100ms")

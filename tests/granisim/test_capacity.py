@@ -23,6 +23,16 @@ def test_parse_slo_rejects(bad):
         parse_slo(bad)
 
 
+@pytest.mark.parametrize("bad, why", [
+    ("ttft_p99=1s,tpot_p99=50ms,ttft_p99=2s", "ttft_p99 given twice"),  # was: the 2 s limit, silently
+    ("ttft_p99=1s,ttft_p99_s=2", "ttft_p99 given twice"),
+    ("ttft_p99=1e400s", "must be a finite number"),  # was: a limit of inf, met by every probe
+])
+def test_parse_slo_refuses_what_it_would_silently_change(bad, why):
+    with pytest.raises(ScenarioError, match=why):
+        parse_slo(bad)
+
+
 def _queue(capacity: float, base: float):
     """An M/M/1-like stub: p99 latency = base / (1 - rate / capacity), infinite at or above capacity."""
     calls = []

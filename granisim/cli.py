@@ -234,12 +234,35 @@ def cmd_bench(args) -> int:
 def cmd_profile(args) -> int:
     from granisim.config.hardware import get_profile
 
+    if (args.out is not None) != (args.action == "derive"):
+        raise ScenarioError("profile derive NAME --out FILE.json: --out goes with derive alone")
     if args.action == "show":
         print(get_profile(args.name).describe())
+    elif args.action == "derive":
+        _derive_profile(args.name, Path(args.out))
     else:
         p = get_profile(args.name)
         print(f"{args.name}: valid profile {p.name!r} ({len(p.coefficients)} coefficients)")
     return 0
+
+
+def _derive_profile(base: str, out: Path) -> None:
+    """Write a profile made from ``base`` that changes nothing yet (config/profile_base.py)."""
+    import json
+
+    from granisim.config.hardware import PROFILE_DIR, get_profile
+    from granisim.config.profile_base import derived
+
+    if out.suffix != ".json":
+        raise ScenarioError(f"--out {out}: a profile is a .json file")
+    if out.exists():
+        raise ScenarioError(f"--out {out}: already exists; give a new file")
+    get_profile(base)  # a bad base: one line naming it
+    doc = derived(base, out, PROFILE_DIR, name=out.stem, notes=f"{base} with the coefficients below changed")
+    out.write_text(json.dumps({**doc, "coefficients": {}}, indent=2) + "\n")
+    get_profile(str(out))
+    print(f"wrote {out}: made from {base}; add coefficients to change (each with its source), then "
+          f"`granisim profile show {out}`")
 
 
 def cmd_calibrate_table(args) -> int:
@@ -434,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--router", default="round_robin", help="sim: the fleet cases' router (round_robin, cache_aware)")
     b.set_defaults(fn=cmd_bench)
     pr = sub.add_parser("profile", help="hardware profiles")
-    pr.add_argument("action", choices=["show", "check"])
+    pr.add_argument("action", choices=["show", "check", "derive"],
+                    help="derive: write a profile made from NAME (--out FILE.json) that holds only what you change")
     pr.add_argument("name", help="profile name or JSON file")
+    pr.add_argument("--out", help="derive: the profile file to write")
     pr.set_defaults(fn=cmd_profile)
     cal = sub.add_parser("calibrate", help="fit a hardware profile from GPU measurements")
     cal_sub = cal.add_subparsers(dest="calibrate_cmd", required=True)

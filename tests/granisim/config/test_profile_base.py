@@ -98,3 +98,31 @@ def test_every_shipped_profile_loads_with_its_base_as_it_is(name):
     if "base" in raw:
         assert raw["base"]["sha256"] == digest(PROFILE_DIR / f"{raw['base']['profile']}.json")
     get_profile(name)
+
+
+def test_derive_writes_a_profile_made_from_a_shipped_one(tmp_path, capsys):
+    out = tmp_path / "mine.json"
+    assert main(["profile", "derive", "h200", "--out", str(out)]) == 0
+    p, base = load_profile(out), get_profile("h200")
+    assert p.base == "h200" and dict(p.coefficients) == dict(base.coefficients)
+    doc = json.loads(out.read_text())
+    doc["coefficients"] = {"hbm_bandwidth": {"value": 5e12, "unit": "B/s", "source": {
+        "kind": "extrapolated", "from": "h200", "how": "a what-if: a faster memory"}}}
+    _write(out, doc)
+    assert load_profile(out)["hbm_bandwidth"] == 5e12
+
+
+@pytest.mark.parametrize("args, says", [
+    (["derive", "h200", "--out", "EXISTS.json"], "already exists"),
+    (["derive", "nope", "--out", "p.json"], "unknown profile"),
+    (["derive", "h200", "--out", "p.txt"], "a profile is a .json file"),
+    (["derive", "h200"], "--out goes with derive alone"),
+    (["show", "h200", "--out", "p.json"], "--out goes with derive alone"),
+])
+def test_derive_refuses_in_one_line(tmp_path, monkeypatch, capsys, args, says):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "EXISTS.json").write_text("mine")
+    assert main(["profile", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err
+    assert (tmp_path / "EXISTS.json").read_text() == "mine" and not (tmp_path / "p.json").exists()

@@ -166,6 +166,9 @@ def fleet_capacity_cli(args) -> int:
                             f"capacity --rate {args.rate:g} offers the fleet that Poisson rate; a trace replay's "
                             "arrivals have no rate to set (use arrivals = \"poisson\" with kind = \"multi_agent\" "
                             "or \"control\")")
+    if scenario.fleet is not None and scenario.fleet.groups:
+        raise ScenarioError(f"{args.scenario}: field fleet.groups ({len(scenario.fleet.groups)} groups): capacity "
+                            f"--rate {args.rate:g} sizes a fleet of one kind of replica; remove [[fleet.groups]]")
     slo = parse_slo(args.slo)
     default_router = scenario.fleet.router if scenario.fleet is not None else "round_robin"
     routers = parse_routers(args.routers or default_router)

@@ -55,7 +55,8 @@ def test_cli_rejects_groups_and_bad_routers(tmp_path, capsys):
     path = tmp_path / "g.toml"
     path.write_text(TOML + "[[fleet.groups]]\nreplicas = 2\n")
     assert main(["capacity", str(path), "--slo", "ttft_p99=1s", "--rate", "5"]) == 2
-    assert "remove [[fleet.groups]]" in capsys.readouterr().err
+    err = capsys.readouterr().err  # catches: the line named neither the file nor the field
+    assert "remove [[fleet.groups]]" in err and err.startswith(f"error: {path}: field fleet.groups "), err
     path.write_text(TOML)
     assert main(["capacity", str(path), "--slo", "ttft_p99=1s", "--rate", "5", "--routers", "fastest"]) == 2
     assert "unknown router 'fastest'" in capsys.readouterr().err

@@ -26,11 +26,13 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def _is_path(ref: str) -> bool:
+    return ref.endswith(".json") or "/" in ref
+
+
 def base_file(ref: str, beside: Path, profile_dir: Path) -> Path:
     """The file a ``base.profile`` reference names: a path (relative to ``beside``) or a shipped name."""
-    if ref.endswith(".json") or "/" in ref:
-        return (beside / ref).resolve()
-    return (profile_dir / f"{ref}.json").resolve()
+    return (beside / ref).resolve() if _is_path(ref) else (profile_dir / f"{ref}.json").resolve()
 
 
 def _absolute_tables(raw: dict, folder: Path) -> None:
@@ -74,9 +76,10 @@ def resolve(path: Path, raw: dict, profile_dir: Path, fail) -> dict:
     if not isinstance(braw, dict):
         raise fail(path, "base.profile", base["profile"], "the base is not a JSON object")
     _absolute_tables(braw, bpath.parent)
-    merged = {**braw, **{k: v for k, v in raw.items() if k != "coefficients"}}
-    coefs = raw.get("coefficients", {})
-    merged["coefficients"] = {**(braw.get("coefficients") or {}), **(coefs if isinstance(coefs, dict) else {})}
+    merged = {**braw, **raw}
+    coefs, inherited = raw.get("coefficients", {}), braw.get("coefficients")
+    if isinstance(coefs, dict) and isinstance(inherited, dict):  # else the schema names the field that is no object
+        merged["coefficients"] = {**inherited, **coefs}
     return merged
 
 
@@ -84,8 +87,7 @@ def derived(base: str, out: Path, profile_dir: Path, name: str, notes: str) -> d
     """The start of a profile written to ``out`` and made from ``base`` (a shipped name or a path): its ``base``
     reference (a path relative to ``out``'s folder) and digest; the caller adds what it changes."""
     bpath = base_file(base, Path.cwd(), profile_dir)
-    shipped = bpath.parent == profile_dir.resolve() and not (base.endswith(".json") or "/" in base)
-    ref = base if shipped else os.path.relpath(bpath, out.resolve().parent)
+    ref = os.path.relpath(bpath, out.resolve().parent) if _is_path(base) else base
     gpu = json.loads(bpath.read_text()).get("gpu")
     return {"schema": "granikv-hardware-profile/1", "name": name, **({"gpu": gpu} if gpu else {}), "notes": notes,
             "base": {"profile": ref, "sha256": digest(bpath)}}

@@ -76,9 +76,13 @@ def test_a_base_changed_since_is_refused(tmp_path):
     ({"profile": "nope", "sha256": "0" * 16}, "base.profile", "no such profile"),
     ({"profile": "h200", "sha256": "0" * 16}, "base.sha256", "has changed since"),
     ({"profile": "h200"}, "base", "must be {"),
+    ("coefficients", "coefficients", "valid dictionary"),  # the base is fine, this file's coefficients are not
 ])
 def test_bad_base_names_file_field_value(tmp_path, base, field, says):
-    path = _write(tmp_path / "p.json", {"schema": "granikv-hardware-profile/1", "name": "p", "base": base})
+    doc = {"schema": "granikv-hardware-profile/1", "name": "p", "base": base}
+    if base == "coefficients":
+        doc.update(base={"profile": "h200", "sha256": digest(PROFILE_DIR / "h200.json")}, coefficients=[1])
+    path = _write(tmp_path / "p.json", doc)
     msg = _one_line(path)
     assert msg.startswith(f"{path}: field {field}: value ") and says in msg
 

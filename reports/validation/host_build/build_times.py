@@ -24,14 +24,13 @@ from pathlib import Path
 import pandas as pd
 
 from gpu_backend.executor import rows as rows_now
+from gpu_backend.executor.executor import GRAPH_MAX_ROWS  # steps up to it are padded for graph replay
 from granisim.core.serving_loop import ServingLoop
 from granisim.experiments.run import prepare
 from granisim.validation.clock_term import units_folder
 from granisim.validation.gpu_runs import split_unit, validation_scenario
 from granisim.validation.plans import _Replay
 from granisim.validation.validate import PairedExecutor
-
-GRAPH_MAX_ROWS = 2048  # the engine's default: steps up to it are padded for graph replay (executor.py)
 
 
 def load_rows(path: Path):

@@ -369,12 +369,19 @@ _INERT = (
 )
 
 
+def replica_policies(sc) -> set[str]:
+    """The policies some replica runs: [policy] name, or with [[fleet.groups]] each group's (its own or that one)."""
+    groups = sc.fleet.groups if sc.fleet is not None else ()
+    return {g.policy or sc.policy.name for g in groups} if groups else {sc.policy.name}
+
+
 # fields a scenario file may set where they do not act, but a sweep must not vary where they act at no point
 # (every point would give the same results): a scenario written for granikv keeps its hot_fraction when it is
 # run, compared (`granisim compare --policies`) or swept under another policy
 _INERT_IN_SWEEPS = (
-    ("policy", "hot_fraction", lambda sc: sc.policy.name == "granikv",
-     "has no effect unless policy.name = 'granikv' (token and paged policies have no HOT pool)"),
+    ("policy", "hot_fraction", lambda sc: "granikv" in replica_policies(sc),
+     "has no effect unless policy.name = 'granikv' (token and paged policies have no HOT pool), here or in a "
+     "[[fleet.groups]] entry"),
 )
 
 

@@ -59,3 +59,15 @@ def test_speedup_and_plots_may_name_the_fleet_fields_a_sweep_varies(tmp_path):
                       + '[grid]\n"policy.name" = ["granikv", "token"]\n')
     rows = run_sweep(load_sweep(str(single)), tmp_path / "sw", workers=1, progress=False)
     assert "fleet" in rows and not any(c.startswith("fleet.") for c in rows.columns)
+
+
+def test_hot_fraction_acts_where_a_replica_group_runs_granikv(tmp_path):
+    """catches: a sweep over policy.hot_fraction was refused as acting at no point when [policy] is token, although
+    a [[fleet.groups]] entry runs granikv, whose HOT pool it sizes."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text("name = 'hot'\n[base]\n" + BASE.format(p="base.").replace("replicas = 3\n", "")
+                     + '[base.policy]\nname = "token"\n[[base.fleet.groups]]\nreplicas = 1\n'
+                     + '[[base.fleet.groups]]\nreplicas = 1\npolicy = "granikv"\n'
+                     + '[grid]\n"policy.hot_fraction" = [0.05, 0.5]\n')
+    spec = load_sweep(str(sweep))
+    assert sorted(p.scenario.policy.hot_fraction for p in spec.points) == [0.05, 0.5]

@@ -84,10 +84,10 @@ def _not_a_metric(name, points: list["Point"], other: str = "") -> str:
     return f"{why}use {other}one of {', '.join(_metrics(points))}"
 
 
-def scenario_fields(model=Scenario, prefix: str = "", optional: bool = True) -> list[str]:
-    """Every leaf field of the scenario schema by dotted name: those of an optional table too (``fleet.router``;
-    what [speedup] and [[plot]] may name), or with ``optional`` False that table as one field (``fleet``: the
-    results table's scenario columns of a point without it)."""
+def scenario_fields(model=Scenario, prefix: str = "", optional: bool = False) -> list[str]:
+    """Every leaf field of the scenario schema by dotted name, an optional table as one field (``fleet``: the
+    results table's scenario columns of a point without it); with ``optional``, that table's fields instead
+    (``fleet.router``: what [speedup] and [[plot]] may name)."""
     out = []
     for name, f in model.model_fields.items():
         table = f.annotation if hasattr(f.annotation, "model_fields") else None
@@ -356,7 +356,7 @@ def scenario_columns(sc: Scenario) -> dict:
         return out
 
     cols = flat(sc.model_dump(mode="json"))
-    for name in scenario_fields(optional=False):
+    for name in scenario_fields():
         if name not in cols and not any(k.startswith(name + ".") for k in cols):
             cols[name] = _value_of(sc, name)
     return cols
@@ -377,7 +377,7 @@ def _speedup(sp, base: dict, points: list[Point], source: str) -> Speedup | None
         what = f"unknown key {bad!r}" if bad else f"{short_repr(sp)} is not a table"
         raise ScenarioError(f"{source}: field speedup: {what}; use field, target, baseline, metric")
     speedup = Speedup(**sp)
-    fields = scenario_fields()
+    fields = scenario_fields(optional=True)
     if not isinstance(speedup.field, str) or speedup.field not in fields:
         raise ScenarioError(f"{source}: field speedup.field = {short_repr(speedup.field)}: not a scenario field "
                             f"(e.g. policy.name, policy.dispatch)")
@@ -398,7 +398,7 @@ def _plots(raw_plots, speedup: Speedup | None, points: list[Point], source: str)
         return []
     if not isinstance(raw_plots, list):
         raise ScenarioError(f"{source}: field plot = {short_repr(raw_plots)}: give [[plot]] tables")
-    fields, plots = scenario_fields(), []
+    fields, plots = scenario_fields(optional=True), []
     columns = set(fields) | set(_metrics(points))
     for i, p in enumerate(raw_plots):
         where = f"plot #{i + 1}"

@@ -224,7 +224,7 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
 
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, load_scenario
-    from granisim.experiments.compare import DEMO_POLICIES, parse_names, policy_scenarios
+    from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios
 
     scenario = load_scenario(args.scenario)
     wl = scenario.workload
@@ -233,7 +233,9 @@ def capacity_cli(args) -> int:
                             "capacity searches the Poisson rate; a trace replay's arrivals have no rate to vary "
                             "(use arrivals = \"poisson\" with kind = \"multi_agent\" or \"control\")")
     slo = parse_slo(args.slo)
-    policies = parse_names("--policies", args.policies or DEMO_POLICIES, DEMO_POLICIES)
+    # a fleet whose groups all set their policy is searched as written (the policies would change nothing)
+    default = scenario.policy.name if own_policies(scenario) else DEMO_POLICIES
+    policies = parse_names("--policies", args.policies or default, DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any probe
     out = Path(args.out or f"out/{scenario.name}-capacity")
     print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())

@@ -23,11 +23,22 @@ def parse_names(option: str, text: str, example: str) -> list[str]:
     return names
 
 
+def own_policies(scenario: Scenario) -> bool:
+    """Whether every [[fleet.groups]] entry sets its own policy (so [policy] name runs on no replica)."""
+    groups = scenario.fleet.groups if scenario.fleet is not None else ()
+    return bool(groups) and all(g.policy is not None for g in groups)
+
+
 def policy_scenarios(scenario: Scenario, source: str, policies: list[str]) -> dict[str, Scenario]:
     """The scenario under each of ``policies`` (from --policies), every one resolved (policy name, page size, KV
     budget) before any of them runs: a bad name is one line naming --policies, not an error after the first runs."""
     from granisim.experiments.run import prepare
 
+    if own_policies(scenario) and policies != [scenario.policy.name]:  # [policy] name runs on no replica
+        groups = scenario.fleet.groups
+        raise ScenarioError(f"--policies {','.join(policies)}: every [[fleet.groups]] entry of {source} sets its own "
+                            f"policy ({', '.join(g.policy for g in groups)}), so no replica would run these; leave "
+                            f"policy out of the groups that should take them")
     out = {}
     for pol in policies:
         try:

@@ -293,3 +293,16 @@ def test_a_replica_groups_mistake_names_the_file_and_the_group(tmp_path, capsys,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}: ") and want in err, err
     assert "fleet.groups.1" in err and "<override>" not in err, err
+
+
+def test_compare_policies_refuses_a_fleet_whose_groups_all_set_their_policy(tmp_path, capsys):
+    """catches: with every [[fleet.groups]] entry naming its policy, `compare --policies granikv,token` ran the same
+    fleet twice and printed identical rows labelled granikv and token, though no replica ran token."""
+    path = write(tmp_path, TOML + '[fleet]\n[[fleet.groups]]\nreplicas = 1\npolicy = "granikv"\n'
+                 '[[fleet.groups]]\nreplicas = 1\npolicy = "paged16"\n')
+    out = tmp_path / "c"
+    assert main(["compare", path, "--policies", "granikv,token", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --policies granikv,token: ") and path in err, err
+    assert not out.exists()
+    assert main(["compare", path, "--policies", "granikv", "--out", str(out)]) == 0  # the fleet as written

@@ -71,3 +71,19 @@ def test_hot_fraction_acts_where_a_replica_group_runs_granikv(tmp_path):
                      + '[grid]\n"policy.hot_fraction" = [0.05, 0.5]\n')
     spec = load_sweep(str(sweep))
     assert sorted(p.scenario.policy.hot_fraction for p in spec.points) == [0.05, 0.5]
+
+
+def test_the_rate_search_runs_a_fleet_whose_groups_all_set_their_policy_once(tmp_path, capsys):
+    """catches: without --policies the rate search ran such a fleet once per default policy (granikv, token,
+    paged16), three identical searches labelled with policies no replica ran."""
+    sc = tmp_path / "g.toml"
+    sc.write_text("name = 'g'\n" + BASE.format(p="").replace("replicas = 3\n", "")
+                  + '[[fleet.groups]]\nreplicas = 1\npolicy = "granikv"\n[[fleet.groups]]\nreplicas = 1\n'
+                  + 'policy = "token"\n')
+    out = tmp_path / "cap"
+    assert main(["capacity", str(sc), "--slo", "ttft_p99=5s", "--max-probes", "2", "--workers", "1",
+                 "--out", str(out)]) == 0
+    got = json.loads((out / "capacity.json").read_text())
+    assert [r["policy"] for r in got["results"]] == ["granikv"], got["results"]
+    assert main(["capacity", str(sc), "--slo", "ttft_p99=5s", "--policies", "token,paged16"]) == 2
+    assert "every [[fleet.groups]] entry" in capsys.readouterr().err

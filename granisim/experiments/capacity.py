@@ -27,6 +27,7 @@ from pathlib import Path
 
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
+from granisim.experiments.probes import tidy
 
 SLO_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "queue_p50")
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60.0, "": 1.0}
@@ -213,6 +214,7 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
     else:
         results = [_search_policy(j) for j in jobs]
     out.mkdir(parents=True, exist_ok=True)
+    tidy(out)  # the policies' probes in a fixed order, however the parallel searches finished
     (out / "capacity.json").write_text(strict_json({
         "scenario": scenario.model_dump(mode="json"), "slo": slo, "rel_tol": rel_tol,
         "results": [{"policy": r.policy, "max_rate": r.rate, "fails_at": None if math.isinf(r.upper) else r.upper,

@@ -57,3 +57,23 @@ class ProbeLog:
         finally:
             os.close(fd)
         return summary, True
+
+
+def tidy(out: Path) -> None:
+    """Rewrite a finished search's ``OUT/probes.jsonl`` in a fixed order (by label, then key), once per probe:
+    parallel searches append in the order their probes finish, so the same search run twice would leave the
+    same lines in different orders. Written to a temporary name and renamed (a kill leaves the old file)."""
+    path = Path(out) / FILE
+    if not path.exists():
+        return
+    rows: dict[str, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            rows[row["key"]] = row
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a line cut short by a kill (its probe ran again and has a line of its own)
+    ordered = sorted(rows.values(), key=lambda r: (str(r.get("label", "")), r["key"]))
+    tmp = path.with_name(FILE + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in ordered))
+    os.replace(tmp, path)

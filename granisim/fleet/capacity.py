@@ -21,6 +21,7 @@ from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
 from granisim.experiments.capacity import meets
 from granisim.experiments.compare import DEMO_POLICIES, parse_names, policy_scenarios
+from granisim.experiments.probes import tidy
 
 
 @dataclass
@@ -144,6 +145,7 @@ def fleet_capacity(scenario: Scenario, routers: list[str], policies: list[str], 
     else:
         results = [_search(j) for j in jobs]
     out.mkdir(parents=True, exist_ok=True)
+    tidy(out)  # the searches' probes in a fixed order, however the parallel searches finished
     (out / "fleet_capacity.json").write_text(strict_json({
         "scenario": scenario.model_dump(mode="json"), "slo": slo, "rate": rate, "max_replicas": max_replicas,
         "results": [{"router": r.router, "policy": r.policy, "replicas": r.replicas, "gpus": r.gpus,

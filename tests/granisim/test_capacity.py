@@ -154,3 +154,22 @@ def test_a_probe_written_after_a_cut_line_is_kept(tmp_path):
     last = ProbeLog(tmp_path)
     assert last.run(c, lambda: {"x": -1}) == ({"x": 3}, False)
     assert last.run(b, lambda: {"x": 2}) == ({"x": 2}, True)
+
+
+def test_a_finished_search_leaves_its_probes_in_one_order(tmp_path):
+    """catches: parallel policy (or router) searches append to probes.jsonl as their probes finish, so the same
+    capacity command run twice left the same probes in different orders (the output folders differed)."""
+    from granisim.config.scenario import parse_scenario
+    from granisim.experiments.probes import ProbeLog, tidy
+
+    scs = [parse_scenario({"seed": s}) for s in (1, 2, 3)]
+    for name, order in (("one", [0, 1, 2]), ("two", [2, 0, 1])):
+        log = ProbeLog(tmp_path / name)
+        for i in order:
+            log.run(scs[i], lambda i=i: {"x": i}, f"granikv {i} req/s")
+    (tmp_path / "two" / "probes.jsonl").write_text((tmp_path / "two" / "probes.jsonl").read_text() + '{"key": "cu')
+    for name in ("one", "two"):
+        tidy(tmp_path / name)
+    assert (tmp_path / "one" / "probes.jsonl").read_bytes() == (tmp_path / "two" / "probes.jsonl").read_bytes()
+    again = ProbeLog(tmp_path / "two")  # still the resume log: every probe kept
+    assert [again.run(sc, lambda: {"x": -1}) for sc in scs] == [({"x": i}, False) for i in range(3)]

@@ -49,6 +49,13 @@ class HardwareCfg(_Strict):
     # a what-if for sensitivity analysis: every step's predicted time (cost model) times this; 1 = as priced
     step_time_scale: float = Field(1.0, gt=0, le=10, allow_inf_nan=False)
 
+    @field_validator("tp", mode="before")
+    @classmethod
+    def _tp_integer(cls, v):  # a Literal compares by ==: true would pass as 1 and 4.0 as 4
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("use an integer: 1, 2, 4 or 8")
+        return v
+
     @model_serializer(mode="wrap")
     def _without_default_tp(self, handler):
         return _drop_defaults(handler(self), {"tp": 1, "host_kv_gb": 0.0, "step_time_scale": 1.0})

@@ -162,6 +162,9 @@ BAD = {
     "tp not dividing the KV heads": ("[model]\nname = 'qwen3-30b-a3b'\n[hardware]\nprofile = 'h200'\ntp = 8\n",
                                      "hardware.tp", "8"),
     "tp not a power of two": ("[hardware]\nprofile = 'h200'\ntp = 3\n", "hardware.tp", "3"),
+    # catches: the Literal compared by ==, so true ran as tp = 1 and 4.0 as tp = 4 (files are read strictly)
+    "tp a boolean": ("[hardware]\nprofile = 'h200'\ntp = true\n", "hardware.tp", "true"),
+    "tp a float": ("[hardware]\nprofile = 'h200'\ntp = 4.0\n", "hardware.tp", "4.0"),
     "MoE field on a dense model": ("[model]\nname = 'llama-3.1-8b'\nexpert_routing = 'zipf'\n",
                                    "model.expert_routing", "'zipf'"),
     "zipf exponent with uniform routing": ("[model]\nname = 'qwen3-30b-a3b'\nexpert_zipf_s = 1.5\n"

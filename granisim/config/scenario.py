@@ -326,6 +326,8 @@ def _format(err: ValidationError, source: str) -> str:
     field = _field_name(tuple(e["loc"]))
     if e["type"] == "extra_forbidden":
         return f"{source}: unknown field {field!r}"
+    if e["type"] == "missing":  # its input is the table around it, not a value of the field
+        return f"{source}: field {field}: missing (required)"
     if e["type"] == "model_type":
         return f"{source}: field {field} = {short_repr(e.get('input'))}: must be a table ([{field}])"
     msg = e["msg"].removeprefix("Value error, ")

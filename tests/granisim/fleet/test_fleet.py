@@ -306,3 +306,14 @@ def test_compare_policies_refuses_a_fleet_whose_groups_all_set_their_policy(tmp_
     assert len(err.splitlines()) == 1 and err.startswith("error: --policies granikv,token: ") and path in err, err
     assert not out.exists()
     assert main(["compare", path, "--policies", "granikv", "--out", str(out)]) == 0  # the fleet as written
+
+
+@pytest.mark.parametrize("fault, field", [("faults = [{replica = 0}]", "fleet.faults.0.at_s"),
+                                          ("[[fleet.faults]]\nat_s = 1.0", "fleet.faults.0.replica")])
+def test_a_fault_without_a_required_field_says_it_is_missing(tmp_path, capsys, fault, field):
+    """catches: the line showed the whole fault table as the missing field's value
+    ('field fleet.faults.0.at_s = {'replica': 0}: Field required')."""
+    path = write(tmp_path, TOML + "[fleet]\nreplicas = 2\n" + fault + "\n")
+    assert main(["run", path, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {path}: field {field}: missing (required)", err

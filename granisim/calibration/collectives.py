@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from granisim.config.coefficients import TP_DEGREES
+from granisim.config.profile_base import reference
 from granisim.config.hardware import PROFILE_DIR
 
 # GPU name (substring of a profile's "gpu") -> (datasheet citation, bidirectional NVLink bytes/s per GPU)
@@ -123,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing is not None:  # before any file is rewritten
         print(f"error: {missing}: no such profile file", file=sys.stderr)
         return 2
-    for p in paths:
+    made_from = {p: reference(json.loads(p.read_text())) for p in paths}  # these inherit their base's
+    given = next((p for p in paths if made_from[p]), None) if args.profiles else None
+    if given is not None:
+        print(f"error: {given}: made from {made_from[given]}, whose tp / MoE coefficients it inherits: refresh "
+              f"the base instead", file=sys.stderr)
+        return 2
+    for p in (p for p in paths if not made_from[p]):
         add_to_file(p)
         print(f"tp / MoE coefficients: {p}")
     return 0

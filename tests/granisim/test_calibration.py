@@ -396,3 +396,10 @@ def test_profile_scripts_take_help_and_refuse_a_missing_path(tmp_path, capsys):
     shutil.copyfile(PROFILE_DIR / "h200.json", copy)
     assert collectives.main([str(copy)]) == 0
     assert "comm.allreduce.tp2.busbw" in json.loads(copy.read_text())["coefficients"]
+    # a profile made from another inherits its base's: refused in one line, the file untouched
+    made = tmp_path / "steps.json"
+    shutil.copyfile(PROFILE_DIR / "h200-engine-steps.json", made)
+    assert collectives.main([str(made)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "made from h200-engine" in err
+    assert made.read_bytes() == (PROFILE_DIR / "h200-engine-steps.json").read_bytes()

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from granisim.config.hardware import load_profile
+from granisim.config.hardware import load_profile, profile_json
 from granisim.config.models import get_model, measured_shape
 from granisim.costmodel.operators import LAYER_OPS, STEP_OPS
 from granisim.costmodel.tables import carried_s
@@ -91,7 +91,9 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
              "scaling": "used as measured for this shape; the nearest table carries other shapes by roofline ratios",
              "source": measured_source(meta, note=f"{what}, CUDA-graph medians")}
     report = _report(raw_dir, prof, csv.name, errors, model, shards)
-    doc["more_linear_tables"] = [t for t in doc.get("more_linear_tables", []) if t["file"] != csv.name] + [entry]
+    # a profile made from another (config/profile_base.py) keeps its base's tables beside the new one
+    tables = profile_json(profile_path).get("more_linear_tables", [])
+    doc["more_linear_tables"] = [t for t in tables if Path(t["file"]).name != csv.name] + [entry]
     tmp = profile_path.with_name(f".{profile_path.name}.new")  # checked before it replaces the profile
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     try:

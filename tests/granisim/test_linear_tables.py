@@ -170,3 +170,20 @@ def test_a_profile_the_table_cannot_join_is_left_as_it_was(tmp_path):
     assert r.returncode == 2 and "needs a linear_table" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["raw", "mine.json", "h200_qwen-2.5-14b_linear_ops.csv"])
+
+
+def test_calibrate_table_on_a_profile_made_from_another_keeps_the_base_tables(tmp_path):
+    """catches: a profile made from h200 (granisim profile derive) holds no more_linear_tables of its own; adding
+    one wrote a list with the new table alone, and the base's tables at other shapes were no longer used."""
+    prof = load_profile(PROFILE_DIR / "h200.json")
+    values = {k: c.value for k, c in prof.coefficients.items()}
+    raw = synthetic_raw(values, tmp_path / "raw", model="qwen-2.5-14b")
+    (raw / "attention.csv").unlink()
+    target = tmp_path / "mine.json"
+    assert _cli("profile", "derive", "h200", "--out", str(target)).returncode == 0
+    r = _cli("calibrate", "table", str(raw), "--profile", str(target))
+    assert r.returncode == 0, r.stderr
+    mine = load_profile(target)
+    base_tables = {t.path.name for t in prof.more_linear_tables} - {"h200_qwen-2.5-14b_linear_ops.csv"}
+    assert base_tables and base_tables <= {t.path.name for t in mine.more_linear_tables}
+    assert any(t.path.parent == tmp_path for t in mine.more_linear_tables)  # the new one, written beside it

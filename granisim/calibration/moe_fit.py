@@ -149,7 +149,7 @@ def write(profile_path: Path, raw_dir: Path, values: dict) -> None:
     src = measured_source(meta)
     for k, v in values.items():
         unit = "s" if k.endswith("launch_s") else ""
-        doc["coefficients"][k] = {"value": float(v), "unit": unit, "source": src}
+        doc.setdefault("coefficients", {})[k] = {"value": float(v), "unit": unit, "source": src}
     Path(profile_path).write_text(json.dumps(doc, indent=2) + "\n")
     load_profile(profile_path)
 

@@ -59,7 +59,7 @@ def fit_reread(points: dict, profile_json: Path, requests: int, run: Path) -> No
     losses, priced = {}, {}  # priced[v]: each unit's simulated attn_decode median at value v
     with tempfile.TemporaryDirectory(dir=profile_json.parent) as tmp:  # beside it: its tables resolve alike
         for v in REREAD_VALUES:
-            doc["coefficients"][REREAD] = {"value": v, "unit": unit_of(REREAD), "source": SOURCE}
+            doc.setdefault("coefficients", {})[REREAD] = {"value": v, "unit": unit_of(REREAD), "source": SOURCE}
             path = Path(tmp) / f"reread={v:g}.json"  # a new path: profiles are cached by path
             path.write_text(json.dumps(doc))
             priced[v] = [simulated(pol, lp, k, requests, str(path))["t_attn_decode"] for lp, k, pol, _ in units]

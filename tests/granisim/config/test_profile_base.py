@@ -130,3 +130,23 @@ def test_derive_refuses_in_one_line(tmp_path, monkeypatch, capsys, args, says):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err
     assert (tmp_path / "EXISTS.json").read_text() == "mine" and not (tmp_path / "p.json").exists()
+
+
+def test_measured_coefficients_written_into_a_profile_made_from_another(tmp_path):
+    """catches: the writers of measured coefficients (all-reduce, grouped GEMMs) read the file's own
+    ``coefficients``, which a profile made from another may not have (a KeyError); they add them as its own."""
+    from calibration.measure.allreduce import write_profile
+    from granisim.calibration.moe_fit import write
+
+    out = tmp_path / "mine.json"
+    shutil.copyfile(PROFILE_DIR / "h200-engine-steps.json", out)  # its step classes and nothing else
+    assert "coefficients" not in json.loads(out.read_text())
+    src = {"kind": "measured", "date": "2026-12-06", "command": "a test"}
+    write_profile(out, {2: {"latency_s": 7e-6, "busbw": 3e11, "sizes": 9, "held_out_median": 0.01,
+                            "held_out_max": 0.02}}, src)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "meta.json").write_text(json.dumps({"date": "2026-12-06", "command": "a test"}))
+    key = "linear.moe_up.launch_s"
+    write(out, tmp_path / "raw", {key: 9e-6})
+    p = load_profile(out)
+    assert p["comm.allreduce.tp2.busbw"] == 3e11 and p[key] == 9e-6 and p.base == "h200-engine"

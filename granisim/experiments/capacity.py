@@ -224,6 +224,12 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
     return results
 
 
+def replay_field(wl) -> str:
+    """The field that makes a workload a trace replay, with its value: kind = 'azure' (always a replay), else
+    arrivals = 'trace'."""
+    return f"workload.kind = {wl.kind!r}" if wl.kind == "azure" else f"workload.arrivals = {wl.arrivals!r}"
+
+
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, load_scenario
     from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios
@@ -231,7 +237,7 @@ def capacity_cli(args) -> int:
     scenario = load_scenario(args.scenario)
     wl = scenario.workload
     if wl.kind == "azure" or wl.arrivals == "trace":  # the search varies workload.rate, which a replay ignores
-        raise ScenarioError(f"{args.scenario}: field workload.arrivals = {wl.arrivals!r} (kind = {wl.kind!r}): "
+        raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: "
                             "capacity searches the Poisson rate; a trace replay's arrivals have no rate to vary "
                             "(use arrivals = \"poisson\" with kind = \"multi_agent\" or \"control\")")
     slo = parse_slo(args.slo)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
-from granisim.experiments.capacity import meets
+from granisim.experiments.capacity import meets, replay_field
 from granisim.experiments.compare import DEMO_POLICIES, parse_names, policy_scenarios
 from granisim.experiments.probes import tidy
 
@@ -164,8 +164,7 @@ def fleet_capacity_cli(args) -> int:
     scenario = load_scenario(args.scenario)
     wl = scenario.workload
     if wl.kind == "azure" or wl.arrivals == "trace":  # every probe sets workload.rate, which a replay ignores
-        raise ScenarioError(f"{args.scenario}: field workload.arrivals = {wl.arrivals!r} (kind = {wl.kind!r}): "
-                            f"capacity --rate {args.rate:g} offers the fleet that Poisson rate; a trace replay's "
+        raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: capacity --rate {args.rate:g} offers the fleet that Poisson rate; a trace replay's "
                             "arrivals have no rate to set (use arrivals = \"poisson\" with kind = \"multi_agent\" "
                             "or \"control\")")
     if scenario.fleet is not None and scenario.fleet.groups:

@@ -173,3 +173,13 @@ def test_a_finished_search_leaves_its_probes_in_one_order(tmp_path):
     assert (tmp_path / "one" / "probes.jsonl").read_bytes() == (tmp_path / "two" / "probes.jsonl").read_bytes()
     again = ProbeLog(tmp_path / "two")  # still the resume log: every probe kept
     assert [again.run(sc, lambda: {"x": -1}) for sc in scs] == [({"x": i}, False) for i in range(3)]
+
+
+def test_the_rate_search_blames_kind_for_the_azure_replay(tmp_path, capsys):
+    """catches: the line named `workload.arrivals = 'poisson'`, the default the replay ignores, as the culprit,
+    instead of `workload.kind = 'azure'`."""
+    sc = tmp_path / "az.toml"
+    sc.write_text('name = "az"\n[workload]\nkind = "azure"\nnum_requests = 10\n')
+    assert main(["capacity", str(sc), "--slo", "ttft_p99=2s"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {sc}: field workload.kind = 'azure': capacity searches the Poisson rate"), err

@@ -159,9 +159,10 @@ def test_a_name_given_twice_is_refused(tmp_path, capsys, args):
     assert "given twice" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("workload", ['kind = "azure"\nnum_requests = 20\n',
-                                      'roles = 2\nprefix_len = 256\nnum_requests = 20\narrivals = "trace"\n'])
-def test_a_trace_replay_is_refused_by_the_fewest_replicas_search(tmp_path, capsys, workload):
+@pytest.mark.parametrize("workload, field", [
+    ('kind = "azure"\nnum_requests = 20\n', "workload.kind = 'azure'"),
+    ('roles = 2\nprefix_len = 256\nnum_requests = 20\narrivals = "trace"\n', "workload.arrivals = 'trace'")])
+def test_a_trace_replay_is_refused_by_the_fewest_replicas_search(tmp_path, capsys, workload, field):
     """catches: every probe set workload.rate = R, which a trace replay ignores, so `--rate 3` on the Azure replay
     reported the fewest replicas 'holding 3 req/s' for the trace's own arrivals."""
     path = tmp_path / "az.toml"
@@ -170,5 +171,5 @@ def test_a_trace_replay_is_refused_by_the_fewest_replicas_search(tmp_path, capsy
     assert main(["capacity", str(path), "--slo", "ttft_p99=2s", "--rate", "3", "--max-replicas", "2",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}: field workload.arrivals = "), err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}: field {field}: "), err
     assert "--rate 3" in err and not out.exists()

@@ -391,7 +391,26 @@ _INERT_IN_SWEEPS = (
     ("policy", "hot_fraction", lambda sc: "granikv" in replica_policies(sc),
      "has no effect unless policy.name = 'granikv' (token and paged policies have no HOT pool), here or in a "
      "[[fleet.groups]] entry"),
+    ("policy", "page_size", lambda sc: "paged" in replica_policies(sc),
+     "has no effect unless policy.name = 'paged' (paged<N> names its own page size), here or in a "
+     "[[fleet.groups]] entry"),
+    ("fleet", "staleness_s", lambda sc: _router(sc) != "round_robin",
+     "has no effect under fleet.router = 'round_robin' (it reads only which replicas are up, always live)"),
+    ("fleet", "balance_abs", lambda sc: _router(sc) in ("cache_aware", "hot_aware"),
+     "has no effect unless fleet.router is 'cache_aware' or 'hot_aware'"),
+    ("fleet", "balance_rel", lambda sc: _router(sc) in ("cache_aware", "hot_aware"),
+     "has no effect unless fleet.router is 'cache_aware' or 'hot_aware'"),
+    ("fleet", "cache_threshold", lambda sc: _router(sc) == "cache_aware",
+     "has no effect unless fleet.router = 'cache_aware'"),
+    ("fleet", "load_factor", lambda sc: _router(sc) == "role_affinity",
+     "has no effect unless fleet.router = 'role_affinity'"),
+    ("fleet", "rebalance_every", lambda sc: _router(sc) == "hot_aware",
+     "has no effect unless fleet.router = 'hot_aware'"),
 )
+
+
+def _router(sc) -> str:
+    return sc.fleet.router if sc.fleet is not None else "round_robin"
 
 
 def inert(dotted: str, sc: Scenario, sweep: bool = False) -> str | None:

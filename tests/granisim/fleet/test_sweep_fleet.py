@@ -1,8 +1,12 @@
 """Sweeps and the capacity rate search simulate a [fleet] section as the fleet, not one GPU."""
 
 import json
+import re
+
+import pytest
 
 from granisim.cli import main
+from granisim.config.scenario import ScenarioError
 from granisim.experiments.sweep import run_sweep
 from granisim.experiments.sweep_file import load_sweep
 
@@ -87,3 +91,26 @@ def test_the_rate_search_runs_a_fleet_whose_groups_all_set_their_policy_once(tmp
     assert [r["policy"] for r in got["results"]] == ["granikv"], got["results"]
     assert main(["capacity", str(sc), "--slo", "ttft_p99=5s", "--policies", "token,paged16"]) == 2
     assert "every [[fleet.groups]] entry" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("base, grid, field", [
+    ("[base.policy]\nname = 'paged16'\n", '"policy.page_size" = [4, 32]', "policy.page_size"),
+    ("", '"fleet.cache_threshold" = [0.1, 0.9]', "fleet.cache_threshold"),
+    ("", '"fleet.load_factor" = [1.0, 3.0]', "fleet.load_factor"),
+    ("", '"fleet.rebalance_every" = [1, 64]', "fleet.rebalance_every"),
+    ("", '"fleet.balance_abs" = [0, 64]', "fleet.balance_abs"),
+    ("", '"fleet.staleness_s" = [0.0, 10.0]', "fleet.staleness_s"),
+])
+def test_a_sweep_over_a_field_that_acts_at_no_point_is_refused(tmp_path, base, grid, field):
+    """catches: the page size beside paged16, or a router parameter under a router that reads none of it (here
+    round_robin), was swept into distinct points with identical results, as policy.hot_fraction under token is
+    refused for."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text("name = 'x'\n[base]\n" + BASE.format(p="base.") + base + "[grid]\n" + grid + "\n")
+    with pytest.raises(ScenarioError, match=re.escape(f"grid field {field}: has no effect")):
+        load_sweep(str(sweep))
+    routers = '"fleet.router" = ["round_robin", "cache_aware", "role_affinity", "hot_aware"]\n'
+    policies = '"policy.name" = ["paged16", "paged"]\n'
+    sweep.write_text("name = 'x'\n[base]\n" + BASE.format(p="base.") + base + "[grid]\n" + grid + "\n"
+                     + (policies if field == "policy.page_size" else routers))
+    assert load_sweep(str(sweep)).points  # acting at some point: accepted

@@ -130,6 +130,13 @@ def _check_pool_split(scenario: Scenario, budget: int, one: int, source: str) ->
         raise ScenarioError(f"{source}: field policy.hot_fraction = {pol.hot_fraction}: leaves the COLD pool "
                             f"{budget - int(budget * pol.hot_fraction)} of {budget} tokens, too few for any "
                             f"request's own tokens (use a value below 1, or 'adaptive')")
+    elif (pol.name == "granikv" and pol.hot_fraction != "adaptive" and pol.hot_fraction > 0
+          and int(budget * pol.hot_fraction) == 0 and scenario.hardware.host_kv_gb and pol.host_tier == "slabs"):
+        # as hot_fraction = 0 (refused with the scenario): a tier of HOT slabs with no HOT pool would move nothing
+        raise ScenarioError(f"{source}: field policy.hot_fraction = {pol.hot_fraction}: a HOT pool of 0 of {budget} "
+                            f"tokens leaves no HOT slabs to move to host (hardware.host_kv_gb = "
+                            f"{scenario.hardware.host_kv_gb}, policy.host_tier = 'slabs'); use a larger hot_fraction "
+                            f"or host_tier = 'slabs+pages'")
 
 
 def simulate(setup: Setup, executor=None, progress: bool = True):

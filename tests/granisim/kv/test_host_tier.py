@@ -277,6 +277,22 @@ def test_a_host_tier_of_less_than_one_token_is_one_line(gb):
     assert msg.startswith(f"f.toml: field hardware.host_kv_gb = {gb}: less than one token") and "\n" not in msg
     prepare(parse_scenario_file_data({"hardware": {"host_kv_gb": 131072e-9}}, "f.toml"), "f.toml")  # one token
 
+
+def test_a_hot_pool_of_no_tokens_is_refused_with_a_slabs_tier():
+    """catches: hot_fraction = 1e-9 of a 5,000-token budget is a HOT pool of 0 tokens, so host_tier = 'slabs' had
+    nothing to move, as with hot_fraction = 0 (refused), but the run went on silently, its host_copy_s 0."""
+    from granisim.experiments.run import prepare
+
+    data = {"hardware": {"host_kv_gb": 1.0, "kv_budget_tokens": 5000}, "policy": {"hot_fraction": 1e-9},
+            "workload": {"prefix_len": 100}}
+    with pytest.raises(ScenarioError) as err:
+        prepare(parse_scenario_file_data(data, "f.toml"), "f.toml")
+    assert str(err.value).startswith("f.toml: field policy.hot_fraction = 1e-09: a HOT pool of 0 of 5000 tokens")
+    data["policy"]["hot_fraction"] = 0.01  # 50 tokens: a pool, if smaller than the prefix
+    prepare(parse_scenario_file_data(data, "f.toml"), "f.toml")
+    data["policy"] = {"hot_fraction": 1e-9, "host_tier": "slabs+pages"}  # pages go to host: the tier acts
+    prepare(parse_scenario_file_data(data, "f.toml"), "f.toml")
+
 def test_tier_off_dumps_as_before():
     sc = parse_scenario_file_data({"hardware": {"host_kv_gb": 0.0}}, "f.toml")
     d = sc.model_dump()

@@ -183,8 +183,9 @@ def profile_json(path: str | Path) -> dict:
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read and validate one profile file."""
     path = Path(path)
-    base = profile_base.reference(_read_json(path))
-    raw = profile_json(path)  # a profile made from another: its base filled in
+    raw = _read_json(path)
+    base = profile_base.reference(raw)
+    raw = profile_base.resolve(path, raw, PROFILE_DIR, _fail)  # a profile made from another: its base filled in
     try:
         m = ProfileModel.model_validate(raw)
     except ValidationError as e:

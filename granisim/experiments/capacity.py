@@ -239,7 +239,7 @@ def capacity_cli(args) -> int:
     if wl.kind == "azure" or wl.arrivals == "trace":  # the search varies workload.rate, which a replay ignores
         raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: "
                             "capacity searches the Poisson rate; a trace replay's arrivals have no rate to vary "
-                            "(use arrivals = \"poisson\" with kind = \"multi_agent\" or \"control\")")
+                            "(use workload.arrivals = \"poisson\" with workload.kind = \"multi_agent\" or \"control\")")
     slo = parse_slo(args.slo)
     # a fleet whose groups all set their policy is searched as written (the policies would change nothing)
     default = scenario.policy.name if own_policies(scenario) else DEMO_POLICIES

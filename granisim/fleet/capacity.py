@@ -164,9 +164,9 @@ def fleet_capacity_cli(args) -> int:
     scenario = load_scenario(args.scenario)
     wl = scenario.workload
     if wl.kind == "azure" or wl.arrivals == "trace":  # every probe sets workload.rate, which a replay ignores
-        raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: capacity --rate {args.rate:g} offers the fleet that Poisson rate; a trace replay's "
-                            "arrivals have no rate to set (use arrivals = \"poisson\" with kind = \"multi_agent\" "
-                            "or \"control\")")
+        raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: capacity --rate {args.rate:g} offers the "
+                            "fleet that Poisson rate; a trace replay's arrivals have no rate to set (use "
+                            "workload.arrivals = \"poisson\" with workload.kind = \"multi_agent\" or \"control\")")
     if scenario.fleet is not None and scenario.fleet.groups:
         raise ScenarioError(f"{args.scenario}: field fleet.groups ({len(scenario.fleet.groups)} groups): capacity "
                             f"--rate {args.rate:g} sizes a fleet of one kind of replica; remove [[fleet.groups]]")

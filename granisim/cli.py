@@ -96,10 +96,10 @@ def cmd_validate(args) -> int:
 
 def cmd_compare(args) -> int:
     scenario = load_scenario(args.scenario)
-    if args.routers and args.policies is not None:  # each router runs the scenario's one policy
+    if args.routers is not None and args.policies is not None:  # each router runs the scenario's one policy
         raise ScenarioError(f"--policies {args.policies}: compare --routers runs the scenario's policy "
                             f"({scenario.policy.name}) behind each router; set policy.name in the scenario instead")
-    if args.routers:  # the fleet behind each router
+    if args.routers is not None:  # the fleet behind each router ('' too: refused by parse_routers)
         from granisim.fleet.compare import compare_routers, parse_routers
         from granisim.fleet.outputs import routers_table
 

@@ -243,7 +243,7 @@ def capacity_cli(args) -> int:
     slo = parse_slo(args.slo)
     # a fleet whose groups all set their policy is searched as written (the policies would change nothing)
     default = scenario.policy.name if own_policies(scenario) else DEMO_POLICIES
-    policies = parse_names("--policies", args.policies or default, DEMO_POLICIES)
+    policies = parse_names("--policies", default if args.policies is None else args.policies, DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any probe
     out = Path(args.out or f"out/{scenario.name}-capacity")
     print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())

@@ -172,8 +172,9 @@ def fleet_capacity_cli(args) -> int:
                             f"--rate {args.rate:g} sizes a fleet of one kind of replica; remove [[fleet.groups]]")
     slo = parse_slo(args.slo)
     default_router = scenario.fleet.router if scenario.fleet is not None else "round_robin"
-    routers = parse_routers(args.routers or default_router)
-    policies = parse_names("--policies", args.policies or scenario.policy.name, DEMO_POLICIES)
+    routers = parse_routers(default_router if args.routers is None else args.routers)  # '' is refused there
+    policies = parse_names("--policies", scenario.policy.name if args.policies is None else args.policies,
+                           DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any simulation
     out = Path(args.out or f"out/{scenario.name}-fleet-capacity")
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)

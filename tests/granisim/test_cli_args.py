@@ -33,3 +33,21 @@ def test_capacity_of_a_trace_replay_is_one_line_exit_2(capsys):
     assert main(["capacity", "scenarios/azure_replay.toml", "--slo", "ttft_p99=2s"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "azure_replay.toml" in err[0] and "workload.arrivals" in err[0], err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["compare", "--routers", ""], "--routers"),  # was: a comparison of the default policies instead
+    (["capacity", "--slo", "ttft_p99=2s", "--policies", ""], "--policies"),  # was: granikv,token,paged16
+    (["capacity", "--slo", "ttft_p99=2s", "--rate", "2", "--routers", ""], "--routers"),  # was: the scenario's
+    (["capacity", "--slo", "ttft_p99=2s", "--rate", "2", "--policies", ""], "--policies"),  # was: the scenario's
+])
+def test_an_empty_name_list_is_refused_not_replaced_by_the_default(argv, option, tmp_path, capsys):
+    """catches: `--routers ''` or `--policies ''` was read as not given (an empty string is falsy), and the command
+    ran its default silently."""
+    sc = tmp_path / "f.toml"
+    sc.write_text('name = "f"\n[workload]\nroles = 2\nprefix_len = 256\nnum_requests = 4\n[fleet]\nreplicas = 2\n')
+    out = tmp_path / "o"
+    assert main([argv[0], str(sc), *argv[1:], "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {option}: give at least one name, e.g. "), err
+    assert not out.exists()

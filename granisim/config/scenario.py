@@ -247,15 +247,26 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _host_tier_usable(self):
-        if self.hardware.host_kv_gb and self.policy.host_tier == "slabs":
+        """A tier of HOT slabs alone needs every replica's policy to keep HOT slabs: the scenario's own, unless
+        every replica group names another (fleet/build.py)."""
+        if not (self.hardware.host_kv_gb and self.policy.host_tier == "slabs"):
+            return self
+        groups = self.fleet.groups if self.fleet is not None else ()
+        own = not groups or any(g.policy is None for g in groups)  # some replica runs [policy] name
+        runs = [("policy.host_tier = 'slabs'", self.policy.name)] if own else []  # (field to blame, policy run)
+        for i, g in enumerate(groups):
+            if g.policy is not None and all(g.policy != name for _, name in runs):
+                runs.append((f"fleet.groups.{i}.policy = {g.policy!r}", g.policy))
+        for where, name in runs:
             why = None
-            if self.policy.name != "granikv":
-                why = f"policy {self.policy.name} has no HOT slabs to move to host"
+            if name != "granikv":
+                why = f"policy {name} has no HOT slabs to move to host"
             elif self.policy.hot_fraction == 0:
                 why = "policy.hot_fraction = 0 leaves no HOT slabs to move to host"
             if why:
-                raise ValueError(f"field policy.host_tier = 'slabs': {why} (hardware.host_kv_gb = "
-                                 f"{self.hardware.host_kv_gb}); use host_tier = 'slabs+pages' or host_kv_gb = 0")
+                under = "" if where.startswith("policy.") else "under policy.host_tier = 'slabs', "
+                raise ValueError(f"field {where}: {under}{why} (hardware.host_kv_gb = {self.hardware.host_kv_gb}); "
+                                 f"use host_tier = 'slabs+pages' or host_kv_gb = 0")
         return self
 
     @model_serializer(mode="wrap")

@@ -317,3 +317,18 @@ def test_a_fault_without_a_required_field_says_it_is_missing(tmp_path, capsys, f
     assert main(["run", path, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {path}: field {field}: missing (required)", err
+
+
+@pytest.mark.parametrize("policy, groups, ok, blamed", [
+    # catches: a tier of HOT slabs was checked against [policy] name although every group runs granikv
+    ("token", ["granikv", "granikv"], True, None),
+    ("granikv", ["granikv", "token"], False, "field fleet.groups.1.policy = 'token': under policy.host_tier"),
+    ("token", ["token", "token"], False, "field fleet.groups.0.policy = 'token': under policy.host_tier"),
+    ("token", ["granikv", None], False, "field policy.host_tier = 'slabs': policy token"),
+])
+def test_a_slabs_tier_is_checked_against_the_policies_replicas_run(tmp_path, capsys, policy, groups, ok, blamed):
+    body = "".join("[[fleet.groups]]\nreplicas = 1\n" + (f'policy = "{g}"\n' if g else "") for g in groups)
+    path = write(tmp_path, TOML + f'[hardware]\nhost_kv_gb = 1.0\n[policy]\nname = "{policy}"\n[fleet]\n' + body)
+    assert main(["run", path, "--out", str(tmp_path / "o")]) == (0 if ok else 2)
+    err = capsys.readouterr().err.strip()
+    assert ok or (len(err.splitlines()) == 1 and blamed in err), err

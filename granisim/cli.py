@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, parse_names, run_one, summary_table
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, out_folder
 from granisim.config.scenario import MAX_REPLICAS, ScenarioError, load_scenario
 from granisim.experiments.sensitivity import DEFAULT_DELTA
 
@@ -33,7 +33,7 @@ def fleet_gpu_executors(device: str):
 
 def cmd_run(args) -> int:
     scenario = load_scenario(args.scenario)
-    out = Path(args.out or f"out/{scenario.name}")
+    out = out_folder(args.out, f"out/{scenario.name}")
     make = None
     if args.executor == "gpu":
         make = (fleet_gpu_executors(args.device) if scenario.fleet is not None
@@ -74,6 +74,7 @@ def cmd_validate(args) -> int:
 
     scenario = load_scenario(args.scenario)
     _measured_steps(scenario, args.scenario, "validate")
+    out_folder(args.out, args.out)  # a file there: refused before the GPU is set up
     if scenario.fleet is not None:  # every replica's steps on the one device, taking turns
         from granisim.validation.validate import validate_fleet
 
@@ -103,12 +104,12 @@ def cmd_compare(args) -> int:
         from granisim.fleet.compare import compare_routers, parse_routers
         from granisim.fleet.outputs import routers_table
 
-        out = Path(args.out or f"out/{scenario.name}-routers")
+        out = out_folder(args.out, f"out/{scenario.name}-routers")
         print(routers_table(compare_routers(scenario, args.scenario, parse_routers(args.routers), out)))
         print(f"\nwrote {out}/")
         return 0
     policies = parse_names("--policies", DEMO_POLICIES if args.policies is None else args.policies, DEMO_POLICIES)
-    out = Path(args.out or f"out/{scenario.name}-compare")
+    out = out_folder(args.out, f"out/{scenario.name}-compare")
     summaries = compare(scenario, args.scenario, policies, out)
     print(summary_table(summaries))
     print(f"\nwrote {out}/")
@@ -117,7 +118,7 @@ def cmd_compare(args) -> int:
 
 def cmd_demo(args) -> int:
     scenario, source = demo_scenario()
-    out = Path(args.out)
+    out = out_folder(args.out, "reports/demo")
     from granisim.experiments.run import prepare
 
     setup = prepare(scenario, source)
@@ -142,7 +143,7 @@ def cmd_sweep(args) -> int:
     from granisim.experiments.sweep_plots import write_plots
 
     spec = load_sweep(args.sweep)
-    out = Path(args.out or f"out/sweep-{spec.name}")
+    out = out_folder(args.out, f"out/sweep-{spec.name}")
     if args.ray is not None and args.workers is not None and args.ray != "local":
         print("note: --workers is ignored with a Ray cluster address (Ray places the tasks)", file=sys.stderr)
     df = run_sweep(spec, out, workers=args.workers, ray_address=args.ray, max_points=args.max_points)

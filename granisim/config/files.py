@@ -4,6 +4,7 @@ message on one line, and the argument parser whose mistakes are one line too."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def unreadable(err: OSError | UnicodeDecodeError, missing: str = "file not found") -> str:
@@ -28,3 +29,12 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def out_folder(given: str | Path | None, default: str | Path) -> Path:
+    """The folder a command writes into (``--out``, else ``default``); a file there is refused (ValueError, one
+    line) before anything runs, not when the outputs are written."""
+    out = Path(given or default)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: a file is there; give a folder to write into")
+    return out

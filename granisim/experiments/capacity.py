@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from granisim.config.files import out_folder
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
 from granisim.experiments.probes import tidy
@@ -245,7 +246,7 @@ def capacity_cli(args) -> int:
     default = scenario.policy.name if own_policies(scenario) else DEMO_POLICIES
     policies = parse_names("--policies", default if args.policies is None else args.policies, DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any probe
-    out = Path(args.out or f"out/{scenario.name}-capacity")
+    out = out_folder(args.out, f"out/{scenario.name}-capacity")
     print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())
           + f" ({scenario.workload.num_requests or 'all'} requests per probe)")
     results = capacity(scenario, policies, slo, out, lo=args.lo, hi=args.hi, rel_tol=args.rel_tol,

@@ -29,7 +29,7 @@ from granisim.config.hardware import get_profile
 from granisim.experiments.paper_claims import BEYOND, PAPER, Results, claims, claims_spec
 from granisim.experiments.sweep import PointsFailed, failure_lines, run_sweep
 from granisim.experiments.sweep_file import sweep_from_dict
-from granisim.config.files import one_line
+from granisim.config.files import one_line, out_folder
 
 def _coeffs(profile: str) -> str:
     p = get_profile(profile)
@@ -279,7 +279,7 @@ def paper_cli(args) -> int:
         except ValueError as err:
             raise ValueError(f"--profiles {prof!r}: {one_line(err, None)}") from None
     try:
-        rep = run_paper(Path(args.out), profiles, num_requests=args.num_requests, workers=args.workers,
+        rep = run_paper(out_folder(args.out, args.out), profiles, num_requests=args.num_requests, workers=args.workers,
                         ray=args.ray)
     except PointsFailed as err:
         print(err, file=sys.stderr)

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from granisim.config.files import out_folder
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.metrics import strict_json
 from granisim.experiments.capacity import meets, replay_field
@@ -176,7 +177,7 @@ def fleet_capacity_cli(args) -> int:
     policies = parse_names("--policies", scenario.policy.name if args.policies is None else args.policies,
                            DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any simulation
-    out = Path(args.out or f"out/{scenario.name}-fleet-capacity")
+    out = out_folder(args.out, f"out/{scenario.name}-fleet-capacity")
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))
     print(f"\nwrote {out}/ (fleet_capacity.json, fleet_capacity.txt, fleet_capacity.png)")

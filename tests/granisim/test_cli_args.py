@@ -1,4 +1,7 @@
-"""Bad command-line numbers: one line naming the option and the value, exit 2 (before any work starts)."""
+"""Bad command-line numbers and --out paths: one line naming the option and the value, exit 2 (before any work
+starts)."""
+from pathlib import Path
+
 import pytest
 
 from granisim.cli import main
@@ -51,3 +54,27 @@ def test_an_empty_name_list_is_refused_not_replaced_by_the_default(argv, option,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {option}: give at least one name, e.g. "), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "scenarios/multi_agent_16k.toml"],
+    ["compare", "scenarios/multi_agent_16k.toml"],
+    ["compare", "scenarios/fleet_16roles.toml", "--routers", "round_robin"],
+    ["demo"],
+    ["sweep", "sweeps/msat.toml"],
+    ["capacity", "scenarios/multi_agent_16k.toml", "--slo", "ttft_p99=2s"],
+    ["capacity", "scenarios/fleet_16roles.toml", "--slo", "ttft_p99=2s", "--rate", "20"],
+    ["paper"],
+])
+def test_an_out_folder_that_is_a_file_is_refused_before_anything_runs(argv, tmp_path, capsys, monkeypatch):
+    """catches: `compare --out FILE` simulated the first policy, then failed on the folder ('Not a directory');
+    `run --out FILE` failed when writing ('File exists')."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    out = tmp_path / "a_file"
+    out.write_text("mine")
+    argv = [a if not a.endswith(".toml") else str(root / a) for a in argv]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --out {out}: a file is there; give a folder to write into"], err
+    assert out.read_text() == "mine"

@@ -321,15 +321,6 @@ def test_the_docs_list_every_metric_column():
     assert not missing and "`t_<part>_s`" in doc, missing
 
 
-def test_an_out_folder_that_is_a_file(tmp_path, capsys):
-    """`--out` naming an existing file: one line naming it, exit 2 (not a FileExistsError traceback)."""
-    path = tmp_path / "s.toml"
-    path.write_text(SMALL)
-    (tmp_path / "taken").write_text("")
-    _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "taken")]), str(tmp_path / "taken"),
-                    "File exists")
-
-
 @pytest.mark.parametrize("argv", [["compare"], ["capacity", "--slo", "ttft_p99=2s"],
                                   ["capacity", "--slo", "ttft_p99=2s", "--rate", "5"]],
                          ids=["compare", "capacity", "capacity --rate"])

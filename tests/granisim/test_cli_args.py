@@ -67,8 +67,9 @@ def test_an_empty_name_list_is_refused_not_replaced_by_the_default(argv, option,
     ["paper"],
 ])
 def test_an_out_folder_that_is_a_file_is_refused_before_anything_runs(argv, tmp_path, capsys, monkeypatch):
-    """catches: `compare --out FILE` simulated the first policy, then failed on the folder ('Not a directory');
-    `run --out FILE` failed when writing ('File exists')."""
+    """`--out` naming an existing file: one line naming it, exit 2, before anything runs (not a FileExistsError
+    traceback). catches: `compare --out FILE` simulated the first policy, then failed on the folder ('Not a
+    directory'); `run --out FILE` failed when writing ('File exists')."""
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     out = tmp_path / "a_file"

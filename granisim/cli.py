@@ -74,7 +74,7 @@ def cmd_validate(args) -> int:
 
     scenario = load_scenario(args.scenario)
     _measured_steps(scenario, args.scenario, "validate")
-    out_folder(args.out, args.out)  # a file there: refused before the GPU is set up
+    out_folder(args.out)  # a file there: refused before the GPU is set up
     if scenario.fleet is not None:  # every replica's steps on the one device, taking turns
         from granisim.validation.validate import validate_fleet
 

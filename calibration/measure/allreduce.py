@@ -125,8 +125,9 @@ def fit(rows: list[dict]) -> dict[int, dict]:
 
 def write_profile(path: Path, fitted: dict[int, dict], source: dict) -> None:
     """Put the fitted ``comm.allreduce.tp{n}.*`` into the profile at ``path``, marked measured."""
-    doc = json.loads(Path(path).read_text())
-    coefs = doc.setdefault("coefficients", {})  # a profile made from another holds only its own
+    from granisim.config.hardware import write_coefficients
+
+    coefs = {}
     for tp, f in fitted.items():
         note = (f"least squares of the relative error over {f['sizes']} sizes (4 KiB-512 MiB, bf16); a fit on "
                 f"every other size is off by median {f['held_out_median']:.1%}, max {f['held_out_max']:.1%} on "
@@ -134,7 +135,7 @@ def write_profile(path: Path, fitted: dict[int, dict], source: dict) -> None:
         for key, unit in (("latency_s", "s"), ("busbw", "B/s")):
             coefs[f"comm.allreduce.tp{tp}.{key}"] = {"value": f[key], "unit": unit,
                                                     "source": {**source, "note": note}}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    write_coefficients(path, coefs)
 
 
 def main(argv=None) -> int:

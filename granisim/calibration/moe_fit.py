@@ -29,7 +29,7 @@ import numpy as np
 
 from granisim.calibration.fit_linear import table_interp
 from granisim.calibration.raw import measured_source
-from granisim.config.hardware import load_profile
+from granisim.config.hardware import load_profile, write_coefficients
 from granisim.config.models import get_model
 from granisim.costmodel.operators import fit_roofline, roofline_time
 from granisim.costmodel.tables import carried_s, nearest_linear_table
@@ -145,12 +145,9 @@ def _left_out(rows) -> tuple[list, list]:
 def write(profile_path: Path, raw_dir: Path, values: dict) -> None:
     """Put the fitted grouped-GEMM coefficients into a profile file as measured."""
     meta = json.loads((Path(raw_dir) / "meta.json").read_text())
-    doc = json.loads(Path(profile_path).read_text())
     src = measured_source(meta)
-    for k, v in values.items():
-        unit = "s" if k.endswith("launch_s") else ""
-        doc.setdefault("coefficients", {})[k] = {"value": float(v), "unit": unit, "source": src}
-    Path(profile_path).write_text(json.dumps(doc, indent=2) + "\n")
+    write_coefficients(profile_path, {k: {"value": float(v), "unit": "s" if k.endswith("launch_s") else "",
+                                          "source": src} for k, v in values.items()})
     load_profile(profile_path)
 
 

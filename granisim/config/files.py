@@ -31,7 +31,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def out_folder(given: str | Path | None, default: str | Path) -> Path:
+def out_folder(given: str | Path | None, default: str | Path | None = None) -> Path:
     """The folder a command writes into (``--out``, else ``default``); a file there is refused (ValueError, one
     line) before anything runs, not when the outputs are written."""
     out = Path(given or default)

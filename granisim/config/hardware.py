@@ -59,7 +59,7 @@ from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, Pub
 # granisim.config.hardware is the profiles' public module: the catalogue and data classes are importable from here too
 __all__ = ["COEFFICIENTS", "OPTIONAL_COEFFICIENTS", "FORM2_COEFFICIENTS", "KERNEL_TABLE_COLS", "KERNEL_FAMILIES",
            "SCHEMA", "PROFILE_DIR", "DATA_DIR", "ProfileError", "Source", "Coefficient", "LinearTable", "KernelTable",
-           "HardwareProfile", "load_profile", "profile_json", "available_profiles", "get_profile"]
+           "HardwareProfile", "load_profile", "profile_json", "write_coefficients", "available_profiles", "get_profile"]
 
 SCHEMA = "granikv-hardware-profile/1"
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -178,6 +178,15 @@ def profile_json(path: str | Path) -> dict:
     """A profile file's JSON with its base's fields filled in (config/profile_base.py), not yet validated."""
     path = Path(path)
     return profile_base.resolve(path, _read_json(path), PROFILE_DIR, _fail)
+
+
+def write_coefficients(path: str | Path, entries: Mapping[str, dict]) -> None:
+    """Set coefficients (``{name: {"value", "unit", "source"}}``) in the profile file at ``path``, as its own: in a
+    profile made from another they go on top of the base's (config/profile_base.py)."""
+    path = Path(path)
+    doc = _read_json(path)
+    doc.setdefault("coefficients", {}).update(entries)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def load_profile(path: str | Path) -> HardwareProfile:

@@ -279,7 +279,7 @@ def paper_cli(args) -> int:
         except ValueError as err:
             raise ValueError(f"--profiles {prof!r}: {one_line(err, None)}") from None
     try:
-        rep = run_paper(out_folder(args.out, args.out), profiles, num_requests=args.num_requests, workers=args.workers,
+        rep = run_paper(out_folder(args.out), profiles, num_requests=args.num_requests, workers=args.workers,
                         ray=args.ray)
     except PointsFailed as err:
         print(err, file=sys.stderr)

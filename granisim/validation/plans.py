@@ -61,7 +61,7 @@ class PlanMismatch(ValueError):
     """The scenario does not reproduce the measured run's schedule (another scenario, seed or code)."""
 
 
-class _Replay:
+class MeasuredReplay:
     """An executor that gives back a measured run's steps in order (durations and parts) and checks that each
     plan is the one the run executed (its batch size and token count)."""
 
@@ -100,7 +100,7 @@ def rebuild_plans(scenario_path: Path, steps: pd.DataFrame) -> list:
         from granisim.experiments.run import prepare
 
         setup = prepare(scenario)
-        execs = [PairedExecutor(_Replay(steps, str(scenario_path)), setup.profile, setup.model, idle=False)]
+        execs = [PairedExecutor(MeasuredReplay(steps, str(scenario_path)), setup.profile, setup.model, idle=False)]
         ServingLoop(setup, execs[0], progress=False).run()
     else:
         from granisim.fleet.build import simulate_fleet
@@ -111,7 +111,7 @@ def rebuild_plans(scenario_path: Path, steps: pd.DataFrame) -> list:
 
         def make(setup):  # the fleet builds its replicas in order, once each without faults
             k = len(execs)
-            execs.append(PairedExecutor(_Replay(steps[steps.replica == k], f"replica {k}"), setup.profile,
+            execs.append(PairedExecutor(MeasuredReplay(steps[steps.replica == k], f"replica {k}"), setup.profile,
                                         setup.model, idle=False))
             return execs[-1]
 

@@ -29,7 +29,7 @@ from granisim.core.serving_loop import ServingLoop
 from granisim.experiments.run import prepare
 from granisim.validation.clock_term import units_folder
 from granisim.validation.gpu_runs import split_unit, validation_scenario
-from granisim.validation.plans import _Replay
+from granisim.validation.plans import MeasuredReplay
 from granisim.validation.validate import PairedExecutor
 
 
@@ -51,7 +51,7 @@ def best_of(fn, repeats: int = 3) -> float:
     return best
 
 
-class _Timed(_Replay):
+class _Timed(MeasuredReplay):
     """The measured schedule replayed with slot layouts; each plan's build timed with both versions."""
 
     needs_layouts = True

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, parse_names, run_one, summary_table
 from granisim.config.files import OneLineParser, out_folder
-from granisim.config.scenario import MAX_REPLICAS, ScenarioError, load_scenario
+from granisim.config.scenario import (MAX_REPLICAS, ScenarioError, check_effective_in_runs, load_scenario,
+                                      read_scenario, scenario_runs)
 from granisim.experiments.sensitivity import DEFAULT_DELTA
 
 def gpu_executor(setup, device: str):
@@ -96,7 +97,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario, written = read_scenario(args.scenario)  # its policy and router are checked against the runs below
     if args.routers is not None and args.policies is not None:  # each router runs the scenario's one policy
         raise ScenarioError(f"--policies {args.policies}: compare --routers runs the scenario's policy "
                             f"({scenario.policy.name}) behind each router; set policy.name in the scenario instead")
@@ -104,11 +105,17 @@ def cmd_compare(args) -> int:
         from granisim.fleet.compare import compare_routers, parse_routers
         from granisim.fleet.outputs import routers_table
 
+        routers = parse_routers(args.routers)
+        check_effective_in_runs(written, scenario_runs(scenario, routers=routers), args.scenario,
+                                f" (in every run of --routers {','.join(routers)})")
         out = out_folder(args.out, f"out/{scenario.name}-routers")
-        print(routers_table(compare_routers(scenario, args.scenario, parse_routers(args.routers), out)))
+        print(routers_table(compare_routers(scenario, args.scenario, routers, out)))
         print(f"\nwrote {out}/")
         return 0
     policies = parse_names("--policies", DEMO_POLICIES if args.policies is None else args.policies, DEMO_POLICIES)
+    label = "--policies" if args.policies is not None else "compare's default --policies"
+    check_effective_in_runs(written, scenario_runs(scenario, policies=policies), args.scenario,
+                            f" (in every run of {label} {','.join(policies)})")
     out = out_folder(args.out, f"out/{scenario.name}-compare")
     summaries = compare(scenario, args.scenario, policies, out)
     print(summary_table(summaries))

@@ -362,6 +362,7 @@ def _trace_arrivals(w) -> bool:
     return w.kind == "azure" or w.arrivals == "trace"
 
 
+# fields whose effect hangs on other fields of the file alone (no command varies those): checked as the file is read
 _INERT = (
     ("workload", "rate", lambda sc: not _trace_arrivals(sc.workload),
      "has no effect when arrivals come from the trace (kind = 'azure' or arrivals = 'trace'); "
@@ -378,14 +379,33 @@ _INERT = (
      "has no effect unless workload.role_dist = 'zipf'"),
     ("workload", "think_time_s", lambda sc: sc.workload.turns > 1, "has no effect unless workload.turns > 1"),
     ("workload", "followup_scale", lambda sc: sc.workload.turns > 1, "has no effect unless workload.turns > 1"),
+    # Poisson arrivals draw lengths from lengths_trace: the arrival trace then only counts requests when
+    # num_requests = 0 (granisim/core/workload.py, Workload.initial_specs)
+    ("workload", "trace", lambda sc: (_trace_arrivals(sc.workload) or sc.workload.lengths_trace is None
+                                      or sc.workload.num_requests == 0),
+     "has no effect with Poisson arrivals, workload.lengths_trace set and workload.num_requests > 0 (lengths come "
+     "from lengths_trace, arrivals from workload.rate)"),
     ("scheduler", "admission_max_wait_s", lambda sc: sc.scheduler.admission == "prefix",
      "has no effect unless scheduler.admission = 'prefix'"),
+    # prefix admission puts first the waiters whose role prefix a running request holds; a replay has no roles,
+    # so only its aging (admission_max_wait_s > 0) can reorder the queue (granisim/core/scheduler.py)
+    ("scheduler", "admission", lambda sc: (sc.workload.kind != "azure" or sc.scheduler.admission == "fcfs"
+                                           or sc.scheduler.admission_max_wait_s > 0),
+     "has no effect with kind = 'azure' (no role prefixes to admit by; only scheduler.admission_max_wait_s > 0 "
+     "would reorder the queue)"),
     ("model", "expert_zipf_s", lambda sc: sc.model.expert_routing == "zipf",
      "has no effect unless model.expert_routing = 'zipf'"),
     ("policy", "host_tier", lambda sc: sc.hardware.host_kv_gb > 0, "has no effect unless hardware.host_kv_gb > 0"),
     ("policy", "host_eviction", lambda sc: sc.hardware.host_kv_gb > 0,
      "has no effect unless hardware.host_kv_gb > 0"),
     ("policy", "host_write", lambda sc: sc.hardware.host_kv_gb > 0, "has no effect unless hardware.host_kv_gb > 0"),
+    # with the KV budget given, memory shares size nothing; mem_fraction still bounds a tp > 1 shard's weights
+    # (granisim/config/replica.py)
+    ("hardware", "reserve_gb", lambda sc: sc.hardware.kv_budget_tokens is None,
+     "has no effect when hardware.kv_budget_tokens is set (it only sizes the derived KV budget)"),
+    ("hardware", "mem_fraction", lambda sc: sc.hardware.kv_budget_tokens is None or sc.hardware.tp > 1,
+     "has no effect when hardware.kv_budget_tokens is set and hardware.tp = 1 (it sizes the derived KV budget, "
+     "and with tp > 1 bounds a GPU's weight shard)"),
 )
 
 
@@ -395,16 +415,26 @@ def replica_policies(sc) -> set[str]:
     return {g.policy or sc.policy.name for g in groups} if groups else {sc.policy.name}
 
 
-# fields a scenario file may set where they do not act, but a sweep must not vary where they act at no point
-# (every point would give the same results): a scenario written for granikv keeps its hot_fraction when it is
-# run, compared (`granisim compare --policies`) or swept under another policy
-_INERT_IN_SWEEPS = (
-    ("policy", "hot_fraction", lambda sc: "granikv" in replica_policies(sc),
+def _granikv(sc) -> bool:
+    return "granikv" in replica_policies(sc)
+
+
+# fields whose effect hangs on the policy or the router, which a command may choose per run (`compare --policies`
+# or `--routers`, `capacity`, a sweep's grid): a file's value is refused where it acts in none of the command's
+# runs (`granisim run`: the file as written), so a scenario written for granikv may run under token beside it
+_INERT_BY_RUN = (
+    ("policy", "hot_fraction", _granikv,
      "has no effect unless policy.name = 'granikv' (token and paged policies have no HOT pool), here or in a "
      "[[fleet.groups]] entry"),
     ("policy", "page_size", lambda sc: "paged" in replica_policies(sc),
      "has no effect unless policy.name = 'paged' (paged<N> names its own page size), here or in a "
      "[[fleet.groups]] entry"),
+    ("policy", "dispatch", _granikv,
+     "has no effect unless policy.name = 'granikv' (token and paged policies have no prefix pass to dispatch), "
+     "here or in a [[fleet.groups]] entry"),
+    ("policy", "m_sat", lambda sc: _granikv(sc) and sc.policy.dispatch == "threshold",
+     "has no effect unless policy.dispatch = 'threshold' (the only rule that reads it) and policy.name = "
+     "'granikv', here or in a [[fleet.groups]] entry"),
     ("fleet", "staleness_s", lambda sc: _router(sc) != "round_robin",
      "has no effect under fleet.router = 'round_robin' (it reads only which replicas are up, always live)"),
     ("fleet", "balance_abs", lambda sc: _router(sc) in ("cache_aware", "hot_aware"),
@@ -424,33 +454,86 @@ def _router(sc) -> str:
     return sc.fleet.router if sc.fleet is not None else "round_robin"
 
 
-def inert(dotted: str, sc: Scenario, sweep: bool = False) -> str | None:
-    """Why the field ``dotted`` (``section.name``) has no effect in ``sc``; None where it acts or always does.
-    ``sweep``: also the fields only a sweep's varied fields are checked for (``_INERT_IN_SWEEPS``)."""
-    table = _INERT + _INERT_IN_SWEEPS if sweep else _INERT
-    return next((why for section, name, acts, why in table if f"{section}.{name}" == dotted and not acts(sc)), None)
+def inert(dotted: str, sc: Scenario) -> str | None:
+    """Why the field ``dotted`` (``section.name``) has no effect in ``sc``; None where it acts or always does."""
+    return next((why for section, name, acts, why in _INERT + _INERT_BY_RUN
+                 if f"{section}.{name}" == dotted and not acts(sc)), None)
+
+
+def _refuse_written(data: dict, runs: list[Scenario], source: str, table, label: str = "",
+                    skip: tuple[str, ...] = ()) -> None:
+    """Refuse the first field of ``table`` written in ``data`` (a file's tables) that acts in none of ``runs``."""
+    if not runs:
+        return
+    for section, name, _, _ in table:
+        written = data.get(section)
+        if not (isinstance(written, dict) and name in written) or f"{section}.{name}" in skip:
+            continue
+        whys = [inert(f"{section}.{name}", sc) for sc in runs]
+        if all(whys):
+            raise ScenarioError(f"{source}: field {section}.{name} = {short_repr(written[name])}: {whys[0]}{label}")
 
 
 def check_effective(data: dict, sc: Scenario, source: str) -> None:
-    """Reject a field the user wrote (in ``data``) that the resolved scenario ``sc`` would ignore."""
-    for section, name, _, _ in _INERT:
-        table = data.get(section)
-        why = inert(f"{section}.{name}", sc) if isinstance(table, dict) and name in table else None
-        if why:
-            raise ScenarioError(f"{source}: field {section}.{name} = {short_repr(table[name])}: {why}")
+    """Reject a field the user wrote (in ``data``) that the resolved scenario ``sc`` would ignore whatever policy
+    or router it runs under (``_INERT``)."""
+    _refuse_written(data, [sc], source, _INERT)
 
 
-def parse_scenario_file_data(data: dict, source: str) -> Scenario:
-    """A scenario as written in a file: strict types, and no field without effect."""
+def check_effective_in_runs(data: dict, runs: list[Scenario] | None, source: str, label: str = "",
+                            skip: tuple[str, ...] = ()) -> None:
+    """Reject a field the user wrote (in ``data``) whose effect hangs on the policy or router (``_INERT_BY_RUN``)
+    and that acts in none of ``runs``: the scenarios a command runs of the file (``label`` says which, e.g.
+    " (in every run of --policies token,paged16)"); None: no check (the command refuses its runs itself).
+    ``skip``: fields every run sets anew (a sweep's varied fields), whose written value acts nowhere anyway."""
+    if runs is not None:
+        _refuse_written(data, runs, source, _INERT_BY_RUN, label, skip)
+
+
+def scenario_runs(sc: Scenario, policies: list[str] | None = None,
+                  routers: list[str] | None = None) -> list[Scenario] | None:
+    """``sc`` under each of ``policies`` ([policy] name) x ``routers`` ([fleet] router), None standing for its
+    own; None where one of them is not valid (the command then refuses it in its own words)."""
+    runs = []
+    for pol in policies or [None]:
+        for router in routers or [None]:
+            changes = {}
+            if pol is not None:
+                changes["policy.name"] = pol
+            if router is not None and sc.fleet is not None:  # without [fleet] no router field was written
+                changes["fleet.router"] = router
+            try:
+                runs.append(sc.with_changes(**changes) if changes else sc)
+            except ScenarioError:
+                return None
+    return runs
+
+
+def parse_scenario_file_data(data: dict, source: str, as_written: bool = True) -> Scenario:
+    """A scenario as written in a file: strict types, and no field without effect. ``as_written=False``: the
+    fields whose effect hangs on the policy or router are left to :func:`check_effective_in_runs` (a caller that
+    runs the file under other policies or routers)."""
     sc = parse_scenario(data, source=source, strict=True)
     check_effective(data, sc, source)
+    if as_written:
+        check_effective_in_runs(data, [sc], source)
     return sc
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def read_scenario(path: str | Path) -> tuple[Scenario, dict]:
+    """A scenario file and its tables as written, every check made but those of the fields whose effect hangs on
+    the policy or router: the caller runs it under its own and passes those runs to
+    :func:`check_effective_in_runs`."""
     path = Path(path)
     data = read_toml(path, "scenario file")
-    return parse_scenario_file_data(data, source=str(path))
+    return parse_scenario_file_data(data, source=str(path), as_written=False), data
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """A scenario file run as written: no field the run would ignore."""
+    sc, data = read_scenario(path)
+    check_effective_in_runs(data, [sc], str(path))
+    return sc
 
 
 def read_toml(path: Path, what: str) -> dict:

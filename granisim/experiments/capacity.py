@@ -232,10 +232,10 @@ def replay_field(wl) -> str:
 
 
 def capacity_cli(args) -> int:
-    from granisim.config.scenario import ScenarioError, load_scenario
+    from granisim.config.scenario import ScenarioError, check_effective_in_runs, read_scenario, scenario_runs
     from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios
 
-    scenario = load_scenario(args.scenario)
+    scenario, written = read_scenario(args.scenario)  # its policy-dependent fields: checked against the policies
     wl = scenario.workload
     if wl.kind == "azure" or wl.arrivals == "trace":  # the search varies workload.rate, which a replay ignores
         raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: "
@@ -246,6 +246,9 @@ def capacity_cli(args) -> int:
     default = scenario.policy.name if own_policies(scenario) else DEMO_POLICIES
     policies = parse_names("--policies", default if args.policies is None else args.policies, DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any probe
+    label = "--policies" if args.policies is not None else "capacity's default --policies"
+    check_effective_in_runs(written, scenario_runs(scenario, policies=policies), args.scenario,
+                            f" (in every run of {label} {','.join(policies)})")
     out = out_folder(args.out, f"out/{scenario.name}-capacity")
     print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())
           + f" ({scenario.workload.num_requests or 'all'} requests per probe)")

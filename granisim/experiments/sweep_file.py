@@ -47,8 +47,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from granisim.config.scenario import (Scenario, ScenarioError, inert, load_scenario, parse_scenario,
-                                      parse_scenario_file_data, read_toml, short_repr)
+from granisim.config.scenario import (Scenario, ScenarioError, check_effective_in_runs, inert, parse_scenario,
+                                      parse_scenario_file_data, read_scenario, read_toml, short_repr)
 from granisim.core.metrics import BREAKDOWN_KEYS
 
 POINT_SCHEMA = "granisim-point/1"  # bump when the meaning of a resolved scenario changes
@@ -214,19 +214,36 @@ def _expand_grid(grid: dict, source: str, where: str) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(flat[k] for k in keys))]
 
 
-def _base_data(raw: dict, path: Path, source: str) -> dict:
+def _base_data(raw: dict, path: Path, source: str) -> tuple[dict, dict, str, str]:
+    """The base scenario (dumped), its tables as written, the source its errors name and the prefix an error about
+    it takes. Its fields whose effect hangs on the policy or router are checked against the points
+    (:func:`_check_base_in_points`): the grid may run the base under others."""
     base = raw.get("base", {})
     if isinstance(base, str):
         p = Path(base)
         if not p.is_absolute():
             p = path.parent / p
+        prefix = f"{source}: field base = {base!r}: "
         try:
-            return load_scenario(p).model_dump(mode="json")
+            sc, written = read_scenario(p)
         except ScenarioError as err:
-            raise ScenarioError(f"{source}: field base = {base!r}: {err}") from None
+            raise ScenarioError(f"{prefix}{err}") from None
+        return sc.model_dump(mode="json"), written, str(p), prefix
     if isinstance(base, dict):
-        return parse_scenario_file_data(base, source=f"{source} [base]").model_dump(mode="json")
+        sc = parse_scenario_file_data(base, source=f"{source} [base]", as_written=False)
+        return sc.model_dump(mode="json"), base, f"{source} [base]", ""
     raise ScenarioError(f"{source}: field base = {base!r}: give a scenario path or an inline [base] table")
+
+
+def _check_base_in_points(written: dict, points: list["Point"], base_source: str, prefix: str,
+                          overridden: set[str]) -> None:
+    """A field the base writes that acts at no point (policy.hot_fraction where no point runs granikv, ...): the
+    same refusal a scenario file run as written gets; fields the grid, points or ``set`` give anew are skipped."""
+    try:
+        check_effective_in_runs(written, [p.scenario for p in points], base_source, " (at every point of the sweep)",
+                                skip=tuple(overridden))
+    except ScenarioError as err:
+        raise ScenarioError(f"{prefix}{err}") from None
 
 
 def _check_value(base: dict, key: str, value, source: str, where: str) -> Scenario:
@@ -254,7 +271,7 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
     for key in ("name", "description"):
         if key in raw and not (isinstance(raw[key], str) and raw[key].strip()):
             raise ScenarioError(f"{source}: field {key} = {short_repr(raw[key])}: give a non-empty string")
-    base = _base_data(raw, path, source)
+    base, written, base_source, base_prefix = _base_data(raw, path, source)
     fixed = raw.get("set", {})
     if not isinstance(fixed, dict):
         raise ScenarioError(f"{source}: field set = {fixed!r}: give a table of dotted overrides")
@@ -322,9 +339,10 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
         points.append(Point(pid, c, sc))
 
     for k in varied:  # a varied field that acts at no point gives the same results at every value
-        why = inert(k, points[0].scenario, sweep=True)
-        if why and all(inert(k, p.scenario, sweep=True) for p in points):
+        why = inert(k, points[0].scenario)
+        if why and all(inert(k, p.scenario) for p in points):
             raise ScenarioError(f"{source}: {where} field {k}: {why} (at every point of the sweep)")
+    _check_base_in_points(written, points, base_source, base_prefix, set(varied) | set(fixed))
     speedup = _speedup(raw.get("speedup"), base, points, source)
     plots = _plots(raw.get("plot"), speedup, points, source)
     name = raw.get("name") or path.stem

@@ -158,11 +158,11 @@ def fleet_capacity(scenario: Scenario, routers: list[str], policies: list[str], 
 
 
 def fleet_capacity_cli(args) -> int:
-    from granisim.config.scenario import load_scenario
+    from granisim.config.scenario import check_effective_in_runs, read_scenario, scenario_runs
     from granisim.experiments.capacity import parse_slo
     from granisim.fleet.compare import parse_routers
 
-    scenario = load_scenario(args.scenario)
+    scenario, written = read_scenario(args.scenario)  # its policy and router: checked against the runs below
     wl = scenario.workload
     if wl.kind == "azure" or wl.arrivals == "trace":  # every probe sets workload.rate, which a replay ignores
         raise ScenarioError(f"{args.scenario}: field {replay_field(wl)}: capacity --rate {args.rate:g} offers the "
@@ -177,6 +177,8 @@ def fleet_capacity_cli(args) -> int:
     policies = parse_names("--policies", scenario.policy.name if args.policies is None else args.policies,
                            DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any simulation
+    check_effective_in_runs(written, scenario_runs(scenario, policies=policies, routers=routers), args.scenario,
+                            f" (in every run of --routers {','.join(routers)} x --policies {','.join(policies)})")
     out = out_folder(args.out, f"out/{scenario.name}-fleet-capacity")
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))

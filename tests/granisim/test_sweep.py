@@ -309,9 +309,9 @@ def test_a_varied_field_acting_at_some_point_is_accepted(tmp_path):
 def test_hot_fraction_is_refused_only_where_no_point_runs_granikv(tmp_path):
     """policy.hot_fraction sizes granikv's HOT pool; token and paged have none, so a sweep over it under those
     policies alone lists distinct points with identical results, and is refused (above). Where a point runs granikv
-    it is accepted, and a scenario file that sets it under another policy (a granikv scenario switched to token,
-    as `granisim compare --policies` does) still loads: only a sweep's varied fields are checked for it. Planted:
-    adding it to the table scenario files are checked against refused that file."""
+    it is accepted. A scenario file that sets it under token is refused when run as written, but loads as the base
+    of a sweep whose grid runs granikv (there it acts), and is refused as a base where no point does. Planted:
+    checking the base's hot_fraction against the base alone (not the points) refused the first base sweep here."""
     from granisim.config.scenario import load_scenario
 
     text = "name = 'hot'\n" + BASE.format(n=8) + """
@@ -322,8 +322,15 @@ def test_hot_fraction_is_refused_only_where_no_point_runs_granikv(tmp_path):
     assert len(load_sweep(_sweep(tmp_path, text)).points) == 4
     sc = tmp_path / "token_hot.toml"
     sc.write_text('[policy]\nname = "token"\nhot_fraction = 0.3\n[workload]\nnum_requests = 4\n')
-    assert load_scenario(sc).policy.hot_fraction == 0.3
-    assert load_scenario(sc).with_changes(**{"policy.name": "granikv"}).policy.name == "granikv"
+    with pytest.raises(ScenarioError, match=re.escape("token_hot.toml: field policy.hot_fraction = 0.3: has no "
+                                                      "effect unless policy.name = 'granikv'")):
+        load_scenario(sc)
+    over = "name = 'b'\nbase = 'token_hot.toml'\n[grid]\n\"policy.name\" = [{}]\n"
+    spec = load_sweep(_sweep(tmp_path, over.format('"granikv", "token"'), "b.toml"))
+    assert {p.scenario.policy.hot_fraction for p in spec.points} == {0.3}
+    with pytest.raises(ScenarioError, match=re.escape("field base = 'token_hot.toml': ") + ".*" + re.escape(
+            "field policy.hot_fraction = 0.3: has no effect unless policy.name = 'granikv'") + ".*at every point"):
+        load_sweep(_sweep(tmp_path, over.format('"token", "paged16"'), "b.toml"))
 
 
 def test_speedup_pairs_each_target_with_the_baseline_of_its_own_grid(tmp_path):

@@ -12,11 +12,17 @@ steps with equal shapes replay one CUDA graph (executor.py), with new metadata c
 the same device buffers (arena.py).
 
 All slot ids are checked here against the KV buffers, so no launch needs a device read.
+
+The build is host work on every step's critical path, so per request it only collects views of the ids a region
+reads (`_reads`: a request's slot arrays, sliced where its range starts or stops inside one); each field is then
+one concatenation, cast to int32 on the way, and range-checked without a copy per request. A page table copies
+only its pages' first ids (`_page_ids`). `rows_reference.build_reference` is the per-request construction this
+replaced, kept as its oracle: the same fields, byte for byte.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -99,6 +105,10 @@ class HostStep:
 
 _PATHS = ("cascade", "dense")  # the paths with a prefix pass
 _EMPTY = np.empty(0, np.int64)
+_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}  # native signed -> unsigned, same size
+# Range checks: pieces of at least this many ids on average are checked one by one (a reduction each, whose ~1 us of
+# call overhead is then less than copying every id into one array to check them in one call)
+_PIECE_IDS = 4096
 
 
 def _ptr(sizes, n_padded: int) -> np.ndarray:
@@ -123,20 +133,38 @@ def _exact(n: int) -> int:
     return max(n, 0)
 
 
-def _tail(segments, start: int, out: list) -> int:
-    """Append to `out` the slot arrays (views) of a layout's tokens `start..`; their count. With `start` 0,
-    `layout.slots()` in pieces; else `layout.slots_from(start)`, without a copy per request."""
-    n = at = 0
-    for seg in segments:
-        a = seg.slots
-        size = a.size
-        if at + size > start:
-            if start > at:
-                a = a[start - at:]
-            out.append(a)
+class Reads(NamedTuple):
+    """Sequences of slot ids, one a layout, as views of the layouts' arrays (no id copied): all sequences' pieces
+    in order, each piece's offset into its sequence, and each sequence's length."""
+
+    pieces: list[np.ndarray]
+    offsets: list[int]
+    lens: list[int]
+
+
+def _reads(layouts, starts=None, limits=None) -> Reads:
+    """Each layout's slot ids from token `starts[k]` on (0 when not given), at most `limits[k]` of them (all when
+    not given): `layout.slots()[start:start + limit]` of each, in pieces (one a segment they touch, sliced where
+    they start or stop inside one)."""
+    pieces, offsets, lens = [], [], []
+    for lay, skip, limit in zip(layouts, starts or repeat(0), limits or repeat(None)):
+        n = 0
+        for seg in lay.segments:
+            a = seg.slots
+            if skip:  # the range starts in a later segment, or inside this one
+                if skip >= a.size:
+                    skip -= a.size
+                    continue
+                a, skip = a[skip:], 0
+            if limit is not None:  # the range stops inside this segment, or before it
+                if n >= limit:
+                    break
+                a = a[: limit - n]
+            pieces.append(a)
+            offsets.append(n)
             n += a.size
-        at += size
-    return n
+        lens.append(n)
+    return Reads(pieces, offsets, lens)
 
 
 def _outside(a: np.ndarray, num_slots: int) -> bool:
@@ -144,26 +172,56 @@ def _outside(a: np.ndarray, num_slots: int) -> bool:
     unsigned one)."""
     if not a.size:
         return False
-    if a.dtype.kind == "i":
-        return bool(a.view(a.dtype.str.replace("i", "u")).max() >= num_slots)
+    unsigned = _UNSIGNED.get(a.dtype)
+    if unsigned is not None:
+        return bool(np.maximum.reduce(a.view(unsigned)) >= num_slots)  # a.max() less its Python wrapper
     return bool(a.min() < 0 or a.max() >= num_slots)
 
 
-def _storage(cat: np.ndarray, lens: np.ndarray, n_padded: int, page_size: int, small: list[np.ndarray]) -> np.ndarray:
-    """Sequences of `lens` slot ids, one after another in `cat`, as a page table (page_size > 0: page indptr and
-    lengths appended to `small`, page ids returned; each sequence starts on a page boundary) or as slot lists
-    (indptr appended, ids returned)."""
+def _one_by_one(pieces: list[np.ndarray]) -> bool:
+    """Whether to range-check `pieces` one by one rather than on their concatenation (_PIECE_IDS)."""
+    return bool(pieces) and len(pieces) * _PIECE_IDS <= sum(map(len, pieces))
+
+
+def _any_outside(pieces: list[np.ndarray], num_slots: int) -> bool:
+    """Whether any id of `pieces` lies outside [0, num_slots)."""
+    if _one_by_one(pieces):
+        return any(_outside(a, num_slots) for a in pieces)
+    return _outside(_cat(pieces), num_slots)
+
+
+def _checked_ids(pieces: list[np.ndarray], num_slots: int) -> np.ndarray | None:
+    """`_cat(pieces).astype(np.int32)`, or None when an id lies outside [0, num_slots): large pieces checked one by
+    one, then copied once, cast on the way (the same C cast as astype); small ones concatenated, checked in one
+    call, then cast."""
+    if _one_by_one(pieces):
+        if any(_outside(a, num_slots) for a in pieces):
+            return None
+        return np.concatenate(pieces, dtype=np.int32, casting="unsafe")
+    ids = _cat(pieces)
+    return None if _outside(ids, num_slots) else ids.astype(np.int32)
+
+
+def _page_ids(reads: Reads, page_size: int) -> np.ndarray:
+    """The page ids of sequences that each start on a page boundary: every `page_size`-th id of each, // page_size
+    (`seq[::page_size] // page_size`). Taken from each piece, no other id copied: a piece `offset` ids into its
+    sequence holds its pages' first ids from index -offset % page_size on."""
+    firsts = _cat([a[-offset % page_size:: page_size] for a, offset in zip(reads.pieces, reads.offsets)])
+    if page_size & (page_size - 1) == 0 and firsts.dtype.kind in "iu":  # a power of two, as every policy's:
+        return firsts >> (page_size.bit_length() - 1)  # a shift, the same on ids >= 0 and 3x faster
+    return firsts // page_size
+
+
+def _storage(reads: Reads, n_padded: int, page_size: int, num_slots: int,
+             small: list[np.ndarray]) -> np.ndarray | None:
+    """The sequences of `reads` as a page table (page_size > 0: page indptr and lengths appended to `small`, page
+    ids returned; each sequence starts on a page boundary) or as slot lists (indptr appended, ids returned);
+    None when one of their ids lies outside [0, num_slots)."""
     if not page_size:
-        small.append(_ptr(lens, n_padded))
-        return cat
-    pages = -(-lens // page_size)
-    small += [_ptr(pages, n_padded), _pad(lens, n_padded)]
-    n = int(pages.sum())
-    if not n:
-        return _EMPTY
-    first = np.cumsum(pages) - pages  # each sequence's first page in the list
-    at = np.repeat(np.cumsum(lens) - lens - first * page_size, pages) + np.arange(n) * page_size
-    return cat[at] // page_size
+        small.append(_ptr(reads.lens, n_padded))
+        return _checked_ids(reads.pieces, num_slots)
+    small += [_ptr([-(-n // page_size) for n in reads.lens], n_padded), _pad(reads.lens, n_padded)]
+    return None if _any_outside(reads.pieces, num_slots) else _page_ids(reads, page_size)
 
 
 class GroupPrefix(NamedTuple):
@@ -197,9 +255,11 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     """Row regions, metadata and shape of one plan, padded to buckets (`pad`, for graph replays) or
     exact (eager steps); ValueError before any launch on a bad id.
 
-    The work per request is a walk over its layout's segments that collects views of the ids it reads; each
-    field is then one concatenation, every id is range-checked at once, and each region's rows are one slice.
-    Byte for byte what `rows_reference.build_reference` builds request by request (tests/gpu_backend)."""
+    Per request, only a walk over its layout's segments that collects views of the ids each region reads
+    (`_reads`); each field is then one concatenation (a page table's: of its pages' first ids only), range-checked
+    as it is made, and each region's rows are one slice. Byte for byte what `rows_reference.build_reference`
+    builds request by request (tests/gpu_backend); a plan off this path (a bad id, a dense group that is no slab,
+    rows that do not match `num_new`) is handed to it."""
     bucket_n, bucket_l = (bucket, bucket_len) if pad else (_exact, _exact)
     reqs = plan.requests
     grouped = {i: g for g in plan.groups if g.path in _PATHS for i in g.members}
@@ -221,51 +281,72 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
             by_pass.setdefault((g.path, first.slab), []).append((g, first))
     pass_keys = [k for k in PASS_ORDER if k in by_pass]
     pass_members = [[i for g, _ in by_pass[k] for i in g.members] for k in pass_keys]
-
-    # the ids the step reads, as views: whole contexts of extend/decode rows, then grouped rows' suffixes
-    pieces: list[np.ndarray] = []
-    full_lens = [_tail(reqs[i].layout.segments, 0, pieces) for i in ext + dec]
-    n_full = len(pieces)
-    suffix_len: dict[int, int] = {}  # per grouped request (the mean runs over requests)
-    suffix_lens: list[int] = []  # per grouped row, pads included
-    rows_of_pass = []
-    for members in pass_members:
-        for i in members:
-            suffix_len[i] = n = _tail(reqs[i].layout.segments, grouped[i].prefix_len, pieces)
-            suffix_lens.append(n)
-        rows_of_pass.append(bucket_n(len(members)))
-        suffix_lens += [0] * (rows_of_pass[-1] - len(members))
-    full = _cat(pieces[:n_full])
-    suffix = _cat(pieces[n_full:])
+    members = [i for ms in pass_members for i in ms]
     # the rows, region after region: [extend] [decode] [pass 0] [pass 1] ...
-    order = [*ext, *dec, *(i for members in pass_members for i in members)]
-    rq = [reqs[i] for i in order]
-    new = _cat([r.new_slots for r in rq])  # every KV write of the step (the plan's order is the reference's)
-    prefix_ends = [(f.start, f.start + f.size - 1) for k in pass_keys for _, f in by_pass[k] if f.ids is None]
-    if (_outside(new, num_slots) or _outside(full, num_slots) or _outside(suffix, num_slots)
-            or _outside(np.array(prefix_ends, np.int64).ravel(), num_slots)
-            or any(_outside(f.ids, num_slots) for k in pass_keys for _, f in by_pass[k] if f.ids is not None)):
-        return _reference(plan, num_slots, pad)  # raises, naming the first bad id as it always has
-
-    nn = [r.num_new for r in rq]
+    rq = [reqs[i] for i in (*ext, *dec, *members)]
     n_ext, n_dec = len(ext), len(dec)
+    nn = [r.num_new for r in rq]
     ext_sizes = nn[:n_ext]
     ext_rows, ext_reqs, dec_rows = bucket_n(sum(ext_sizes)), bucket_n(n_ext), bucket_n(n_dec)
+    rows_of_pass = [bucket_n(len(ms)) for ms in pass_members]
+
+    # the ids each region reads, range-checked as its field is made, and every other id the reference checks (a
+    # bad one anywhere and it raises, naming the first): the KV writes, extend rows' whole layouts (they read the
+    # first context_len ids, then write the rest), group prefixes as their first members hold them. The `paged`
+    # policy's own contexts are read through its page table, as vLLM's kernels read them.
+    ps = plan.page_size if plan.policy == "paged" else 0
+    small: list[np.ndarray] = [_ptr(ext_sizes, ext_reqs)]
+    ext_lays = [r.layout for r in rq[:n_ext]]
+    ext_ids = _storage(_reads(ext_lays, limits=[r.context_len for r in rq[:n_ext]]), ext_reqs, ps, num_slots, small)
+    dec_reads = _reads([r.layout for r in rq[n_ext: n_ext + n_dec]])  # whole contexts
+    dec_ids = _storage(dec_reads, dec_rows, ps, num_slots, small)
+    suffix = _reads([reqs[i].layout for i in members], [grouped[i].prefix_len for i in members])
+    suffix_ids = _checked_ids(suffix.pieces, num_slots)
+    new = _cat([r.new_slots for r in rq])  # every KV write of the step (the plan's order is the reference's)
+    prefixes = [f for k in pass_keys for _, f in by_pass[k]]
+    slab_ends = np.array([(f.start, f.start + f.size - 1) for f in prefixes if f.ids is None], np.int64).ravel()
+    if (ext_ids is None or dec_ids is None or suffix_ids is None or _outside(new, num_slots)
+            or _outside(slab_ends, num_slots) or _any_outside(_reads(ext_lays).pieces, num_slots)
+            or _any_outside([f.ids for f in prefixes if f.ids is not None], num_slots)):
+        return _reference(plan, num_slots, pad)  # raises, naming the first bad id as it always has
+    big = {"ext": ext_ids, "dec": dec_ids}
+    passes = []
+    for n, (key, rows) in enumerate(zip(pass_keys, rows_of_pass)):
+        groups = by_pass[key]
+        sizes = [f.size for _, f in groups]
+        shape = PassShape(path=key[0], slab=key[1], rows=rows, groups=bucket_n(len(groups)),
+                          max_group=bucket_n(max(len(g.members) for g, _ in groups)),
+                          max_prefix=bucket_l(max(sizes)), mean_prefix=bucket_l(_mean(sizes)))
+        passes.append(shape)
+        small.append(_ptr([len(g.members) for g, _ in groups], shape.groups))
+        if key[1]:
+            small += [_pad([f.start for _, f in groups], shape.groups), _pad(sizes, shape.groups)]
+        else:
+            small.append(_ptr(sizes, shape.groups))
+            big[f"pass{n}"] = _cat([f.ids for _, f in groups]).astype(np.int32)
+    suffix_lens: list[int] = []  # per grouped row, pads included
+    at = 0  # into suffix.lens, one a member
+    for ms, rows in zip(pass_members, rows_of_pass):
+        suffix_lens += suffix.lens[at: at + len(ms)] + [0] * (rows - len(ms))
+        at += len(ms)
+    small.append(_ptr(suffix_lens, sum(rows_of_pass)))
+    big["suffix"] = suffix_ids
+
+    # per-row inputs; pads: token 0 at position 0, K/V to the scratch slot `num_slots`; request n of a region
+    # samples row (region's first sample) + n
     counts = [n_ext, n_dec, *map(len, pass_members)]
     region_rows = [ext_rows, dec_rows, *rows_of_pass]
     num_rows = sum(region_rows)
     toks = _cat([r.input_tokens for r in rq])
     ctx = np.fromiter([r.context_len for r in rq], np.int64, len(rq))
     T = sum(nn)
-    if T == len(rq):  # one new token a request (decode steps)
+    if nn.count(1) == len(nn):  # one new token a request (decode steps)
         pos = ctx
     else:
         n_arr = np.array(nn, np.int64)
         pos = np.repeat(ctx - (np.cumsum(n_arr) - n_arr), n_arr) + np.arange(T)
     if toks.size != T or new.size != T:
         return _reference(plan, num_slots, pad)  # inputs that do not match num_new: as the reference lays them out
-    # pads: token 0 at position 0, K/V to the scratch slot `num_slots`; request n of a region samples row
-    # (region's first sample) + n
     tokens = np.zeros(num_rows, np.int32)
     positions = np.zeros(num_rows, np.int32)
     new_slots = np.full(num_rows, num_slots, np.int32)
@@ -287,48 +368,14 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         row, at, req = row + rows, at + used, req + count
     sample_of = dict(zip([r.rid for r in rq], samples))
 
-    small: list[np.ndarray] = [_ptr(ext_sizes, ext_reqs)]
-    big: dict[str, np.ndarray] = {}
-    # extend: prefill chunks over their cached prefix; the `paged` policy's own contexts are read through its
-    # page table, as vLLM's kernels read them
-    ps = plan.page_size if plan.policy == "paged" else 0
-    lens = np.array(full_lens, np.int64)
-    n_full_ext = int(lens[:n_ext].sum())
-    if n_ext:
-        ctx_ext = np.minimum(ctx[:n_ext], lens[:n_ext])
-        n = int(ctx_ext.sum())
-        skip = np.cumsum(lens[:n_ext] - ctx_ext) - (lens[:n_ext] - ctx_ext)  # ids before a request's, not read
-        ext_prefix = full[np.repeat(skip, ctx_ext) + np.arange(n)] if n else _EMPTY
-    else:
-        ctx_ext, ext_prefix = lens[:0], _EMPTY
-    big["ext"] = _storage(ext_prefix, ctx_ext, ext_reqs, ps, small)
-    # decode: every request outside a prefix pass reads its whole context
-    dec_lens = lens[n_ext:]
-    big["dec"] = _storage(full[n_full_ext:], dec_lens, dec_rows, ps, small)
-    passes = []
-    for n, (key, rows) in enumerate(zip(pass_keys, rows_of_pass)):
-        groups = by_pass[key]
-        sizes = [f.size for _, f in groups]
-        shape = PassShape(path=key[0], slab=key[1], rows=rows, groups=bucket_n(len(groups)),
-                          max_group=bucket_n(max(len(g.members) for g, _ in groups)),
-                          max_prefix=bucket_l(max(sizes)), mean_prefix=bucket_l(_mean(sizes)))
-        passes.append(shape)
-        small.append(_ptr([len(g.members) for g, _ in groups], shape.groups))
-        if key[1]:
-            small += [_pad([f.start for _, f in groups], shape.groups), _pad(sizes, shape.groups)]
-        else:
-            small.append(_ptr(sizes, shape.groups))
-            big[f"pass{n}"] = _cat([f.ids for _, f in groups])
-    small.append(_ptr(suffix_lens, sum(rows_of_pass)))
-    big["suffix"] = suffix
-
+    dec_lens = dec_reads.lens
     shape = StepShape(
         page_size=ps, ext_rows=ext_rows, ext_reqs=ext_reqs, ext_max_qo=bucket_n(max(ext_sizes, default=0)),
-        dec_rows=dec_rows, dec_max_kv=bucket_l(max(full_lens[n_ext:], default=0)),
-        dec_mean_kv=bucket_l(_mean(full_lens[n_ext:])), passes=tuple(passes),
-        suffix_max_kv=bucket_l(max(suffix_lens, default=0)), suffix_mean_kv=bucket_l(_mean(suffix_len.values())))
+        dec_rows=dec_rows, dec_max_kv=bucket_l(max(dec_lens, default=0)), dec_mean_kv=bucket_l(_mean(dec_lens)),
+        passes=tuple(passes), suffix_max_kv=bucket_l(max(suffix_lens, default=0)),
+        suffix_mean_kv=bucket_l(_mean(dict(zip(members, suffix.lens)).values())))  # over requests
     # sampled rows: each extend request's last row, then every other row
     last = _pad(small[0][1: n_ext + 1] - 1, ext_reqs)
     sample = np.concatenate([last, np.arange(ext_rows, num_rows, dtype=np.int32)])
     return HostStep(shape, [tokens, positions, new_slots, sample] + small,
-                    {k: v.astype(np.int32) for k, v in big.items()}, sample_of)
+                    {k: v.astype(np.int32, copy=False) for k, v in big.items()}, sample_of)

@@ -1,8 +1,10 @@
-"""`rows.build` (ids collected per request, each field one concatenation, every id range-checked at once)
+"""`rows.build` (ids collected per request as views, each field one concatenation, range-checked as it is made)
 against `rows_reference.build_reference` (the per-request construction it replaced): the same shape, the same
 int32 fields byte for byte, the same sampled rows, and the same ValueError on a bad plan. Also the arena's
 upload: what the launches read through the views (made once per shape and generation) is the step just
 uploaded."""
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -88,7 +90,7 @@ def plans(draw):
         grp = next((g for g, gr in enumerate(groups) if i in gr.members), -1)
         planned.append(PlannedRequest(rid, ctx, new, prefill, grp, 0, slots, tokens, lay))
     policy = draw(st.sampled_from(["granikv", "token", "paged"]))
-    page = draw(st.sampled_from([1, 4, 16])) if policy == "paged" else 1
+    page = draw(st.sampled_from([1, 3, 4, 16])) if policy == "paged" else 1  # 3: the one that is no power of two
     return BatchPlan(draw(st.integers(0, 99)), policy, page, tuple(planned), tuple(groups))
 
 
@@ -121,6 +123,24 @@ def test_a_bad_id_raises_as_the_reference_does(plan, pad, where, bad):
     a = ids[where % len(ids)]
     a[where % a.size] = bad  # the plan's arrays are its own: this plan only
     assert_same(outcome(R.build, plan, NUM_SLOTS, pad), outcome(build_reference, plan, NUM_SLOTS, pad))
+
+
+@SETTINGS
+@given(plan=plans(), pad=st.booleans(), where=st.integers(0, 10 ** 6),
+       bad=st.sampled_from([-1, NUM_SLOTS, 2 ** 40]))
+def test_large_pieces_match_the_reference(plan, pad, where, bad):
+    """The path of the engine's long contexts (pieces of thousands of ids: each range-checked on its own, then
+    copied once, cast to int32 on the way), taken here by every piece (`_PIECE_IDS` 1): the same fields as the
+    reference, then the same ValueError once an id is set outside the buffer. Planted bugs caught: the first
+    piece left out of the check, and the pieces concatenated in reverse."""
+    with mock.patch.object(R, "_PIECE_IDS", 1):
+        assert_same(outcome(R.build, plan, NUM_SLOTS, pad), outcome(build_reference, plan, NUM_SLOTS, pad))
+        ids = [r.new_slots for r in plan.requests] + [s.slots for r in plan.requests for s in r.layout.segments]
+        ids = [a for a in ids if a.size]
+        if ids:
+            a = ids[where % len(ids)]
+            a[where % a.size] = bad  # the plan's arrays are its own: this plan only
+            assert_same(outcome(R.build, plan, NUM_SLOTS, pad), outcome(build_reference, plan, NUM_SLOTS, pad))
 
 
 def test_recorded_plans_match_the_reference(recorded_plans):

@@ -4,7 +4,7 @@ Reads units that `reports/host_tier/run_validation.sh` left on one machine (each
 `validation.json`; its scenario is `../scenarios/host_tier_<unit>.toml`), prints a table and writes a JSON summary:
 
     python reports/host_tier/admission_engine.py OUT_K4/granikv_none OUT_K64/granikv_none ... \
-        --out reports/host_tier/admission_engine.json
+        [--with EARLIER.json] --out reports/host_tier/admission_engine.json
 
 Per unit: roles, admission rule, tier and write rule (from the scenario), measured and predicted req/s and TTFT
 p99, and both throughputs over the same-machine unit with the fewest roles (the k = 4 reference).
@@ -40,10 +40,21 @@ def read_unit(folder: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("units", type=Path, nargs="+")
+    ap.add_argument("units", type=Path, nargs="*")
+    ap.add_argument("--with", dest="earlier", type=Path, action="append", default=[],
+                    help="a JSON this script wrote: its units join the table (their raw runs need not be at hand)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    rows = sorted((read_unit(f) for f in a.units), key=lambda r: (r["roles"], r["admission"], r["host_tier"]))
+    rows = [read_unit(f) for f in a.units]
+    for path in a.earlier:
+        try:
+            rows += [{k: v for k, v in r.items() if "over_reference" not in k} for r in json.loads(path.read_text())["units"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"{path}: not a JSON of this script ({err})", file=sys.stderr)
+            raise SystemExit(2)
+    if not rows:
+        ap.error("no units: give unit folders or --with JSON")
+    rows.sort(key=lambda r: (r["roles"], r["admission"], r["host_tier"]))
     ref = rows[0]
     for r in rows:
         r["over_reference"] = r["req_s"] / ref["req_s"]

@@ -9,22 +9,11 @@ from pathlib import Path
 import pytest
 
 from granisim.cli import main
+from tests.granisim.cli_errors import one_line_error
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 5\nrate = 5.0\nmax_output_len = 8\n"
 HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-
-
-def _one_line_error(capsys, rc: int, *needles: str) -> str:
-    """The command failed with exit 2 and exactly one stderr line holding every needle."""
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 # --- scenario fields: (toml text, field, value as printed) -------------------------------------------------
@@ -84,7 +73,7 @@ SCENARIOS = {
 def test_bad_scenario_field(tmp_path, capsys, text, field, value):
     path = tmp_path / "s.toml"
     path.write_text(text)
-    line = _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), field, value)
+    line = one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), field, value)
     assert not (tmp_path / "o").exists(), line  # nothing ran
 
 
@@ -104,7 +93,7 @@ def test_bad_scenario_file(tmp_path, capsys, content, needle):
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
-    _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), needle)
+    one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), needle)
 
 
 # --- trace files: (csv text, what the line names) -------------------------------------------------------------
@@ -141,7 +130,7 @@ def test_bad_trace(tmp_path, capsys, csv, needles):
     n = 30 if "num_requests = 30" in needles[0] else 0
     path = tmp_path / "s.toml"
     path.write_text(f"[workload]\nkind = 'azure'\ntrace = '{trace}'\nnum_requests = {n}\n")
-    _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), "workload.trace"
+    one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), "workload.trace"
                     if n == 0 else "workload.num_requests", str(trace) if n == 0 else "", *needles)
 
 
@@ -207,14 +196,14 @@ def test_bad_sweep_file(tmp_path, capsys, text, field, value):
     head, _, rest = text.partition("[grid]")  # top-level keys must precede the base tables
     path.write_text(head + BASE + ("[grid]" + rest if rest else ""))
     rc = main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1"])
-    _one_line_error(capsys, rc, str(path), field, value)
+    one_line_error(capsys, rc, str(path), field, value)
     assert not (tmp_path / "o").exists()  # nothing ran
 
 
 def test_bad_sweep_file_encoding(tmp_path, capsys):
     path = tmp_path / "sw.toml"
     path.write_bytes(b"name = '\xff'\n")
-    _one_line_error(capsys, main(["sweep", str(path)]), str(path), "not UTF-8")
+    one_line_error(capsys, main(["sweep", str(path)]), str(path), "not UTF-8")
 
 
 def test_metric_columns_are_what_a_point_writes():
@@ -288,7 +277,7 @@ def test_bad_profile(tmp_path, capsys, edit, field, value):
     edit(doc, tmp_path)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))  # NaN and Infinity as JSON writes them (json.loads reads them back)
-    _one_line_error(capsys, main(["profile", "check", str(path)]), str(path), field, value)
+    one_line_error(capsys, main(["profile", "check", str(path)]), str(path), field, value)
 
 
 @pytest.mark.parametrize("content,needle", [(b'{"name": "\xff"}', "not UTF-8"), (b"{nope", "invalid JSON")],
@@ -296,7 +285,7 @@ def test_bad_profile(tmp_path, capsys, edit, field, value):
 def test_bad_profile_file(tmp_path, capsys, content, needle):
     path = tmp_path / "p.json"
     path.write_bytes(content)
-    _one_line_error(capsys, main(["profile", "check", str(path)]), str(path), needle)
+    one_line_error(capsys, main(["profile", "check", str(path)]), str(path), needle)
 
 
 # --- the same scenario mistake through every command that reads a scenario -----------------------------------
@@ -306,7 +295,7 @@ def test_every_command_reports_a_scenario_mistake(tmp_path, capsys, argv):
     path = tmp_path / "s.toml"
     path.write_text(SMALL.replace("rate = 5.0", "rate = inf"))
     argv = [str(path) if a == "S" else a for a in argv] + ["--out", str(tmp_path / "o")]
-    _one_line_error(capsys, main(argv), str(path), "workload.rate", "inf")
+    one_line_error(capsys, main(argv), str(path), "workload.rate", "inf")
 
 
 def test_the_docs_list_every_metric_column():
@@ -331,7 +320,7 @@ def test_a_bad_policy_in_policies_before_anything_runs(tmp_path, capsys, argv):
     path.write_text(SMALL)
     out = tmp_path / "o"
     rc = main([argv[0], str(path), *argv[1:], "--policies", "granikv,vllm", "--out", str(out)])
-    line = _one_line_error(capsys, rc, "--policies granikv,vllm", "policy.name = 'vllm'")
+    line = one_line_error(capsys, rc, "--policies granikv,vllm", "policy.name = 'vllm'")
     assert "<override>" not in line
     assert not out.exists()  # nothing ran
 
@@ -380,5 +369,5 @@ def test_bad_calibrate_or_paper_input(tmp_path, capsys, edit, argv, needles):
         s = s.replace("R/", f"{raw}/") if raw and s.startswith("R/") else (str(raw) if s == "R" else s)
         return str(tmp_path) + s[1:] if s == "T" or s.startswith("T/") else s
 
-    _one_line_error(capsys, main([sub(a) for a in argv]), *map(sub, needles))
+    one_line_error(capsys, main([sub(a) for a in argv]), *map(sub, needles))
     assert not (tmp_path / "o").exists()  # the paper ran nothing

@@ -13,22 +13,13 @@ from pathlib import Path
 import pytest
 
 from granisim.cli import main
+from tests.granisim.cli_errors import one_line_error
 from granisim.config.scenario import (ScenarioError, check_effective_in_runs, load_scenario, read_scenario,
                                       scenario_runs)
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 4\nrate = 5.0\nmax_output_len = 8\n"
 FLEET = "[fleet]\nreplicas = 2\n"
-
-
-def _one_line_error(capsys, rc: int, *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def _write(tmp_path, text: str, name: str = "s.toml") -> Path:
@@ -90,7 +81,7 @@ def test_an_inert_field_is_refused_when_run_as_written(tmp_path, capsys, text, f
     text = text.replace("'T'", repr(_trace(tmp_path)))
     small = "" if "[workload]" in text else SMALL
     path = _write(tmp_path, small + text)
-    line = _one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]),
+    line = one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]),
                            str(path), f"field {field} = ", value, "has no effect", why)
     assert not (tmp_path / "o").exists(), line  # nothing ran
 
@@ -117,7 +108,7 @@ IN_RUNS = {
 def test_an_inert_field_is_refused_in_every_run_of_a_command(tmp_path, capsys, text, argv, field, label):
     path = _write(tmp_path, SMALL + text)
     rc = main([argv[0], str(path), *argv[1:], "--out", str(tmp_path / "o")])
-    line = _one_line_error(capsys, rc, str(path), f"field {field} = ", "has no effect", f"in every run of {label}")
+    line = one_line_error(capsys, rc, str(path), f"field {field} = ", "has no effect", f"in every run of {label}")
     assert not (tmp_path / "o").exists(), line
 
 

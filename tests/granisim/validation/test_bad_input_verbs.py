@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 from granisim.cli import main
+from tests.granisim.cli_errors import one_line_error
 
 UNIT = "control_short_granikv_llama-3.1-8b"
 
@@ -16,13 +17,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         rc = main(argv)
     except SystemExit as stop:  # verbs that stop with SystemExit(2) themselves (summary, fleet-summary)
         rc = stop.code
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+    return one_line_error(capsys, rc, *needles)
 
 
 def _write(path, text: str):

@@ -21,6 +21,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 import timeit
 from pathlib import Path
 
@@ -84,10 +85,53 @@ def measure(policy: str, args) -> dict:
     if args.device == "cuda":
         torch.cuda.synchronize()
     host = rows.build(full[0], num_slots)
+    in_order = {kind: _in_order(plans, set(map(id, full)), num_slots, args, kind == "table")
+                for kind in ("listed", "table")}
+    lb, lu, _ = in_order["listed"]
+    tb, tu, _ = in_order["table"]
     return {"policy": policy, "batch": args.requests, "plans": len(full), "decode_plans": len(plans),
-            "ids_uploaded": int(sum(a.size for a in host.small) + sum(a.size for a in host.big.values())),
-            "build_reference_us": _spread(old), "build_us": _spread(new), "upload_us": _spread(up),
-            "build_speedup": _spread([o / n for o, n in zip(old, new)])}
+            "ids_uploaded": _ids(host), "build_reference_us": _spread(old), "build_us": _spread(new),
+            "upload_us": _spread(up), "build_speedup": _spread([o / n for o, n in zip(old, new)]),
+            "in_order": {kind: {"build_us": _spread(b), "upload_us": _spread(u), "ids_uploaded": _spread(i)}
+                         for kind, (b, u, i) in in_order.items()},
+            "table_speedup": _spread([(b + u) / (c + v) for b, u, c, v in zip(lb, lu, tb, tu)])}
+
+
+def _ids(host) -> int:
+    return int(sum(a.size for a in host.small) + sum(a.size for a in host.big.values()))
+
+
+def _in_order(plans, timed: set, num_slots: int, args, table: bool) -> tuple[list, list, list]:
+    """Build and upload every plan of the run in order, once each, as the engine serves them: ids listed afresh each
+    step, or (`table`) with the engine's request table (request_table.py: a row is written whole once, then
+    extended); `--repeat` times over afresh. Per timed plan the median of its build and of its upload (the rows it
+    writes whole included), in us, and the ids it uploads."""
+    import torch
+
+    from gpu_backend.executor import metadata, rows
+    from gpu_backend.executor.arena import MetaArena
+    from gpu_backend.executor.request_table import RequestTable
+
+    runs = []
+    for _ in range(args.repeat):
+        tab, arena, times = RequestTable() if table else None, MetaArena(torch.device(args.device)), []
+        for plan in plans:
+            t0 = time.perf_counter()
+            host = rows.build(plan, num_slots, table=tab)
+            t1 = time.perf_counter()
+            if not arena.fits(host):
+                arena.reserve(host)
+            t2 = time.perf_counter()
+            metadata.upload(host, arena)
+            if args.device == "cuda":
+                torch.cuda.synchronize()  # the step's own sync: the next build may not overwrite staged ids in flight
+            t3 = time.perf_counter()
+            if id(plan) in timed:
+                times.append(((t1 - t0) * 1e6, (t3 - t2) * 1e6, _ids(host)))
+        runs.append(times)
+    per_plan = list(zip(*runs))
+    return ([statistics.median(t[0] for t in p) for p in per_plan], [statistics.median(t[1] for t in p) for p in per_plan],
+            [p[0][2] for p in per_plan])
 
 
 def _cpu() -> str:
@@ -129,12 +173,21 @@ def main(argv: list[str] | None = None) -> None:
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     print(f"host work of a decode step, B = {args.requests}, {args.k} roles x {args.lp} tokens ({meta['cpu']}); "
           f"us per call, median over plans (min-max)")
+    f = lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"  # noqa: E731
     print(f"{'policy':8} {'plans':>5} {'ids':>8} {'build before':>20} {'build now':>20} {'speedup':>8} "
           f"{'upload (' + args.device + ')':>20}")
     for r in rows:
-        f = lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"  # noqa: E731
         print(f"{r['policy']:8} {r['plans']:5d} {r['ids_uploaded']:8d} {f(r['build_reference_us']):>20} "
               f"{f(r['build_us']):>20} {r['build_speedup']['median']:7.2f}x {f(r['upload_us']):>20}")
+    print("every plan of the run built and uploaded once, in order (as the engine serves them): ids listed afresh "
+          "each step, or through the request table")
+    print(f"{'policy':8} {'ids, listed':>11} {'build':>16} {'upload':>16} {'ids, table':>10} {'build':>16} "
+          f"{'upload':>16} {'host part':>9}")
+    for r in rows:
+        a, t = r["in_order"]["listed"], r["in_order"]["table"]
+        print(f"{r['policy']:8} {a['ids_uploaded']['median']:11.0f} {f(a['build_us']):>16} {f(a['upload_us']):>16} "
+              f"{t['ids_uploaded']['median']:10.0f} {f(t['build_us']):>16} {f(t['upload_us']):>16} "
+              f"{r['table_speedup']['median']:8.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_work.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {args.out / 'host_work.json'}")

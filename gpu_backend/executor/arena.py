@@ -11,6 +11,9 @@ straight into their pinned staging buffer, each non-empty index list copied into
 host-to-device copy per non-empty buffer. What a step's launches read the buffers through (the
 views of its fields, metadata.StepMeta) depends only on its shape and the generation, so it is made
 once per shape and generation and kept in `memo` (a graph replay reads none of it).
+
+One buffer is not a step's: the request table (request_table.py), which the steps write on the device and
+read from step to step. It grows like the others, keeping what it holds.
 """
 from __future__ import annotations
 
@@ -32,7 +35,10 @@ class MetaArena:
 
     @staticmethod
     def _sizes(step: HostStep) -> dict[str, int]:
-        return {"small": sum(a.size for a in step.small), **{name: a.size for name, a in step.big.items()}}
+        sizes = {"small": sum(a.size for a in step.small), **{name: a.size for name, a in step.big.items()}}
+        if step.table_entries:
+            sizes["table"] = step.table_entries
+        return sizes
 
     def _short(self, step: HostStep) -> dict[str, int]:
         """The buffers `step` needs that are missing or too small, with the sizes it needs."""
@@ -50,9 +56,14 @@ class MetaArena:
 
     def _grow(self, name: str, n: int) -> None:
         cap = max(1024, 1 << max(n - 1, 1).bit_length())
+        old = self._dev.get(name)
         self._dev[name] = torch.zeros(cap, dtype=torch.int32, device=self.device)
-        self._host[name] = torch.zeros(cap, dtype=torch.int32, pin_memory=self.device.type == "cuda")
-        self._host_np[name] = self._host[name].numpy()
+        if name == "table":  # written on the device only: its rows are kept, no host staging
+            if old is not None:
+                self._dev[name][: old.numel()] = old
+        else:
+            self._host[name] = torch.zeros(cap, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+            self._host_np[name] = self._host[name].numpy()
         self.memo.clear()
         self.generation += 1
         self.growths += 1

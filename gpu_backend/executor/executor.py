@@ -44,6 +44,7 @@ from .arena import MetaArena
 from .graphs import GraphCache
 from .launches import StepLaunches
 from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
+from .request_table import RequestTable
 from .timing import AllocWatch, CompileWatch, GcWatch, PartTimer, elapsed
 from .transfers import HostKV, apply_copies_and_transfers
 
@@ -58,7 +59,7 @@ class GpuExecutor:
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
                  hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None,
-                 host_tokens: int = 0):
+                 host_tokens: int = 0, request_table: bool = True):
         self.shape = shape
         self.device = torch.device(device)
         # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
@@ -75,6 +76,9 @@ class GpuExecutor:
                                host_tokens) if host_tokens else None)
         self.last_logits: dict[int, torch.Tensor] = {}
         self.arena = MetaArena(self.device)
+        # decode and suffix rows read their ids from a device table the steps extend (request_table.py), else the
+        # ids are listed afresh each step
+        self.table = RequestTable() if request_table else None
         use_graphs = self.device.type == "cuda" if graphs is None else graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -125,7 +129,7 @@ class GpuExecutor:
         clock = PartTimer(self.device)
         t0 = clock.mark()
         graph = self.graphs is not None and plan.num_tokens <= self.graph_max_rows
-        host = rows.build(plan, self.num_slots, pad=graph)
+        host = rows.build(plan, self.num_slots, pad=graph, table=self.table)
         pauses = []  # one-offs kept off the step's clock: (start, end) marks
         growth = None
         if not self.arena.fits(host):  # bigger metadata buffers: allocations no later step of this size pays
@@ -184,6 +188,9 @@ class GpuExecutor:
         """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable)."""
         w = self.w
         run = StepLaunches(m, self.shape, w.dtype, self.device)  # host work once per step (launches.py)
+        if m.table is not None:
+            timer.switch("kv_write")
+            metadata.append_new_tokens(m)
         timer.switch("linear")
         x = F.embedding(m.tokens, w.embed)
         rot = rope_tables(m.positions, w.inv_freq, w.dtype)

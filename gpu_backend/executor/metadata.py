@@ -2,7 +2,8 @@
 the metadata arena, plus the host integers (from the step's `StepShape`) that size the grids.
 
 Storage follows the plan: page tables for the `paged` policy's extend and decode reads, slabs for
-prefix groups whose prefix is one HOT run, slot lists otherwise.
+prefix groups whose prefix is one HOT run, slot lists otherwise; with a request table (request_table.py) the
+decode and suffix reads are page tables over the table's rows.
 """
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ class StepMeta:
     extend_prefix: L.KVLayout
     decode_kv: L.KVLayout
     passes: list[PrefixPass]
-    suffix_kv: L.SlotLists
+    suffix_kv: L.SlotLists | L.PageTable
+    table: torch.Tensor | None = None  # the request table, when the step reads through it
+    append_dst: torch.Tensor | None = None  # [T] the table entry of each row's new token
+    table_page: int = 1  # tokens a table entry covers
 
 
 MEMO_SHAPES = 512  # shapes whose StepMeta an arena keeps (eager steps' exact shapes vary without bound)
@@ -44,8 +48,12 @@ MEMO_SHAPES = 512  # shapes whose StepMeta an arena keeps (eager steps' exact sh
 
 def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
     """The step's metadata copied into the arena (`rows.build` made `host` from the plan), and the views of it that
-    the launches read (made once per shape and arena generation: the same for every step of that shape)."""
+    the launches read (made once per shape and arena generation: the same for every step of that shape). Rows of
+    the request table written whole this step are written here, before the step's launches."""
     arena.upload(host)
+    if "tids" in host.big:
+        n = host.big["tids"].size
+        arena.buffer("table").index_copy_(0, arena.buffer("tdst")[:n].long(), arena.buffer("tids")[:n])
     meta = arena.memo.get(host.shape)
     if meta is None:
         if len(arena.memo) >= MEMO_SHAPES:
@@ -54,13 +62,24 @@ def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
     return meta
 
 
+def append_new_tokens(m: StepMeta) -> None:
+    """Each row's new token into its request's row of the table (pads: the unread entry 0), on the device: the
+    step's first launch, before any attention reads the table."""
+    new = m.new_slots // m.table_page if m.table_page > 1 else m.new_slots
+    m.table.index_copy_(0, m.append_dst.long(), new)
+
+
 def _views(host: R.HostStep, arena: MetaArena) -> StepMeta:
     s = host.shape
     it = iter(arena.views(host))
     tokens, positions, new_slots, sample = next(it), next(it), next(it), next(it)
+    append = next(it) if s.table else None
+    table = arena.buffer("table") if s.table else None
     ext_ptr = next(it)
 
     def storage(name: str) -> L.KVLayout:  # rows._storage's fields, in its order
+        if table is not None and name != "ext":
+            return L.PageTable(next(it), table, next(it), s.page_size or 1)
         if s.page_size:
             return L.PageTable(next(it), arena.buffer(name), next(it), s.page_size)
         return L.SlotLists(next(it), arena.buffer(name))
@@ -72,5 +91,6 @@ def _views(host: R.HostStep, arena: MetaArena) -> StepMeta:
         prefix = L.Slabs(next(it), next(it)) if p.slab else L.SlotLists(next(it), arena.buffer(f"pass{n}"))
         passes.append(PrefixPass(p, row0, gptr, prefix))
         row0 += p.rows
-    suffix = L.SlotLists(next(it), arena.buffer("suffix"))
-    return StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix)
+    suffix = storage("suffix") if table is not None else L.SlotLists(next(it), arena.buffer("suffix"))
+    return StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix, table,
+                    append, s.page_size or 1)

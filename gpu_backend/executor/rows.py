@@ -29,6 +29,8 @@ import numpy as np
 
 from granisim.core.contract import BatchPlan
 
+from .request_table import PAD_ENTRY, RequestTable
+
 PASS_ORDER = (("cascade", False), ("cascade", True), ("dense", True))  # (path, prefix is one slab)
 
 
@@ -80,6 +82,7 @@ class StepShape:
     passes: tuple[PassShape, ...]
     suffix_max_kv: int
     suffix_mean_kv: int
+    table: bool = False  # decode and suffix rows read the request table (request_table.py), else listed ids
 
     @property
     def grouped_rows(self) -> int:
@@ -101,6 +104,7 @@ class HostStep:
     small: list[np.ndarray]  # fixed-size int32 fields, sizes given by `shape` (arena order)
     big: dict[str, np.ndarray]  # variable-length int32 index lists (CSR indices, page ids)
     sample_of: dict[int, int]  # rid -> index into the sampled rows
+    table_entries: int = 0  # entries the device request table needs (0: no table)
 
 
 _PATHS = ("cascade", "dense")  # the paths with a prefix pass
@@ -243,15 +247,59 @@ def _group_prefix(layout, n: int) -> GroupPrefix:
     return GroupPrefix(slab, int(ids[0]) if slab else 0, int(ids.size), ids)
 
 
-def _reference(plan: BatchPlan, num_slots: int, pad: bool) -> HostStep:
+def _reference(plan: BatchPlan, num_slots: int, pad: bool, table: RequestTable | None = None) -> HostStep:
     """A plan off the fast path (a bad id, a dense group that is no slab, rows that do not match `num_new`):
-    the per-request construction raises the ValueError naming the first bad id, or builds what it always built."""
+    the per-request construction raises the ValueError naming the first bad id, or builds what it always built
+    (listed ids: the request table, which this step does not extend, is reset)."""
     from .rows_reference import build_reference
 
+    if table is not None:
+        table.reset()
     return build_reference(plan, num_slots, pad)
 
 
-def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
+class _TableRows:
+    """The sequences a step reads through the request table: per sequence its row's base and length (appended to
+    the step's fixed-size fields in a page table's form), and the rows to write whole from the host."""
+
+    def __init__(self, table: RequestTable):
+        self.table = table
+        self.patch_bases: list[int] = []
+        self.patch_layouts: list = []
+        self.patch_starts: list[int] = []
+
+    def add(self, reqs, starts) -> tuple[list[int], list[int]]:
+        """Locate each request's row (its tokens from `starts[k]` on): the rows' bases and lengths in tokens."""
+        bases, lens, locate = [], [], self.table.locate
+        for r, s in zip(reqs, starts):
+            base, whole = locate(r.rid, s, r.kv_len, r.num_new)
+            if whole:
+                self.patch_bases.append(base)
+                self.patch_layouts.append(r.layout)
+                self.patch_starts.append(s)
+            bases.append(base)
+            lens.append(r.kv_len - s)
+        return bases, lens
+
+    def patches(self, num_slots: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(entries, values) of the rows written whole this step; None when an id lies outside [0, num_slots)."""
+        page = self.table.page
+        reads = _reads(self.patch_layouts, self.patch_starts)
+        if page == 1:
+            ids = _checked_ids(reads.pieces, num_slots)
+            if ids is None:
+                return None
+        elif any(s % page for s in self.patch_starts) or _any_outside(reads.pieces, num_slots):
+            return None
+        else:
+            ids = _page_ids(reads, page).astype(np.int32)
+        sizes = np.array([-(-n // page) for n in reads.lens], np.int64)
+        first = np.cumsum(sizes) - sizes
+        dst = np.repeat(np.array(self.patch_bases, np.int64) - first, sizes) + np.arange(int(sizes.sum()))
+        return dst.astype(np.int32), ids
+
+
+def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable | None = None) -> HostStep:
     """Row regions, metadata and shape of one plan, padded to buckets (`pad`, for graph replays) or
     exact (eager steps); ValueError before any launch on a bad id.
 
@@ -259,7 +307,11 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     (`_reads`); each field is then one concatenation (a page table's: of its pages' first ids only), range-checked
     as it is made, and each region's rows are one slice. Byte for byte what `rows_reference.build_reference`
     builds request by request (tests/gpu_backend); a plan off this path (a bad id, a dense group that is no slab,
-    rows that do not match `num_new`) is handed to it."""
+    rows that do not match `num_new`) is handed to it.
+
+    With a request `table` (request_table.py) the decode rows' contexts and the grouped rows' suffixes are read
+    through it instead: per request its row's base and length, the ids of rows it has to write whole (`big`'s
+    `tdst`, `tids`), and per step row the table entry its new token goes to (after `sample` in `small`)."""
     bucket_n, bucket_l = (bucket, bucket_len) if pad else (_exact, _exact)
     reqs = plan.requests
     grouped = {i: g for g in plan.groups if g.path in _PATHS for i in g.members}
@@ -277,7 +329,7 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         if g.path in _PATHS:
             first = _group_prefix(reqs[g.members[0]].layout, g.prefix_len)
             if g.path == "dense" and not first.slab:
-                return _reference(plan, num_slots, pad)  # raises: the dense path reads one slab
+                return _reference(plan, num_slots, pad, table)  # raises: the dense path reads one slab
             by_pass.setdefault((g.path, first.slab), []).append((g, first))
     pass_keys = [k for k in PASS_ORDER if k in by_pass]
     pass_members = [[i for g, _ in by_pass[k] for i in g.members] for k in pass_keys]
@@ -298,17 +350,28 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
     small: list[np.ndarray] = [_ptr(ext_sizes, ext_reqs)]
     ext_lays = [r.layout for r in rq[:n_ext]]
     ext_ids = _storage(_reads(ext_lays, limits=[r.context_len for r in rq[:n_ext]]), ext_reqs, ps, num_slots, small)
-    dec_reads = _reads([r.layout for r in rq[n_ext: n_ext + n_dec]])  # whole contexts
-    dec_ids = _storage(dec_reads, dec_rows, ps, num_slots, small)
-    suffix = _reads([reqs[i].layout for i in members], [grouped[i].prefix_len for i in members])
-    suffix_ids = _checked_ids(suffix.pieces, num_slots)
+    suffix_starts = [grouped[i].prefix_len for i in members]
+    if table is None:
+        dec_reads = _reads([r.layout for r in rq[n_ext: n_ext + n_dec]])  # whole contexts
+        dec_ids = _storage(dec_reads, dec_rows, ps, num_slots, small)
+        dec_lens = dec_reads.lens
+        suffix = _reads([reqs[i].layout for i in members], suffix_starts)
+        suffix_ids = _checked_ids(suffix.pieces, num_slots)
+        suffix_of = suffix.lens
+    else:
+        table.begin(ps or 1, bool(plan.copies or plan.transfers))
+        rows_of_table = _TableRows(table)
+        dec_bases, dec_lens = rows_of_table.add(rq[n_ext: n_ext + n_dec], repeat(0))
+        small += [_pad(dec_bases, dec_rows + 1), _pad(dec_lens, dec_rows)]
+        suffix_bases, suffix_of = rows_of_table.add([reqs[i] for i in members], suffix_starts)
+        dec_ids = suffix_ids = _EMPTY  # no id listed: a step reads its rows' ids from the table
     new = _cat([r.new_slots for r in rq])  # every KV write of the step (the plan's order is the reference's)
     prefixes = [f for k in pass_keys for _, f in by_pass[k]]
     slab_ends = np.array([(f.start, f.start + f.size - 1) for f in prefixes if f.ids is None], np.int64).ravel()
     if (ext_ids is None or dec_ids is None or suffix_ids is None or _outside(new, num_slots)
             or _outside(slab_ends, num_slots) or _any_outside(_reads(ext_lays).pieces, num_slots)
             or _any_outside([f.ids for f in prefixes if f.ids is not None], num_slots)):
-        return _reference(plan, num_slots, pad)  # raises, naming the first bad id as it always has
+        return _reference(plan, num_slots, pad, table)  # raises, naming the first bad id as it always has
     big = {"ext": ext_ids, "dec": dec_ids}
     passes = []
     for n, (key, rows) in enumerate(zip(pass_keys, rows_of_pass)):
@@ -324,13 +387,24 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         else:
             small.append(_ptr(sizes, shape.groups))
             big[f"pass{n}"] = _cat([f.ids for _, f in groups]).astype(np.int32)
-    suffix_lens: list[int] = []  # per grouped row, pads included
-    at = 0  # into suffix.lens, one a member
+    suffix_lens: list[int] = []  # per grouped row, pads included (and so the table's bases)
+    suffix_rows: list[int] = []
+    at = 0  # into suffix_of, one a member
     for ms, rows in zip(pass_members, rows_of_pass):
-        suffix_lens += suffix.lens[at: at + len(ms)] + [0] * (rows - len(ms))
+        suffix_lens += suffix_of[at: at + len(ms)] + [0] * (rows - len(ms))
+        if table is not None:
+            suffix_rows += suffix_bases[at: at + len(ms)] + [PAD_ENTRY] * (rows - len(ms))
         at += len(ms)
-    small.append(_ptr(suffix_lens, sum(rows_of_pass)))
-    big["suffix"] = suffix_ids
+    if table is None:
+        small.append(_ptr(suffix_lens, sum(rows_of_pass)))
+        big["suffix"] = suffix_ids
+    else:
+        small += [_pad(suffix_rows, len(suffix_rows) + 1), np.array(suffix_lens, np.int32)]
+        patch = rows_of_table.patches(num_slots)
+        if patch is None:
+            return _reference(plan, num_slots, pad, table)  # raises, naming the first bad id
+        if patch[0].size:
+            big["tdst"], big["tids"] = patch
 
     # per-row inputs; pads: token 0 at position 0, K/V to the scratch slot `num_slots`; request n of a region
     # samples row (region's first sample) + n
@@ -346,21 +420,28 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         n_arr = np.array(nn, np.int64)
         pos = np.repeat(ctx - (np.cumsum(n_arr) - n_arr), n_arr) + np.arange(T)
     if toks.size != T or new.size != T:
-        return _reference(plan, num_slots, pad)  # inputs that do not match num_new: as the reference lays them out
+        return _reference(plan, num_slots, pad, table)  # inputs that do not match num_new: as the reference lays them
     tokens = np.zeros(num_rows, np.int32)
     positions = np.zeros(num_rows, np.int32)
     new_slots = np.full(num_rows, num_slots, np.int32)
+    fields = [(tokens, toks), (positions, pos), (new_slots, new)]
+    if table is not None:  # the table entry each row's new token goes to: base + (position - start) // page
+        n_ext_tok, rest = sum(ext_sizes), np.array(nn[n_ext:], np.int64)
+        bases = np.repeat(np.array(dec_bases + suffix_bases, np.int64), rest)
+        starts = np.repeat(np.array([0] * n_dec + suffix_starts, np.int64), rest)
+        app = np.concatenate([np.full(n_ext_tok, PAD_ENTRY), bases + (pos[n_ext_tok:] - starts) // table.page])
+        append = np.full(num_rows, PAD_ENTRY, np.int32)
+        fields.append((append, app))
     samples: list[int] = []
     row = at = req = 0
     sample_row = ext_reqs + dec_rows
     for n, (count, rows) in enumerate(zip(counts, region_rows)):
         used = sum(nn[req: req + count])
         if used > rows:
-            return _reference(plan, num_slots, pad)  # more rows than the bucket: as the reference lays them out
+            return _reference(plan, num_slots, pad, table)  # more rows than the bucket: as the reference lays them
         if used:
-            tokens[row: row + used] = toks[at: at + used]
-            positions[row: row + used] = pos[at: at + used]
-            new_slots[row: row + used] = new[at: at + used]
+            for out, src in fields:
+                out[row: row + used] = src[at: at + used]
         first = (0, ext_reqs)[n] if n < 2 else sample_row
         samples += range(first, first + count)
         if n >= 2:
@@ -368,14 +449,18 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True) -> HostStep:
         row, at, req = row + rows, at + used, req + count
     sample_of = dict(zip([r.rid for r in rq], samples))
 
-    dec_lens = dec_reads.lens
     shape = StepShape(
         page_size=ps, ext_rows=ext_rows, ext_reqs=ext_reqs, ext_max_qo=bucket_n(max(ext_sizes, default=0)),
         dec_rows=dec_rows, dec_max_kv=bucket_l(max(dec_lens, default=0)), dec_mean_kv=bucket_l(_mean(dec_lens)),
         passes=tuple(passes), suffix_max_kv=bucket_l(max(suffix_lens, default=0)),
-        suffix_mean_kv=bucket_l(_mean(dict(zip(members, suffix.lens)).values())))  # over requests
+        suffix_mean_kv=bucket_l(_mean(dict(zip(members, suffix_of)).values())),  # over requests
+        table=table is not None)
     # sampled rows: each extend request's last row, then every other row
     last = _pad(small[0][1: n_ext + 1] - 1, ext_reqs)
     sample = np.concatenate([last, np.arange(ext_rows, num_rows, dtype=np.int32)])
-    return HostStep(shape, [tokens, positions, new_slots, sample] + small,
-                    {k: v.astype(np.int32, copy=False) for k, v in big.items()}, sample_of)
+    head = [tokens, positions, new_slots, sample]
+    if table is not None:
+        head.append(append)
+        table.finish()
+    return HostStep(shape, head + small, {k: v.astype(np.int32, copy=False) for k, v in big.items()}, sample_of,
+                    table.end if table is not None else 0)

@@ -59,8 +59,8 @@ def _run(policy: str, m_sat: int, device="cpu", **options):
             trace.logits.setdefault(r.rid, {})[r.context_len + r.num_new] = ex.last_logits[r.rid]
         return out
 
-    def recording_build(plan, num_slots, pad=True):
-        host = build(plan, num_slots, pad)
+    def recording_build(plan, num_slots, pad=True, table=None):
+        host = build(plan, num_slots, pad, table)
         trace.shapes.append((host.shape, [(r.is_prefill, r.context_len) for r in plan.requests]))
         return host
 

@@ -1,0 +1,150 @@
+"""The request table (request_table.py) through the engine's own host path on the CPU: rows.build with a table,
+metadata.upload into a CPU arena and the step's on-device append. After every step of real serving runs, each
+decoding request's sequence, read through the page table the kernels get, holds exactly its layout's ids (or page
+ids) — across HOT compaction copies, preemptions and host-tier transfers, with and without padding.
+
+Planted bugs (tried, seen failing, removed): not resetting the table on a plan that copies KV
+(`RequestTable.begin` without `moves_kv`); appending one entry too far (`+ 1` on the append entry); reusing a row
+without checking it covers every token but the new ones (`row.tokens` check dropped); never freeing the rows of
+requests that left (`RequestTable.finish`)."""
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_backend.executor import metadata, rows as R
+from gpu_backend.executor.arena import MetaArena
+from gpu_backend.executor.request_table import RequestTable
+from granisim.config.scenario import parse_scenario
+from granisim.core.contract import StepResult
+from granisim.core.serving_loop import ServingLoop
+from granisim.experiments.run import prepare
+
+BASE = {
+    "name": "table", "seed": 7, "model": {"name": "tiny"},
+    "scheduler": {"max_batch_tokens": 256, "fast_forward": False},
+    "workload": {"kind": "multi_agent", "roles": 5, "prefix_len": 64, "num_requests": 90, "rate": 400.0,
+                 "suffix_scale": 0.03, "max_output_len": 24},
+}
+CASES = {  # name: (changes, what the run must have exercised)
+    "granikv, compaction": ({"policy.name": "granikv", "policy.hot_fraction": 0.35, "policy.m_sat": 10**6,
+                             "workload.roles": 9, "hardware.kv_budget_tokens": 1500}, "copies"),
+    "granikv, dense and cascade": ({"policy.name": "granikv", "policy.hot_fraction": 0.4, "policy.m_sat": 24,
+                                    "hardware.kv_budget_tokens": 6000}, "grouped"),
+    "token, preemption": ({"policy.name": "token", "workload.roles": 9, "hardware.kv_budget_tokens": 500},
+                          "preempted"),
+    "paged16, preemption": ({"policy.name": "paged16", "workload.roles": 9, "hardware.kv_budget_tokens": 700},
+                            "preempted"),
+    "token, host tier": ({"policy.name": "token", "hardware.kv_budget_tokens": 700, "hardware.host_kv_gb": 1e-3,
+                          "policy.host_tier": "slabs+pages"}, "transfers"),
+    "granikv, host tier": ({"policy.name": "granikv", "policy.hot_fraction": 0.3, "hardware.kv_budget_tokens": 900,
+                            "hardware.host_kv_gb": 1e-3, "policy.host_tier": "slabs"}, "transfers"),
+}
+
+
+def _expected(layout, start: int, kv_len: int, page: int) -> np.ndarray:
+    ids = layout.slots()[start:kv_len]
+    return ids if page == 1 else ids[::page] // page
+
+
+class TableCheck:
+    """The engine's protocol: each plan through rows.build with the table, uploaded into a CPU arena, the appends
+    applied; then every decoding request's sequence checked against its layout."""
+
+    needs_layouts = True
+    max_steps_per_plan = 1
+
+    def __init__(self, num_slots: int, pad: bool, compact_every: int = 0):
+        self.num_slots, self.pad, self.compact_every = num_slots, pad, compact_every
+        self.allocator = None  # set once the serving loop is built
+        self.table = RequestTable()
+        self.arena = MetaArena(torch.device("cpu"))
+        self.seen = {"copies": 0, "grouped": 0, "preempted": 0, "pages": 0, "transfers": 0, "checked": 0}
+        self.last: set[int] = set()
+        self.gone: set[int] = set()  # requests that decoded, then left a step (finished or preempted)
+
+    def execute(self, plan):
+        host = R.build(plan, self.num_slots, pad=self.pad, table=self.table)
+        if not self.arena.fits(host):
+            self.arena.reserve(host)
+        m = metadata.upload(host, self.arena)
+        now = {r.rid for r in plan.requests if not r.is_prefill}
+        if host.shape.table:
+            metadata.append_new_tokens(m)
+            self._check(plan, host, m, now)
+        back = self.gone & {r.rid for r in plan.requests}
+        self.seen["preempted"] += len(back)
+        self.gone = (self.gone - back) | (self.last - now)
+        self.last = now
+        if self.compact_every and plan.step % self.compact_every == 0:
+            # what the allocator does to make room for a slab: evict the LRU unlocked HOT prefix, then slide the
+            # slabs above its hole down (the copies go with the next plan, and the moved prefixes' ids change)
+            self.allocator.eviction.evict_lru_hot_leaf()
+            self.allocator.compact()
+        return StepResult(1e-3, {}, {r.rid: 1 for r in plan.requests})
+
+    def _check(self, plan, host, m, now):
+        s, page = host.shape, m.table_page
+        table = m.table.numpy()
+        moved = bool(plan.copies or plan.transfers)
+        for r in plan.requests:
+            if r.is_prefill:
+                continue
+            i = host.sample_of[r.rid] - s.ext_reqs
+            if i < s.dec_rows:
+                kv, seq, start = m.decode_kv, i, 0
+            else:
+                kv, seq, start = m.suffix_kv, i - s.dec_rows, plan.groups[r.group].prefix_len
+                self.seen["grouped"] += 1
+            assert isinstance(kv, metadata.L.PageTable) and kv.page_size == page
+            base, n = int(kv.indptr[seq]), int(kv.lens[seq])
+            assert n == r.kv_len - start
+            got = table[base: base + -(-n // page)]
+            assert np.array_equal(got, _expected(r.layout, start, r.kv_len, page)), (plan.step, r.rid)
+            self.seen["checked"] += 1
+            self.seen["pages"] += page > 1
+            self.seen["copies"] += bool(plan.copies) and r.rid in self.last
+            self.seen["transfers"] += bool(plan.transfers) and r.rid in self.last
+
+
+def _serve(changes: dict, pad: bool, compact_every: int = 0) -> TableCheck:
+    setup = prepare(parse_scenario(BASE).with_changes(**changes))
+    check = TableCheck(setup.kv_budget, pad, compact_every)
+    loop = ServingLoop(setup, check, progress=False)
+    check.allocator = loop.allocator
+    res = loop.run()
+    assert all(r.status == "completed" for r in res.records)
+    return check
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "exact"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_decoding_request_reads_its_own_ids_through_the_table(case, pad):
+    changes, exercised = CASES[case]
+    check = _serve(changes, pad, compact_every=4 if exercised == "copies" else 0)
+    assert check.seen["checked"] > 200, check.seen
+    assert check.seen[exercised] > 0, f"the run never had {exercised}: the test would prove nothing ({check.seen})"
+    assert check.table.patched < check.seen["checked"] * 64  # rows are reused, not written afresh each step
+
+
+def test_rows_are_reused_while_decoding_and_freed_after():
+    t = RequestTable()
+    t.begin(1, False)
+    assert t.locate(7, 0, 100, 100) == (1, True)  # first seen: written whole
+    t.finish()
+    t.begin(1, False)
+    assert t.locate(7, 0, 101, 1) == (1, False)  # one more token: appended
+    t.finish()
+    t.begin(1, False)
+    base, whole = t.locate(7, 0, 103, 1)  # a token went missing (not the previous step's + 1): written again
+    assert whole
+    t.finish()
+    t.begin(1, True)  # a plan that moves KV: every row is written again
+    assert t.locate(7, 0, 104, 1)[1]
+    t.finish()
+    t.begin(1, False)
+    t.finish()  # request 7 absent: its block is freed and handed to the next request of its size
+    t.begin(1, False)
+    assert t.locate(8, 0, 100, 100) == (1, True)
+    assert t.locate(9, 0, 300, 300) == (257, True)  # a block of 512 entries after it
+    assert t.end == 257 + 512

@@ -72,9 +72,9 @@ class Probe:
         self.saved = (module.rows, module.metadata)
         self.phases: dict[str, float] = {}
         self.alone: list[dict] = []
-        module.rows = SimpleNamespace(build=self._timed("build", module.rows.build), StepShape=module.rows.StepShape)
-        module.metadata = SimpleNamespace(upload=self._timed("upload", module.metadata.upload),
-                                          StepMeta=module.metadata.StepMeta)
+        module.rows = SimpleNamespace(**{**vars(module.rows), "build": self._timed("build", module.rows.build)})
+        module.metadata = SimpleNamespace(**{**vars(module.metadata),
+                                             "upload": self._timed("upload", module.metadata.upload)})
         g = ex.graphs
         g.lookup = self._timed("lookup", g.lookup)
         g.replay = self._timed("replay", g.replay)

@@ -15,9 +15,9 @@ integers a request instead of its every id.
 A row is reused only while nothing can have moved its ids: it was written for the same request and start in the
 previous step and covers every token but this step's new ones, and no plan since moved KV (copies or transfers
 reset the whole table). A request absent from a step, or prefilling in it, loses its row. Rows are blocks of a
-power-of-two number of entries (at least `MIN_ROW`), reused by size; a request that outgrows its block is patched
-whole into one twice as large (so patching costs at most twice a context's ids over its life). Entry 0 is never
-a row's: padded rows append there, and nothing reads it.
+power-of-two number of entries, at least twice the row's length when written (and `MIN_ROW`), reused by size: a
+request is patched again only once its context has doubled. Entry 0 is never a row's: padded rows append there,
+and nothing reads it.
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class RequestTable:
             return row.base, False
         if row is not None:
             self._release(row)
-        cap = max(MIN_ROW, 1 << max(need - 1, 0).bit_length())
+        cap = max(MIN_ROW, 1 << (2 * need - 1).bit_length())
         free = self._free.get(cap)
         if free:
             base = free.pop()

@@ -144,7 +144,7 @@ def test_graph_replays_equal_eager_steps_bit_for_bit(monkeypatch):
 
     g_eng, g_ex, _, _ = _run("granikv", 4, graphs=True)
     build = rows.build
-    monkeypatch.setattr(rows, "build", lambda plan, num_slots, pad=True: build(plan, num_slots, pad=True))
+    monkeypatch.setattr(rows, "build", lambda plan, num_slots, pad=True, table=None: build(plan, num_slots, True, table))
     e_eng, e_ex, _, _ = _run("granikv", 4, graphs=False)
     print("graphs:", g_ex.stats(), "eager:", e_ex.stats())
     assert g_ex.stats()["graph_replays"] > 0 and e_ex.stats()["graph_replays"] == 0

@@ -146,5 +146,5 @@ def test_rows_are_reused_while_decoding_and_freed_after():
     t.finish()  # request 7 absent: its block is freed and handed to the next request of its size
     t.begin(1, False)
     assert t.locate(8, 0, 100, 100) == (1, True)
-    assert t.locate(9, 0, 300, 300) == (257, True)  # a block of 512 entries after it
-    assert t.end == 257 + 512
+    assert t.locate(9, 0, 300, 300) == (257, True)  # after it a block of 1,024 entries: room to double
+    assert t.end == 257 + 1024

@@ -43,11 +43,13 @@ class RequestTable:
         self.end = PAD_ENTRY + 1  # entries handed out so far (the device buffer needs this many)
         self.resets = 0
         self.patched = 0  # entries written from the host, over the run
+        self.repeat = None  # the previous step's metadata, which a step repeating it derives its own from (rows_repeat)
 
     def reset(self) -> None:
         """Forget every row (their ids may have moved): each request is patched again when it next decodes."""
         self._rows.clear()
         self._free.clear()
+        self.repeat = None
         self.end = PAD_ENTRY + 1
         self.resets += 1
 
@@ -83,6 +85,10 @@ class RequestTable:
         self._rows[rid] = _Row(start, base, cap, kv_len)
         self.patched += need
         return base, True
+
+    def row(self, rid: int) -> _Row:
+        """Request `rid`'s row (rows_repeat extends it in place)."""
+        return self._rows[rid]
 
     def _release(self, row: _Row) -> None:
         self._free.setdefault(row.cap, []).append(row.base)

@@ -21,7 +21,7 @@ replaced, kept as its oracle: the same fields, byte for byte.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, repeat
 from typing import NamedTuple
 
@@ -30,6 +30,7 @@ import numpy as np
 from granisim.core.contract import BatchPlan
 
 from .request_table import PAD_ENTRY, RequestTable
+from .rows_repeat import Repeat, key as repeat_key
 
 PASS_ORDER = (("cascade", False), ("cascade", True), ("dense", True))  # (path, prefix is one slab)
 
@@ -311,7 +312,13 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
 
     With a request `table` (request_table.py) the decode rows' contexts and the grouped rows' suffixes are read
     through it instead: per request its row's base and length, the ids of rows it has to write whole (`big`'s
-    `tdst`, `tids`), and per step row the table entry its new token goes to (after `sample` in `small`)."""
+    `tdst`, `tids`), and per step row the table entry its new token goes to (after `sample` in `small`); a decode
+    step that repeats the previous one is derived from it (rows_repeat.py)."""
+    if table is not None and table.repeat is not None:
+        host = table.repeat.next(plan, num_slots, pad)
+        if host is not None:
+            return host
+        table.repeat = None
     bucket_n, bucket_l = (bucket, bucket_len) if pad else (_exact, _exact)
     reqs = plan.requests
     grouped = {i: g for g in plan.groups if g.path in _PATHS for i in g.members}
@@ -363,6 +370,7 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
         rows_of_table = _TableRows(table)
         dec_bases, dec_lens = rows_of_table.add(rq[n_ext: n_ext + n_dec], repeat(0))
         small += [_pad(dec_bases, dec_rows + 1), _pad(dec_lens, dec_rows)]
+        dec_at = len(small) - 1
         suffix_bases, suffix_of = rows_of_table.add([reqs[i] for i in members], suffix_starts)
         dec_ids = suffix_ids = _EMPTY  # no id listed: a step reads its rows' ids from the table
     new = _cat([r.new_slots for r in rq])  # every KV write of the step (the plan's order is the reference's)
@@ -389,8 +397,10 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
             big[f"pass{n}"] = _cat([f.ids for _, f in groups]).astype(np.int32)
     suffix_lens: list[int] = []  # per grouped row, pads included (and so the table's bases)
     suffix_rows: list[int] = []
+    suffix_where: list[int] = []  # each member's grouped row
     at = 0  # into suffix_of, one a member
     for ms, rows in zip(pass_members, rows_of_pass):
+        suffix_where += range(len(suffix_lens), len(suffix_lens) + len(ms))
         suffix_lens += suffix_of[at: at + len(ms)] + [0] * (rows - len(ms))
         if table is not None:
             suffix_rows += suffix_bases[at: at + len(ms)] + [PAD_ENTRY] * (rows - len(ms))
@@ -400,6 +410,7 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
         big["suffix"] = suffix_ids
     else:
         small += [_pad(suffix_rows, len(suffix_rows) + 1), np.array(suffix_lens, np.int32)]
+        suffix_at = len(small) - 1
         patch = rows_of_table.patches(num_slots)
         if patch is None:
             return _reference(plan, num_slots, pad, table)  # raises, naming the first bad id
@@ -462,5 +473,14 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
     if table is not None:
         head.append(append)
         table.finish()
-    return HostStep(shape, head + small, {k: v.astype(np.int32, copy=False) for k, v in big.items()}, sample_of,
+    host = HostStep(shape, head + small, {k: v.astype(np.int32, copy=False) for k, v in big.items()}, sample_of,
                     table.end if table is not None else 0)
+    if table is not None and not n_ext and nn.count(1) == len(nn):  # a decode step: the next one may repeat it
+        first_grouped = dec_rows + np.array(suffix_where, np.int64)
+        table.repeat = Repeat(
+            repeat_key(plan), pad, replace(host, big={k: v for k, v in host.big.items() if k not in ("tdst", "tids")}),
+            [*dec, *members], [table.row(r.rid) for r in rq], np.array(dec_bases + suffix_bases, np.int64),
+            np.array([0] * n_dec + suffix_starts, np.int64), np.concatenate([np.arange(n_dec), first_grouped]),
+            (len(head) + dec_at, len(head) + suffix_at), (np.arange(n_dec), np.array(suffix_where, np.int64)),
+            table.page, bucket_l)
+    return host

@@ -6,7 +6,9 @@ ids) — across HOT compaction copies, preemptions and host-tier transfers, with
 Planted bugs (tried, seen failing, removed): not resetting the table on a plan that copies KV
 (`RequestTable.begin` without `moves_kv`); appending one entry too far (`+ 1` on the append entry); reusing a row
 without checking it covers every token but the new ones (`row.tokens` check dropped); never freeing the rows of
-requests that left (`RequestTable.finish`)."""
+requests that left (`RequestTable.finish`). Each step is also built in full with a second table, and a step derived from the previous
+one (rows_repeat.py) must equal it byte for byte; planted there and caught: lengths not advanced, a step with
+copies taken as a repeat, rows' token counts not advanced, a row extended past its block."""
 
 import numpy as np
 import pytest
@@ -35,6 +37,8 @@ CASES = {  # name: (changes, what the run must have exercised)
                           "preempted"),
     "paged16, preemption": ({"policy.name": "paged16", "workload.roles": 9, "hardware.kv_budget_tokens": 700},
                             "preempted"),
+    "token, long outputs": ({"policy.name": "token", "workload.num_requests": 24, "workload.max_output_len": 400,
+                             "hardware.kv_budget_tokens": 12000}, "outgrown"),
     "token, host tier": ({"policy.name": "token", "hardware.kv_budget_tokens": 700, "hardware.host_kv_gb": 1e-3,
                           "policy.host_tier": "slabs+pages"}, "transfers"),
     "granikv, host tier": ({"policy.name": "granikv", "policy.hot_fraction": 0.3, "hardware.kv_budget_tokens": 900,
@@ -58,13 +62,20 @@ class TableCheck:
         self.num_slots, self.pad, self.compact_every = num_slots, pad, compact_every
         self.allocator = None  # set once the serving loop is built
         self.table = RequestTable()
+        self.full = RequestTable()  # the same plans built in full every step (no step derived from the previous one)
         self.arena = MetaArena(torch.device("cpu"))
-        self.seen = {"copies": 0, "grouped": 0, "preempted": 0, "pages": 0, "transfers": 0, "checked": 0}
+        self.seen = {"copies": 0, "grouped": 0, "preempted": 0, "pages": 0, "transfers": 0, "checked": 0,
+                     "repeated": 0, "outgrown": 0}
+        self.bases: dict[int, int] = {}  # rid -> its row's base in the last step
         self.last: set[int] = set()
         self.gone: set[int] = set()  # requests that decoded, then left a step (finished or preempted)
 
     def execute(self, plan):
         host = R.build(plan, self.num_slots, pad=self.pad, table=self.table)
+        full = R.build(plan, self.num_slots, pad=self.pad, table=self.full)
+        self.full.repeat = None
+        self.seen["repeated"] += self.table.repeat is not None and self.table.repeat.host is host
+        _same(host, full)
         if not self.arena.fits(host):
             self.arena.reserve(host)
         m = metadata.upload(host, self.arena)
@@ -98,6 +109,8 @@ class TableCheck:
                 self.seen["grouped"] += 1
             assert isinstance(kv, metadata.L.PageTable) and kv.page_size == page
             base, n = int(kv.indptr[seq]), int(kv.lens[seq])
+            self.seen["outgrown"] += not moved and self.bases.get(r.rid, base) != base  # moved to a larger block
+            self.bases[r.rid] = base
             assert n == r.kv_len - start
             got = table[base: base + -(-n // page)]
             assert np.array_equal(got, _expected(r.layout, start, r.kv_len, page)), (plan.step, r.rid)
@@ -105,6 +118,14 @@ class TableCheck:
             self.seen["pages"] += page > 1
             self.seen["copies"] += bool(plan.copies) and r.rid in self.last
             self.seen["transfers"] += bool(plan.transfers) and r.rid in self.last
+
+
+def _same(a: R.HostStep, b: R.HostStep) -> None:
+    """Byte for byte the same step metadata."""
+    assert a.shape == b.shape and a.sample_of == b.sample_of and a.table_entries == b.table_entries
+    assert len(a.small) == len(b.small) and all(np.array_equal(x, y) and x.dtype == y.dtype
+                                                for x, y in zip(a.small, b.small))
+    assert a.big.keys() == b.big.keys() and all(np.array_equal(a.big[k], b.big[k]) for k in a.big)
 
 
 def _serve(changes: dict, pad: bool, compact_every: int = 0) -> TableCheck:
@@ -125,6 +146,7 @@ def test_every_decoding_request_reads_its_own_ids_through_the_table(case, pad):
     assert check.seen["checked"] > 200, check.seen
     assert check.seen[exercised] > 0, f"the run never had {exercised}: the test would prove nothing ({check.seen})"
     assert check.table.patched < check.seen["checked"] * 64  # rows are reused, not written afresh each step
+    assert check.seen["repeated"] > 0, check.seen  # steps derived from the previous one (rows_repeat.py)
 
 
 def test_rows_are_reused_while_decoding_and_freed_after():

@@ -1,0 +1,96 @@
+"""A decode step that repeats the previous one: its host metadata derived from that step's, not built again.
+
+In steady decoding, step after step serves the same requests in the same groups, each one token further. With the
+request table (request_table.py) such a step's metadata differs from the previous step's only in the rows' inputs
+(token, position, KV write slot, table entry of the new token) and in each sequence's length (one more), so
+`build` keeps what it made (`Repeat.remember`) and the next step, when it repeats this one (`Repeat.next`), is those
+arrays with these fields replaced: per request a few integers through numpy, none of the per-request walks,
+concatenations and bucketing of the full build. Byte for byte what `build` makes of the same plan with the same table
+(tests/gpu_backend/test_request_table.py).
+
+A step repeats the previous one when it has the same requests in the same order and the same groups, every request
+decodes one token on top of exactly the previous step's tokens, each request's table row has room for it, no KV
+moves (no copies, no transfers), it is padded as the previous one was, and every new slot is in range. Otherwise
+`build` builds it in full.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from operator import attrgetter
+
+import numpy as np
+
+from granisim.core.contract import BatchPlan
+
+
+_RID, _CTX, _NEW, _PREFILL = attrgetter("rid"), attrgetter("context_len"), attrgetter("num_new"), attrgetter("is_prefill")
+_TOKENS, _SLOTS, _LAYOUT_TOKENS = attrgetter("input_tokens"), attrgetter("new_slots"), attrgetter("layout.num_tokens")
+
+
+def key(plan: BatchPlan) -> tuple:
+    """What a repeating step shares with the previous one: its requests, in order, and its groups."""
+    return tuple(map(_RID, plan.requests)), tuple((g.path, g.prefix_len, g.members) for g in plan.groups)
+
+
+@dataclass
+class Repeat:
+    """What the previous step's full build made, and where each request sits in it."""
+
+    key: tuple
+    pad: bool
+    host: object  # rows.HostStep
+    order: list[int]  # plan indices in row order (decode rows, then pass members)
+    rows: list  # each request's table row (request_table._Row), in `order`
+    bases: np.ndarray  # per request: its row's first entry
+    starts: np.ndarray  # per request: the first token its row holds
+    step_rows: np.ndarray  # per request: its row in the step
+    lens_at: tuple[int, int]  # index in `host.small` of the decode lengths, of the suffix lengths
+    lens_rows: tuple[np.ndarray, np.ndarray]  # per decode / grouped request: its index in those arrays
+    page: int
+    bucket_len: object  # the length bucketing the step was padded with
+
+    def next(self, plan: BatchPlan, num_slots: int, pad: bool):
+        """The HostStep of `plan` if it repeats this step, else None (build it in full)."""
+        if pad != self.pad or plan.copies or plan.transfers or key(plan) != self.key:
+            return None
+        reqs = plan.requests
+        rq = list(map(reqs.__getitem__, self.order))
+        ctx = list(map(_CTX, rq))
+        try:
+            tokens = list(map(_LAYOUT_TOKENS, rq))
+        except AttributeError:  # a request without a layout: the full build raises
+            return None
+        if any(map(_PREFILL, rq)) or list(map(_NEW, rq)).count(1) != len(rq) or [n - 1 for n in tokens] != ctx:
+            return None
+        for row, c in zip(self.rows, ctx):
+            if row.tokens != c or c + 1 - row.start > row.cap * self.page:
+                return None
+        new = np.concatenate(list(map(_SLOTS, rq)))
+        toks = np.concatenate(list(map(_TOKENS, rq)))
+        if new.size != len(rq) or toks.size != len(rq) or not (new >= 0).all() or not (new < num_slots).all():
+            return None
+        for row in self.rows:
+            row.tokens += 1
+        pos = np.array(ctx, np.int64)
+        h = self.host
+        small = list(h.small)
+        # the rows' inputs: token, position, KV write slot (fields 0-2) and the new token's table entry (4)
+        for field, values in zip((0, 1, 2, 4), (toks, pos, new, self.bases + (pos - self.starts) // self.page)):
+            small[field] = a = small[field].copy()
+            a[self.step_rows] = values
+        lens = []
+        for at, where in zip(self.lens_at, self.lens_rows):
+            small[at] = a = small[at].copy()
+            a[where] += 1
+            lens.append(a[where])
+        dec, suffix = lens
+        bl, shape = self.bucket_len, h.shape
+        kv = (bl(int(dec.max(initial=0))), bl(_mean(dec)), bl(int(suffix.max(initial=0))), bl(_mean(suffix)))
+        if kv != (shape.dec_max_kv, shape.dec_mean_kv, shape.suffix_max_kv, shape.suffix_mean_kv):
+            shape = replace(shape, dec_max_kv=kv[0], dec_mean_kv=kv[1], suffix_max_kv=kv[2], suffix_mean_kv=kv[3])
+        self.host = type(h)(shape, small, h.big, h.sample_of, h.table_entries)
+        return self.host
+
+
+def _mean(a: np.ndarray) -> int:
+    return -(-int(a.sum()) // a.size) if a.size else 0

@@ -182,7 +182,8 @@ class GpuExecutor:
         parts["overhead"] = max(0.0, total - sum(parts.values()))
         if self.keep_logits:
             self.last_logits = {rid: lg[i].cpu() for rid, i in host.sample_of.items()}
-        return StepResult(total, parts, {rid: int(nxt[i]) for rid, i in host.sample_of.items()})
+        sampled = nxt.tolist()  # one conversion, not a tensor index per request
+        return StepResult(total, parts, {rid: sampled[i] for rid, i in host.sample_of.items()})
 
     def _forward(self, m: metadata.StepMeta, timer: PartTimer) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable)."""

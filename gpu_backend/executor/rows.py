@@ -18,6 +18,11 @@ reads (`_reads`: a request's slot arrays, sliced where its range starts or stops
 one concatenation, cast to int32 on the way, and range-checked without a copy per request. A page table copies
 only its pages' first ids (`_page_ids`). `rows_reference.build_reference` is the per-request construction this
 replaced, kept as its oracle: the same fields, byte for byte.
+
+The engine builds with a request table (request_table.py): decode rows and grouped rows' suffixes then list no id
+at all but name their request's row of a device table, which holds every id it was ever given (checked as it was
+written); a decode step that repeats the previous one is derived from it (rows_repeat.py). Without a table the
+fields are those of the reference.
 """
 from __future__ import annotations
 

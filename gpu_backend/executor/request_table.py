@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 MIN_ROW = 256  # entries of the smallest block
 PAD_ENTRY = 0  # the appends of padded rows land here; no row holds it
+SPARE = 1 << 20  # entries the table may hold beyond four times its live rows' blocks before it starts afresh
 
 
 @dataclass
@@ -41,6 +42,7 @@ class RequestTable:
         self._rows: dict[int, _Row] = {}
         self._free: dict[int, list[int]] = {}  # block size -> free bases
         self.end = PAD_ENTRY + 1  # entries handed out so far (the device buffer needs this many)
+        self.held = 0  # entries in the blocks of live rows
         self.resets = 0
         self.patched = 0  # entries written from the host, over the run
         self.repeat = None  # the previous step's metadata, which a step repeating it derives its own from (rows_repeat)
@@ -51,19 +53,18 @@ class RequestTable:
         self._free.clear()
         self.repeat = None
         self.end = PAD_ENTRY + 1
+        self.held = 0
         self.resets += 1
 
     def begin(self, page: int, moves_kv: bool) -> None:
         """Start a step whose sequences are read `page` tokens an entry; `moves_kv`: its plan copies or transfers
-        KV (every row may be stale)."""
-        if page != self.page or moves_kv or (self._rows and self.end > 4 * self._live() + (1 << 20)):
+        KV (every row may be stale). Blocks are reused by size only, so when the table has grown to four times what
+        its rows hold (past a floor of `SPARE` entries) it starts afresh too."""
+        if page != self.page or moves_kv or self.end > 4 * self.held + SPARE:
             if self._rows or self.end > PAD_ENTRY + 1:
                 self.reset()
             self.page = page
         self._seen: set[int] = set()
-
-    def _live(self) -> int:
-        return sum(r.cap for r in self._rows.values())
 
     def locate(self, rid: int, start: int, kv_len: int, num_new: int) -> tuple[int, bool]:
         """The row holding request `rid`'s tokens `start..kv_len - 1` this step (`num_new` of them new): its base
@@ -83,6 +84,7 @@ class RequestTable:
         else:
             base, self.end = self.end, self.end + cap
         self._rows[rid] = _Row(start, base, cap, kv_len)
+        self.held += cap
         self.patched += need
         return base, True
 
@@ -92,6 +94,7 @@ class RequestTable:
 
     def _release(self, row: _Row) -> None:
         self._free.setdefault(row.cap, []).append(row.base)
+        self.held -= row.cap
 
     def finish(self) -> None:
         """End the step: rows of requests it did not read through the table are freed."""

@@ -170,3 +170,21 @@ def test_rows_are_reused_while_decoding_and_freed_after():
     assert t.locate(8, 0, 100, 100) == (1, True)
     assert t.locate(9, 0, 300, 300) == (257, True)  # after it a block of 1,024 entries: room to double
     assert t.end == 257 + 1024
+
+
+
+def test_the_table_starts_afresh_before_freed_blocks_pile_up():
+    """Blocks are reused by size only: requests of ever larger contexts, one at a time, leave every earlier block
+    free and of no use to the small requests that follow. The table starts afresh once it spans four times what its
+    rows hold (past `SPARE`). Planted bug (tried,
+    seen failing, removed): without that rule in `begin` it keeps the 4M entries of the large requests."""
+    from gpu_backend.executor.request_table import SPARE
+
+    t = RequestTable()
+    sizes = [4000 * (k + 1) for k in range(60)] + [500] * 20  # growing, then small
+    for rid, n in enumerate(sizes):
+        t.begin(1, False)
+        assert t.end <= 4 * t.held + SPARE, (rid, t.end, t.held)
+        assert t.locate(rid, 0, n, n)[1]
+        t.finish()
+    assert t.resets > 0 and t.end < SPARE  # the small requests' blocks alone

@@ -130,8 +130,8 @@ def _in_order(plans, timed: set, num_slots: int, args, table: bool) -> tuple[lis
                 times.append(((t1 - t0) * 1e6, (t3 - t2) * 1e6, _ids(host)))
         runs.append(times)
     per_plan = list(zip(*runs))
-    return ([statistics.median(t[0] for t in p) for p in per_plan], [statistics.median(t[1] for t in p) for p in per_plan],
-            [p[0][2] for p in per_plan])
+    return ([statistics.median(t[0] for t in p) for p in per_plan],
+            [statistics.median(t[1] for t in p) for p in per_plan], [p[0][2] for p in per_plan])
 
 
 def _cpu() -> str:

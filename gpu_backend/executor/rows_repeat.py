@@ -3,7 +3,7 @@
 In steady decoding, step after step serves the same requests in the same groups, each one token further. With the
 request table (request_table.py) such a step's metadata differs from the previous step's only in the rows' inputs
 (token, position, KV write slot, table entry of the new token) and in each sequence's length (one more), so
-`build` keeps what it made (`Repeat.remember`) and the next step, when it repeats this one (`Repeat.next`), is those
+`build` keeps what it made (a `Repeat`) and the next step, when it repeats this one (`Repeat.next`), is those
 arrays with these fields replaced: per request a few integers through numpy, none of the per-request walks,
 concatenations and bucketing of the full build. Byte for byte what `build` makes of the same plan with the same table
 (tests/gpu_backend/test_request_table.py).
@@ -23,8 +23,9 @@ import numpy as np
 from granisim.core.contract import BatchPlan
 
 
-_RID, _CTX, _NEW, _PREFILL = attrgetter("rid"), attrgetter("context_len"), attrgetter("num_new"), attrgetter("is_prefill")
-_TOKENS, _SLOTS, _LAYOUT_TOKENS = attrgetter("input_tokens"), attrgetter("new_slots"), attrgetter("layout.num_tokens")
+_RID, _CTX, _NEW = attrgetter("rid"), attrgetter("context_len"), attrgetter("num_new")
+_PREFILL, _TOKENS, _SLOTS = attrgetter("is_prefill"), attrgetter("input_tokens"), attrgetter("new_slots")
+_LAYOUT_TOKENS = attrgetter("layout.num_tokens")
 
 
 def key(plan: BatchPlan) -> tuple:

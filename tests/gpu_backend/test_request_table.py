@@ -3,12 +3,14 @@ metadata.upload into a CPU arena and the step's on-device append. After every st
 decoding request's sequence, read through the page table the kernels get, holds exactly its layout's ids (or page
 ids) — across HOT compaction copies, preemptions and host-tier transfers, with and without padding.
 
+Each step is also built in full with a second table, and a step derived from the previous one (rows_repeat.py) must
+equal it byte for byte.
+
 Planted bugs (tried, seen failing, removed): not resetting the table on a plan that copies KV
 (`RequestTable.begin` without `moves_kv`); appending one entry too far (`+ 1` on the append entry); reusing a row
 without checking it covers every token but the new ones (`row.tokens` check dropped); never freeing the rows of
-requests that left (`RequestTable.finish`). Each step is also built in full with a second table, and a step derived from the previous
-one (rows_repeat.py) must equal it byte for byte; planted there and caught: lengths not advanced, a step with
-copies taken as a repeat, rows' token counts not advanced, a row extended past its block."""
+requests that left (`RequestTable.finish`); in rows_repeat, lengths not advanced, a step with copies taken as a
+repeat, rows' token counts not advanced, a row extended past its block."""
 
 import numpy as np
 import pytest

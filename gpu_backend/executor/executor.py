@@ -101,7 +101,12 @@ class GpuExecutor:
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats(),
-                    **self._host_stats())
+                    **self._table_stats(), **self._host_stats())
+
+    def _table_stats(self) -> dict:
+        t = self.table
+        return dict(request_table=t is not None, **({} if t is None else dict(
+            table_resets=t.resets, table_patched_entries=t.patched, table_entries=t.end)))
 
     def _host_stats(self) -> dict:
         h = self.host_kv

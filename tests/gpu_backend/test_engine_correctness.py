@@ -99,6 +99,10 @@ def test_paths_were_exercised(runs):
     assert paged.shapes and all(shape.page_size == 16 for shape, _ in paged.shapes)
     assert any(shape.dec_rows for shape, _ in paged.shapes)  # decodes read through the page table
     assert any(pre and ctx > 0 for _, reqs in paged.shapes for pre, ctx in reqs)  # and cached extend contexts
+    for name, (_, _, ex, trace) in runs.items():  # decode rows read through the request table (request_table.py)
+        stats = ex.stats()
+        assert stats["request_table"] and stats["table_patched_entries"] > 0, name
+        assert all(shape.table for shape, _ in trace.shapes), name
 
 
 def test_greedy_tokens_identical_across_policies_and_paths(runs):

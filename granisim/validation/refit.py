@@ -14,11 +14,13 @@ constants. ``--only PREFIX ...`` (e.g. ``engine.eager.linear``) refits just the 
 is ``--keep-from`` with those replaced by the pooled fit's values, everything else as it was. The factor on eager
 steps that prefill several requests (``engine.eager.attn_prefill.multi_gain`` / ``multi_cached``:
 `fit_multi_prefill`) is fitted only when ``--only`` names it, on the eager prefill correction the profile will carry
-(``--keep-from``'s), and may pool several ``--model``s (it is a ratio). Nothing here needs a GPU; a bad folder or a
-run without units is one line and exit 2.
+(``--keep-from``'s), and may pool several ``--model``s (it is a ratio). The host terms (``overhead.*``) are not fitted
+across runs of two engine host paths (ids listed each step, or read through the request table: `host_paths`).
+Nothing here needs a GPU; a bad folder or a run without units is one line and exit 2.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -124,6 +126,30 @@ def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target
     return fit_multi_prefill(pd.concat(frames, ignore_index=True), limits.pop()), names
 
 
+def host_paths(runs: list[Path]) -> dict[str, list[str]]:
+    """The engine host path each run's units measured, by the executor's stats in their validation JSON: "request
+    table" (decode rows read through the engine's request table) or "listed ids" (every id listed each step: the
+    engine before it, whose runs carry no such stat) -> the units' JSON files."""
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        for path in sorted(units_folder(run).glob("validation_*.json")):
+            stats = json.loads(path.read_text()).get("executor") or {}
+            out.setdefault("request table" if stats.get("request_table") else "listed ids", []).append(str(path))
+    return out
+
+
+def check_one_host_path(runs: list[Path], only: list[str]) -> None:
+    """ValueError when a fit of the host terms (``overhead.*``: the whole fit, or an ``--only`` naming them) would
+    pool runs of two host paths: the terms describe one engine's host work."""
+    if only and not any(p.startswith("overhead") or "overhead.".startswith(p) for p in only):
+        return
+    paths = host_paths(runs)
+    if len(paths) > 1:
+        raise ValueError("the runs measured two engine host paths (" + "; ".join(
+            f"{k}: {v[0]}{f' and {len(v) - 1} more' if len(v) > 1 else ''}" for k, v in sorted(paths.items()))
+            + "); overhead.* describe one: refit on the runs of one, or --only coefficients other than overhead.")
+
+
 def runs_to_fit(args) -> list[Path]:
     """A fit's run folders: ``args.runs`` less ``args.skip`` (--except), each a folder; ``args.out`` a .json."""
     if args.out.suffix != ".json":
@@ -158,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     base, kept_from = get_profile(args.base), get_profile(args.keep_from)
     keep = {k: kept_from.coefficients[k] for k in KEEP if k in kept_from.coefficients}
     only = args.only or []
+    check_one_host_path(runs, only)
     multi_alone = bool(only) and all(p.startswith(MULTI) for p in only)  # the factor and nothing else
     if len(args.model) > 1 and not multi_alone:
         raise ValueError(f"--model {' '.join(args.model)}: several models are pooled only for --only {MULTI}")

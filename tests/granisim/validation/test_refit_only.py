@@ -84,3 +84,33 @@ def test_a_refit_on_a_profile_made_from_another_is_made_from_it(tmp_path):
         {k: c for k, c in steps.coefficients.items() if not k.startswith(("overhead.step_s", "host."))}
     kept = kept_coefficients(PROFILE_DIR / "h200-engine-steps.json")
     assert set(kept) == {k for k in KEEP if k in steps.coefficients}
+
+
+def _unit(folder, name: str, stats: dict | None) -> None:
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"validation_{name}.json").write_text(json.dumps({} if stats is None else {"executor": stats}))
+
+
+def test_host_terms_are_not_fitted_across_two_host_paths(tmp_path, capsys):
+    """Runs of the engine that listed every id and of the one with the request table: a fit of overhead.* over both
+    is refused in one line (exit 2 through the CLI); a fit of other coefficients, or over one host path, goes on.
+    Planted bug (tried, seen failing, removed): reading the stat as `stats.get("table")` took every run as listed."""
+    from granisim.cli import main as cli
+    from granisim.validation.refit import check_one_host_path, host_paths
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    _unit(old / "h200_run", "control_short_granikv_llama-3.1-8b", {"graph_max_rows": 2048})
+    _unit(old / "h200_run", "control_short_token_llama-3.1-8b", None)
+    _unit(new, "control_short_granikv_llama-3.1-8b", {"graph_max_rows": 2048, "request_table": True})
+    assert {k: len(v) for k, v in host_paths([old, new]).items()} == {"listed ids": 2, "request table": 1}
+    for only in ([], ["overhead."], ["overhead.per_kv"], ["over"]):
+        with pytest.raises(ValueError, match="two engine host paths"):
+            check_one_host_path([old, new], only)
+    check_one_host_path([old, new], ["engine.eager.linear"])
+    check_one_host_path([new], [])
+    argv = ["validation", "refit", str(old), str(new), "--only", "overhead.", "--out", str(tmp_path / "p.json")]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "request table:" in err[0] and "listed ids:" in err[0], err

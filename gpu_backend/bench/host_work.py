@@ -3,13 +3,16 @@ against the per-request construction it replaced, `rows_reference.build_referenc
 (`metadata.upload` into a `MetaArena`: pinned staging and host-to-device copies on a GPU, plain copies on a CPU).
 
     .venv/bin/python -m gpu_backend.bench.host_work [--out out/host_work] [--policies granikv token paged16]
-        [--lp 16384] [--k 4] [--requests 64] [--device cpu|cuda]
+        [--workload burst|paper] [--lp 16384] [--k 4] [--requests 64] [--min-batch 32] [--device cpu|cuda]
 
-The plans are the engine's own: the speedup unit's burst (`granisim validation gpu-run speedup`: `requests`
-requests over `k` roles' `lp`-token prefixes on Llama-3.1-8B, `h200-engine`) run through the real scheduler and
-allocator, each step priced by the cost model; the decode-only steps with the whole burst decoding are timed
-(B = `requests`). Each plan is timed `--repeat` times over `--number` calls; per plan the median, then the median
-and range over the plans. No GPU needed (`--device cuda` times the upload through pinned memory as the engine
+The plans are the engine's own, run through the real scheduler and allocator with each step priced by the cost
+model: the speedup unit's burst (`--workload burst`, `granisim validation gpu-run speedup`: `requests` requests over
+`k` roles' `lp`-token prefixes on Llama-3.1-8B, `h200-engine`), whose decode-only steps with the whole burst decoding
+are timed (B = `requests`), or the paper's setting (`--workload paper`, `granisim validation gpu-run paper` at `lp`:
+Poisson arrivals near saturation, requests joining and leaving the batch), whose decode-only steps of at least
+`--min-batch` requests are timed. Each plan is timed `--repeat` times over `--number` calls; per plan the median,
+then the median and range over the plans; then every plan of the run in order through the engine's request table
+(how many of the timed steps repeat the previous one, `rows_repeat.py`, is counted). No GPU needed (`--device cuda` times the upload through pinned memory as the engine
 does, host time only). Prints a table; writes OUT/host_work.json.
 """
 from __future__ import annotations
@@ -30,12 +33,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def burst_plans(policy: str, lp: int, k: int, requests: int, profile: str = "h200-engine"):
     """(every plan of the speedup unit's burst as the engine would get them, KV slots of the engine's budget)."""
+    from granisim.validation.gpu_runs import burst_scenario
+
+    return engine_plans(burst_scenario(policy, lp, k, requests, profile))
+
+
+def paper_plans(policy: str, lp: int, profile: str = "h200-engine"):
+    """(every plan of the paper-setting unit at `lp` as the engine would get them, KV slots of the engine's budget)."""
+    from granisim.validation.gpu_runs import paper_scenario
+
+    return engine_plans(paper_scenario(policy, lp, profile))
+
+
+def engine_plans(scenario):
+    """(every plan of `scenario` served by the real scheduler and allocator, each step priced by the cost model, as
+    the engine would get them; KV slots of the engine's budget)."""
     from granisim.core.serving_loop import ServingLoop
     from granisim.costmodel.executor import for_setup
     from granisim.experiments.run import prepare
-    from granisim.validation.gpu_runs import burst_scenario
 
-    setup = prepare(burst_scenario(policy, lp, k, requests, profile))
+    setup = prepare(scenario)
     cost = for_setup(setup)
 
     class Recorder:  # the engine's protocol (one step a plan, layouts), the cost model's prices
@@ -70,8 +87,13 @@ def measure(policy: str, args) -> dict:
     from gpu_backend.executor.arena import MetaArena
     from gpu_backend.executor.rows_reference import build_reference
 
-    plans, num_slots = burst_plans(policy, args.lp, args.k, args.requests)
-    full = [p for p in plans if len(p.requests) == args.requests and not any(r.is_prefill for r in p.requests)]
+    if args.workload == "burst":
+        plans, num_slots = burst_plans(policy, args.lp, args.k, args.requests)
+        least = args.requests
+    else:
+        plans, num_slots = paper_plans(policy, args.lp)
+        least = args.min_batch
+    full = [p for p in plans if len(p.requests) >= least and not any(r.is_prefill for r in p.requests)]
     full = full[:: max(1, len(full) // args.plans)][: args.plans]
     arena = MetaArena(torch.device(args.device))
     old, new, up = [], [], []
@@ -85,15 +107,16 @@ def measure(policy: str, args) -> dict:
     if args.device == "cuda":
         torch.cuda.synchronize()
     host = rows.build(full[0], num_slots)
-    in_order = {kind: _in_order(plans, set(map(id, full)), num_slots, args, kind == "table")
-                for kind in ("listed", "table")}
-    lb, lu, _ = in_order["listed"]
-    tb, tu, _ = in_order["table"]
-    return {"policy": policy, "batch": args.requests, "plans": len(full), "decode_plans": len(plans),
+    timed = set(map(id, [p for p in plans if len(p.requests) >= least and not any(r.is_prefill for r in p.requests)]))
+    in_order = {kind: _in_order(plans, timed, num_slots, args, kind == "table") for kind in ("listed", "table")}
+    lb, lu, _, _ = in_order["listed"]
+    tb, tu, _, repeated = in_order["table"]
+    return {"policy": policy, "workload": args.workload, "batch": least, "plans": len(full), "decode_plans": len(plans),
             "ids_uploaded": _ids(host), "build_reference_us": _spread(old), "build_us": _spread(new),
             "upload_us": _spread(up), "build_speedup": _spread([o / n for o, n in zip(old, new)]),
             "in_order": {kind: {"build_us": _spread(b), "upload_us": _spread(u), "ids_uploaded": _spread(i)}
-                         for kind, (b, u, i) in in_order.items()},
+                         for kind, (b, u, i, _) in in_order.items()},
+            "in_order_steps": len(lb), "repeated_steps": repeated,
             "table_speedup": _spread([(b + u) / (c + v) for b, u, c, v in zip(lb, lu, tb, tu)])}
 
 
@@ -101,19 +124,19 @@ def _ids(host) -> int:
     return int(sum(a.size for a in host.small) + sum(a.size for a in host.big.values()))
 
 
-def _in_order(plans, timed: set, num_slots: int, args, table: bool) -> tuple[list, list, list]:
+def _in_order(plans, timed: set, num_slots: int, args, table: bool) -> tuple[list, list, list, int]:
     """Build and upload every plan of the run in order, once each, as the engine serves them: ids listed afresh each
     step, or (`table`) with the engine's request table (request_table.py: a row is written whole once, then
     extended); `--repeat` times over afresh. Per timed plan the median of its build and of its upload (the rows it
-    writes whole included), in us, and the ids it uploads."""
+    writes whole included), in us, and the ids it uploads; and how many timed plans repeated the previous one."""
     import torch
 
     from gpu_backend.executor import metadata, rows
     from gpu_backend.executor.arena import MetaArena
     from gpu_backend.executor.request_table import RequestTable
 
-    runs = []
-    for _ in range(args.repeat):
+    runs, repeated = [], 0
+    for r in range(args.repeat):
         tab, arena, times = RequestTable() if table else None, MetaArena(torch.device(args.device)), []
         for plan in plans:
             t0 = time.perf_counter()
@@ -128,10 +151,11 @@ def _in_order(plans, timed: set, num_slots: int, args, table: bool) -> tuple[lis
             t3 = time.perf_counter()
             if id(plan) in timed:
                 times.append(((t1 - t0) * 1e6, (t3 - t2) * 1e6, _ids(host)))
+                repeated += r == 0 and tab is not None and tab.repeat is not None and tab.repeat.host is host
         runs.append(times)
     per_plan = list(zip(*runs))
     return ([statistics.median(t[0] for t in p) for p in per_plan],
-            [statistics.median(t[1] for t in p) for p in per_plan], [p[0][2] for p in per_plan])
+            [statistics.median(t[1] for t in p) for p in per_plan], [p[0][2] for p in per_plan], repeated)
 
 
 def _cpu() -> str:
@@ -158,7 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", nargs="+", default=["granikv", "token", "paged16"])
     ap.add_argument("--lp", type=int, default=16384)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=64, help="the burst's requests (--workload burst)")
+    ap.add_argument("--workload", default="burst", choices=["burst", "paper"])
+    ap.add_argument("--min-batch", type=int, default=32, help="decode steps of at least this many requests are timed "
+                    "(--workload paper)")
     ap.add_argument("--plans", type=int, default=8, help="decode plans of the full batch timed (spread over the run)")
     ap.add_argument("--number", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=5)
@@ -171,8 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"cpu": _cpu(), "cores": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
             "torch": torch.__version__, "device": args.device, "commit": code_commit(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    print(f"host work of a decode step, B = {args.requests}, {args.k} roles x {args.lp} tokens ({meta['cpu']}); "
-          f"us per call, median over plans (min-max)")
+    what = (f"the burst, B = {args.requests}, {args.k} roles" if args.workload == "burst"
+            else f"the paper's setting, B >= {args.min_batch}")
+    print(f"host work of a decode step, {what} x {args.lp} tokens ({meta['cpu']}); us per call, median over plans "
+          f"(min-max)")
     f = lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"  # noqa: E731
     print(f"{'policy':8} {'plans':>5} {'ids':>8} {'build before':>20} {'build now':>20} {'speedup':>8} "
           f"{'upload (' + args.device + ')':>20}")
@@ -182,12 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     print("every plan of the run built and uploaded once, in order (as the engine serves them): ids listed afresh "
           "each step, or through the request table")
     print(f"{'policy':8} {'ids, listed':>11} {'build':>16} {'upload':>16} {'ids, table':>10} {'build':>16} "
-          f"{'upload':>16} {'host part':>9}")
+          f"{'upload':>16} {'host part':>9} {'repeating':>9}")
     for r in rows:
         a, t = r["in_order"]["listed"], r["in_order"]["table"]
         print(f"{r['policy']:8} {a['ids_uploaded']['median']:11.0f} {f(a['build_us']):>16} {f(a['upload_us']):>16} "
               f"{t['ids_uploaded']['median']:10.0f} {f(t['build_us']):>16} {f(t['upload_us']):>16} "
-              f"{r['table_speedup']['median']:8.2f}x")
+              f"{r['table_speedup']['median']:8.2f}x {r['repeated_steps']:4d}/{r['in_order_steps']:<4d}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_work.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {args.out / 'host_work.json'}")

@@ -55,7 +55,12 @@ def cmd_run(args) -> int:
     if args.sensitivity is not None:
         from granisim.experiments import sensitivity as sens
 
-        table = sens.rows(summary, sens.scaled_summaries(scenario, args.scenario, args.sensitivity))
+        import pandas as pd
+
+        replicas = sens.replica_of(pd.read_parquet(out / "requests.parquet"))
+        if replicas:
+            summary = {**summary, "same_replica_share": 1.0}
+        table = sens.rows(summary, sens.scaled_summaries(scenario, args.scenario, args.sensitivity, replicas))
         sens.write(out, table, args.sensitivity)
         print("\n" + sens.format_table(table, args.sensitivity) + f"\nwrote {out}/sensitivity.json")
     return 0

@@ -7,7 +7,10 @@ median), but a schedule can amplify that: a short request decoding beside long p
 saturation, turns 2% per step into 10-20% on a tail (reports/engine/paper_setting/). This simulates the scenario
 twice more, with every step's predicted time times 1 - DELTA and 1 + DELTA (``hardware.step_time_scale``), and
 reports each summary metric at both, so that a user sees which of the predictions a few percent of step error
-can move and by how much. Deterministic like the run itself (same seed, same arrivals).
+can move and by how much. For a fleet it also reports the share of requests each run sends to the replica the
+prediction sent them to: a router that decides from live load (`least_load`, `cache_aware`) moves requests when
+step times move, and so moves each replica's figures more than the fleet's (reports/fleet/README.md).
+Deterministic like the run itself (same seed, same arrivals).
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ from pathlib import Path
 
 METRICS = (("throughput_rps", "req/s"), ("output_tok_s", "out tok/s"), ("ttft_p50_s", "TTFT p50"),
            ("ttft_p99_s", "TTFT p99"), ("tpot_p50_s", "TPOT p50"), ("tpot_p99_s", "TPOT p99"),
-           ("e2e_p99_s", "E2E p99"), ("completed", "done"), ("preemptions", "preempt"))
+           ("e2e_p99_s", "E2E p99"), ("completed", "done"), ("preemptions", "preempt"),
+           ("same_replica_share", "same repl."))  # fleets: requests on the replica the prediction chose
 DEFAULT_DELTA = 0.03
 
 
-def scaled_summaries(scenario, source: str, delta: float) -> dict[float, dict]:
+def scaled_summaries(scenario, source: str, delta: float, replicas: dict[int, int] | None = None) -> dict[float, dict]:
     """factor -> the summary of ``scenario`` with every step's predicted time times factor (1 - delta, 1 + delta,
-    on top of its own ``hardware.step_time_scale``)."""
+    on top of its own ``hardware.step_time_scale``); with ``replicas`` (a fleet's prediction: request id -> replica)
+    each summary also carries ``same_replica_share``, the share of those requests the run sent to the same
+    replica."""
     from granisim.core.metrics import requests_frame, summarize
     from granisim.experiments.run import prepare, simulate
 
@@ -30,9 +36,32 @@ def scaled_summaries(scenario, source: str, delta: float) -> dict[float, dict]:
     for f in (1.0 - delta, 1.0 + delta):
         setup = prepare(scenario.with_changes(**{"hardware.step_time_scale": scenario.hardware.step_time_scale * f}),
                         source)
-        res = simulate(setup, progress=False)
-        out[f] = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
+        if scenario.fleet is None:
+            res = simulate(setup, progress=False)
+            out[f] = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)
+            continue
+        from granisim.fleet.build import simulate_fleet
+        from granisim.fleet.outputs import fleet_requests, fleet_steps
+
+        res = simulate_fleet(setup.scenario, source, progress=False, trace=setup.trace)
+        reqs = fleet_requests(res)
+        out[f] = summarize(reqs, fleet_steps(res), res.end_s)
+        if replicas:
+            out[f]["same_replica_share"] = same_replica_share(replicas, reqs)
     return out
+
+
+def replica_of(requests) -> dict[int, int]:
+    """Request id -> the replica that served it, from a fleet's requests frame (empty for one GPU) (pure)."""
+    if "replica" not in requests:
+        return {}
+    return dict(zip(requests["rid"].tolist(), requests["replica"].tolist()))
+
+
+def same_replica_share(replicas: dict[int, int], requests) -> float:
+    """The share of ``replicas``' requests that ``requests`` (a requests frame) shows on the same replica (pure)."""
+    now = replica_of(requests)
+    return sum(now.get(rid) == r for rid, r in replicas.items()) / len(replicas)
 
 
 def rows(base: dict, scaled: dict[float, dict]) -> list[dict]:

@@ -84,7 +84,28 @@ def test_run_sensitivity_writes_its_table(tmp_path, capsys):
     row = {r["metric"]: r for r in doc["rows"]}["throughput_rps"]
     assert doc["delta"] == 0.1 and set(row["at"]) == {"0.9", "1.1"}
     assert row["at"]["1.1"]["value"] < row["predicted"] < row["at"]["0.9"]["value"]
+    assert "same_replica_share" not in {r["metric"] for r in doc["rows"]}  # one GPU: no replicas to stay on
     assert "sensitivity: every step's time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_load"])
+def test_fleet_sensitivity_counts_the_requests_that_stay_on_their_replica(router, tmp_path):
+    """A fleet's table has one more row: the share of requests each scaled run sends to the replica the prediction
+    chose. round_robin routes by arrival order alone (all stay); least_load routes by live load, which slower or
+    faster steps change (many move). Planted bug (tried, seen failing, removed): `same_replica_share` comparing
+    against request ids shifted by one gave round_robin 0.0."""
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[workload]\nkind = "multi_agent"\nroles = 4\nprefix_len = 1024\nnum_requests = 60\n'
+                 f'rate = 40.0\nmax_output_len = 32\n[fleet]\nreplicas = 3\nrouter = "{router}"\n')
+    assert main(["run", str(p), "--out", str(tmp_path / "o"), "--sensitivity", "0.1"]) == 0
+    doc = json.loads((tmp_path / "o" / "sensitivity.json").read_text())
+    row = {r["metric"]: r for r in doc["rows"]}["same_replica_share"]
+    shares = [a["value"] for a in row["at"].values()]
+    assert row["predicted"] == 1.0 and len(shares) == 2
+    if router == "round_robin":
+        assert shares == [1.0, 1.0]
+    else:
+        assert all(0.0 < x < 0.9 for x in shares), shares
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -182,9 +182,6 @@ def _given(args, *options: str) -> list[str]:
 
 
 def cmd_capacity(args) -> int:
-    if args.rate is not None and args.sensitivity is not None:
-        raise ScenarioError(f"--sensitivity {args.sensitivity}: for the rate search; with --rate (the fleet's size) "
-                            f"run the search on copies of the scenario with hardware.step_time_scale set")
     fleet_only = _given(args, "--routers", "--max-replicas")
     if args.rate is None and fleet_only:  # the rate search runs the scenario's own fleet as it is
         raise ScenarioError(f"{fleet_only[0]}: for the fewest-replicas search, which needs --rate R; the rate search "
@@ -434,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--routers", help="fleet: routers to search (with --rate; default: the scenario's)")
     ca.add_argument("--sensitivity", nargs="?", const=DEFAULT_DELTA, type=_number(float, 0, True, 0.5), metavar="DELTA",
                     help="also search with every step DELTA slower and faster (default 0.03): how far each answer "
-                         "moves (capacity_sensitivity.json)")
+                         "moves (capacity_sensitivity.json; with --rate, the fewest replicas: "
+                         "fleet_capacity_sensitivity.json)")
     ca.set_defaults(fn=cmd_capacity)
     pa = sub.add_parser("paper", help="the paper's claims in simulation: reports/paper/")
     pa.add_argument("--out", default="reports/paper")

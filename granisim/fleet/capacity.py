@@ -183,4 +183,35 @@ def fleet_capacity_cli(args) -> int:
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))
     print(f"\nwrote {out}/ (fleet_capacity.json, fleet_capacity.txt, fleet_capacity.png)")
+    if args.sensitivity is not None:  # the same searches with every step slower and faster
+        d, scale = args.sensitivity, scenario.hardware.step_time_scale
+        scaled = {}
+        for f in (1 - d, 1 + d):
+            print(f"\nevery step x {f:g}:")
+            scaled[f] = fleet_capacity(scenario.with_changes(**{"hardware.step_time_scale": scale * f}), routers,
+                                       policies, slo, args.rate, args.max_replicas, out / f"steps_x{f:g}", args.workers)
+        table = fleet_sensitivity_rows(results, scaled)
+        (out / "fleet_capacity_sensitivity.json").write_text(strict_json({"delta": d, "rows": table}, indent=2) + "\n")
+        print("\n" + fleet_sensitivity_table(table, d, args.max_replicas)
+              + f"\nwrote {out}/fleet_capacity_sensitivity.json (and steps_x*/)")
     return 0
+
+
+def fleet_sensitivity_rows(base: list[FleetCapacity], scaled: dict[float, list[FleetCapacity]]) -> list[dict]:
+    """Per router and policy: the fewest replicas as priced and with every step scaled by each factor (None: more
+    than the search's most) (pure)."""
+    return [{"router": r.router, "policy": r.policy, "replicas": r.replicas,
+             "at": {f"{f:g}": res[i].replicas for f, res in sorted(scaled.items())}} for i, r in enumerate(base)]
+
+
+def fleet_sensitivity_table(rows: list[dict], delta: float, max_n: int) -> str:
+    def n(x) -> str:
+        return str(x) if x else f">{max_n}"
+
+    factors = list(rows[0]["at"]) if rows else []
+    head = f"{'router':<14}{'policy':<10}{'replicas':>9}" + "".join(f"{'steps x' + f:>12}" for f in factors)
+    lines = [f"fewest replicas, every step's time x (1 -+ {delta:g})", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['router']:<14}{r['policy']:<10}{n(r['replicas']):>9}"
+                     + "".join(f"{n(x):>12}" for x in r["at"].values()))
+    return "\n".join(lines)

@@ -155,8 +155,19 @@ def test_capacity_sensitivity_searches_again_at_both_factors(tmp_path, capsys):
     assert (tmp_path / "c" / "steps_x0.8" / "capacity.json").exists()
 
 
-def test_capacity_sensitivity_with_a_fleet_size_search_is_one_line(capsys):
-    assert main(["capacity", "scenarios/fleet_16roles.toml", "--slo", "ttft_p99=2s", "--rate", "10",
-                 "--sensitivity"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--sensitivity" in err[0]
+def test_fleet_size_sensitivity_searches_again_at_both_factors(tmp_path, capsys):
+    """capacity --rate --sensitivity: the fewest replicas with every step 20% faster and slower, from searches of
+    their own; a burst of 60 requests that one replica serves in about 6 s needs more replicas as steps slow."""
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[workload]\nkind = "multi_agent"\nroles = 4\nprefix_len = 1024\nnum_requests = 60\n'
+                 'rate = 10.0\nmax_output_len = 32\n[fleet]\nreplicas = 1\nrouter = "round_robin"\n')
+    assert main(["capacity", str(p), "--slo", "ttft_p99=1s", "--rate", "60", "--max-replicas", "8", "--policies",
+                 "granikv", "--out", str(tmp_path / "c"), "--sensitivity", "0.2"]) == 0
+    doc = json.loads((tmp_path / "c" / "fleet_capacity_sensitivity.json").read_text())
+    (row,) = doc["rows"]
+    assert doc["delta"] == 0.2 and row["router"] == "round_robin" and row["policy"] == "granikv"
+    assert row["at"]["0.8"] < row["replicas"] < row["at"]["1.2"]
+    for f in ("0.8", "1.2"):
+        found = json.loads((tmp_path / "c" / f"steps_x{f}" / "fleet_capacity.json").read_text())
+        assert found["results"][0]["replicas"] == row["at"][f]
+    assert "fewest replicas, every step's time" in capsys.readouterr().out

@@ -6,7 +6,8 @@ one GPU, in one process: the step's time and its host part ("overhead": the step
 
 DIR holds the earlier commit's `rows.py`, `arena.py`, `metadata.py` and `executor.py` of gpu_backend/executor
 (`git show BASE:gpu_backend/executor/NAME.py > DIR/NAME.py`); they are loaded beside the package and run with its
-other modules (graphs, launches, kernels, timing), so the two variants differ in their host path alone. Each unit
+other modules (graphs, launches, kernels, timing), so the two variants differ in their host path alone. `--before
+listed` compares against this code with the request table off (every decode id listed each step), no folder needed. Each unit
 is the speedup grid's burst (`granisim validation gpu-run speedup`: `requests` requests at once over `k` roles'
 `lp`-token prefixes, Llama-3.1-8B, CUDA graphs up to 2048 rows) served by one variant; repetition r runs every
 policy under both variants, in alternating order (before first in even repetitions), after one warm-up of small
@@ -132,14 +133,15 @@ def scenario(policy: str, lp: int, k: int, requests: int, profile: str, smoke: b
                                         "suffix_scale": 0.02, "max_output_len": 6}})
 
 
-def run_unit(module, sc, requests: int, probe: bool, device: str) -> tuple[list, dict]:
-    """One burst (scenario `sc`) served by `module`'s GpuExecutor -> (per-step records, executor stats and probe
-    figures)."""
+def run_unit(variant, sc, requests: int, probe: bool, device: str) -> tuple[list, dict]:
+    """One burst (scenario `sc`) served by a variant's GpuExecutor (`variant`: its executor module and the options
+    the executor is built with) -> (per-step records, executor stats and probe figures)."""
+    module, options = variant
     from granisim.experiments.run import prepare, simulate
 
     setup = prepare(sc)
     _free_gpu()
-    ex = module.GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed)
+    ex = module.GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed, **options)
     records = []
     p = Probe(module, ex, requests) if probe and ex.graphs is not None else None
     if p is not None:  # remember which graph a replay ran (GraphCache.replay's argument)
@@ -214,7 +216,8 @@ def _gpu_state() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m gpu_backend.bench.engine_host", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", type=Path, required=True, help="folder of the earlier rows/arena/metadata/executor.py")
+    ap.add_argument("--before", type=Path, required=True, help="folder of the earlier rows/arena/metadata/executor.py, "
+                    "or `listed`: this code with every decode id listed each step (no request table)")
     ap.add_argument("--out", type=Path, default=Path("out/engine_host"))
     ap.add_argument("--policies", nargs="+", default=["granikv", "token"])
     ap.add_argument("--reps", type=int, default=3)
@@ -235,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     from gpu_backend.executor import executor as after
     from granisim.validation.host_probe import probe as host_probe
 
-    variants = {"before": load_before(args.before), "after": after}
+    before = (after, {"request_table": False}) if str(args.before) == "listed" else (load_before(args.before), {})
+    variants = {"before": before, "after": (after, {})}
     if args.profile == "auto":
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
         args.profile = "h100-sxm" if "H100" in name else "h200-engine"

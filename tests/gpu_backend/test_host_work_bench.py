@@ -34,3 +34,17 @@ def test_the_earlier_executor_runs_on_its_own_host_path(tmp_path):
     assert before.MetaArena.__module__ == "gpu_backend.executor._before_arena"
     assert before.metadata.__name__ == "gpu_backend.executor._before_metadata"
     assert executor.rows is rows  # the package's executor still builds with the package's rows
+
+
+def test_the_listed_ids_host_path_is_this_code_without_the_request_table(tmp_path):
+    """`--before listed`: no folder of earlier files; the before units run this executor with the request table off
+    (every decode id listed each step), the after units with it on (CPU smoke run: tiny model, interpreter)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU smoke run needs TRITON_INTERPRET=1")
+    engine_host.main(["--before", "listed", "--out", str(tmp_path), "--smoke", "--reps", "1", "--lp", "64", "--k", "2",
+                      "--requests", "4", "--policies", "token"])
+    units = json.loads((tmp_path / "engine_host.json").read_text())["units"]
+    tables = {u["variant"]: u["executor"]["request_table"] for u in units}
+    assert tables == {"before": False, "after": True}

@@ -8,7 +8,8 @@ handed one of these descriptions per sequence (request, or prefix group):
   `indices[indptr[i]:indptr[i+1]]`, in token order.
 - `PageTable(indptr, indices, lens, page_size)` — page size N. Sequence i owns the pages
   `indices[indptr[i]:indptr[i+1]]`; token p sits in slot `page * N + p % N` of page
-  `indices[indptr[i] + p // N]`; `lens[i]` tokens are valid.
+  `indices[indptr[i] + p // N]`; `lens[i]` tokens are valid. The kernels read only `indptr[i]`
+  and `lens[i]` (the engine's request table relies on it: rows anywhere in one shared `indices`).
 - `Slabs(start, length)` — a HOT slab: sequence i owns slots `start[i] .. start[i]+length[i]-1`.
 
 All arrays are int32 on the KV buffers' device. `validate` checks every id against

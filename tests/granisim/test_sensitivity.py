@@ -155,6 +155,21 @@ def test_capacity_sensitivity_searches_again_at_both_factors(tmp_path, capsys):
     assert (tmp_path / "c" / "steps_x0.8" / "capacity.json").exists()
 
 
+def test_fleet_size_sensitivity_rows_pair_each_router_with_its_scaled_searches():
+    from granisim.fleet.capacity import FleetCapacity, fleet_sensitivity_rows, fleet_sensitivity_table
+
+    def res(router, n):
+        return FleetCapacity(router=router, policy="granikv", replicas=n, gpus=n)
+
+    rows = fleet_sensitivity_rows([res("round_robin", None), res("hot_aware", 7)],
+                                  {1.03: [res("round_robin", None), res("hot_aware", 8)],
+                                   0.97: [res("round_robin", 16), res("hot_aware", 7)]})
+    assert rows[1] == {"router": "hot_aware", "policy": "granikv", "replicas": 7, "at": {"0.97": 7, "1.03": 8}}
+    table = fleet_sensitivity_table(rows, 0.03, 16).splitlines()
+    assert table[-2].split() == ["round_robin", "granikv", ">16", "16", ">16"]  # None: more than the search's most
+    assert table[-1].split() == ["hot_aware", "granikv", "7", "7", "8"]
+
+
 def test_fleet_size_sensitivity_searches_again_at_both_factors(tmp_path, capsys):
     """capacity --rate --sensitivity: the fewest replicas with every step 20% faster and slower, from searches of
     their own; a burst of 60 requests that one replica serves in about 6 s needs more replicas as steps slow."""

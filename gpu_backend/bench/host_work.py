@@ -12,8 +12,9 @@ are timed (B = `requests`), or the paper's setting (`--workload paper`, `granisi
 Poisson arrivals near saturation, requests joining and leaving the batch), whose decode-only steps of at least
 `--min-batch` requests are timed. Each plan is timed `--repeat` times over `--number` calls; per plan the median,
 then the median and range over the plans; then every plan of the run in order through the engine's request table
-(how many of the timed steps repeat the previous one, `rows_repeat.py`, is counted). No GPU needed (`--device cuda` times the upload through pinned memory as the engine
-does, host time only). Prints a table; writes OUT/host_work.json.
+(how many of the timed steps repeat the previous one, `rows_repeat.py`, is counted). No GPU needed (`--device
+cuda` times the upload through pinned memory as the engine does, host time only). Prints a table; writes
+OUT/host_work.json.
 """
 from __future__ import annotations
 
@@ -93,8 +94,8 @@ def measure(policy: str, args) -> dict:
     else:
         plans, num_slots = paper_plans(policy, args.lp)
         least = args.min_batch
-    full = [p for p in plans if len(p.requests) >= least and not any(r.is_prefill for r in p.requests)]
-    full = full[:: max(1, len(full) // args.plans)][: args.plans]
+    decode = [p for p in plans if len(p.requests) >= least and not any(r.is_prefill for r in p.requests)]
+    full = decode[:: max(1, len(decode) // args.plans)][: args.plans]
     arena = MetaArena(torch.device(args.device))
     old, new, up = [], [], []
     for plan in full:
@@ -107,8 +108,8 @@ def measure(policy: str, args) -> dict:
     if args.device == "cuda":
         torch.cuda.synchronize()
     host = rows.build(full[0], num_slots)
-    timed = set(map(id, [p for p in plans if len(p.requests) >= least and not any(r.is_prefill for r in p.requests)]))
-    in_order = {kind: _in_order(plans, timed, num_slots, args, kind == "table") for kind in ("listed", "table")}
+    in_order = {kind: _in_order(plans, set(map(id, decode)), num_slots, args, kind == "table")
+                for kind in ("listed", "table")}
     lb, lu, _, _ = in_order["listed"]
     tb, tu, _, repeated = in_order["table"]
     return {"policy": policy, "workload": args.workload, "batch": least, "plans": len(full), "decode_plans": len(plans),

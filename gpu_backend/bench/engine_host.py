@@ -18,7 +18,8 @@ reports/engine/speedups.json takes them) and over those of the whole burst (B = 
 `metadata.upload`, the graph lookup and `graph.replay()` (a wrapper each, a microsecond or two), and, after each
 B = `requests` graph step, replays that step's graph 10 more times alone: the host time of `replay()` and the
 device's wait from an event recorded before it to the graph's first node. Needs a CUDA GPU, torch and triton, and
-simpy/pydantic. Prints a table; writes OUT/engine_host.json and OUT/steps.csv.
+simpy/pydantic. Prints a table; writes OUT/engine_host.json (per unit, the replays alone as their spread over the
+steps: the report's summary) and, per step, OUT/steps.csv and OUT/alone.csv (raw: kept outside git).
 """
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def run_unit(variant, sc, requests: int, probe: bool, device: str) -> tuple[list
             p.close()
     extra = {"executor": ex.stats()}
     if p is not None:
-        extra["alone"] = p.alone
+        extra["alone"] = p.alone  # per step: main() writes them to alone.csv and keeps their spread in the JSON
     del ex
     _free_gpu()
     return records, extra
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
             for v in (("before", "after") if r % 2 == 0 else ("after", "before"))]
     if args.probe:
         plan += [(args.reps, pol, v, True) for pol in args.probe_policies for v in ("before", "after")]
-    units, steps = [], []
+    units, steps, alone = [], [], []
     for rep, pol, v, probe in plan:
         if time.time() - t0 > args.budget_s:
             print(f"budget reached: stopping before rep {rep} {pol} {v}", flush=True)
@@ -270,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
         t = time.time()
         sc = scenario(pol, args.lp, args.k, args.requests, args.profile, args.smoke)
         recs, extra = run_unit(variants[v], sc, args.requests, probe, device)
+        if "alone" in extra:
+            alone += [{"rep": rep, "policy": pol, "variant": v, **a} for a in extra["alone"]]
+            extra["alone_summary"] = alone_summary(extra.pop("alone"))
         s = summarize(recs, args.requests)
         units.append({"rep": rep, "policy": pol, "variant": v, "probe": probe, "wall_s": time.time() - t,
                       **s, **extra})
@@ -279,12 +283,21 @@ def main(argv: list[str] | None = None) -> None:
               f"overhead p50 {d.get('overhead_ms_p50', 0):.3f} ms ({time.time() - t:.0f} s)", flush=True)
         meta["gpu_state_end"] = _gpu_state()
         (args.out / "engine_host.json").write_text(json.dumps({"meta": meta, "units": units}, indent=1))
-        keys = sorted({k for r in steps for k in r})
-        with open(args.out / "steps.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(steps)
+        for name, rows in (("steps.csv", steps), ("alone.csv", alone)):  # per step: raw, kept outside git
+            with open(args.out / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+                w.writeheader()
+                w.writerows(rows)
     table(units)
+
+
+def alone_summary(alone: list[dict]) -> dict:
+    """The replays alone of a probe unit's steps: median, min and max over the steps of each step's median host time
+    of `replay()` and of the device's wait for the graph's first node, and how many steps (pure)."""
+    ok = [a for a in alone if "error" not in a]
+    out = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+           for k in ("host_replay_s", "first_node_wait_s") if (v := [a[k] for a in ok])}
+    return {**out, "steps": len(ok), "errors": len(alone) - len(ok)}
 
 
 def table(units: list[dict]) -> None:

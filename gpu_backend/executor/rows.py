@@ -229,9 +229,17 @@ def _storage(reads: Reads, n_padded: int, page_size: int, num_slots: int,
     None when one of their ids lies outside [0, num_slots)."""
     if not page_size:
         small.append(_ptr(reads.lens, n_padded))
+    else:
+        small += [_ptr([-(-n // page_size) for n in reads.lens], n_padded), _pad(reads.lens, n_padded)]
+    return _listed_ids(reads, page_size or 1, num_slots)
+
+
+def _listed_ids(reads: Reads, page: int, num_slots: int) -> np.ndarray | None:
+    """The ids a storage lists for the sequences of `reads`: slot ids (page 1, int32) or their pages' ids (each
+    sequence starting on a page boundary); None when one of their slots lies outside [0, num_slots)."""
+    if page == 1:
         return _checked_ids(reads.pieces, num_slots)
-    small += [_ptr([-(-n // page_size) for n in reads.lens], n_padded), _pad(reads.lens, n_padded)]
-    return None if _any_outside(reads.pieces, num_slots) else _page_ids(reads, page_size)
+    return None if _any_outside(reads.pieces, num_slots) else _page_ids(reads, page)
 
 
 class GroupPrefix(NamedTuple):
@@ -291,18 +299,13 @@ class _TableRows:
         """(entries, values) of the rows written whole this step; None when an id lies outside [0, num_slots)."""
         page = self.table.page
         reads = _reads(self.patch_layouts, self.patch_starts)
-        if page == 1:
-            ids = _checked_ids(reads.pieces, num_slots)
-            if ids is None:
-                return None
-        elif any(s % page for s in self.patch_starts) or _any_outside(reads.pieces, num_slots):
+        ids = None if any(s % page for s in self.patch_starts) else _listed_ids(reads, page, num_slots)
+        if ids is None:
             return None
-        else:
-            ids = _page_ids(reads, page).astype(np.int32)
         sizes = np.array([-(-n // page) for n in reads.lens], np.int64)
         first = np.cumsum(sizes) - sizes
         dst = np.repeat(np.array(self.patch_bases, np.int64) - first, sizes) + np.arange(int(sizes.sum()))
-        return dst.astype(np.int32), ids
+        return dst.astype(np.int32), ids.astype(np.int32, copy=False)
 
 
 def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable | None = None) -> HostStep:
@@ -483,9 +486,11 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
     if table is not None and not n_ext and nn.count(1) == len(nn):  # a decode step: the next one may repeat it
         first_grouped = dec_rows + np.array(suffix_where, np.int64)
         table.repeat = Repeat(
-            repeat_key(plan), pad, replace(host, big={k: v for k, v in host.big.items() if k not in ("tdst", "tids")}),
-            [*dec, *members], [table.row(r.rid) for r in rq], np.array(dec_bases + suffix_bases, np.int64),
-            np.array([0] * n_dec + suffix_starts, np.int64), np.concatenate([np.arange(n_dec), first_grouped]),
-            (len(head) + dec_at, len(head) + suffix_at), (np.arange(n_dec), np.array(suffix_where, np.int64)),
-            table.page, bucket_l)
+            key=repeat_key(plan), pad=pad,
+            host=replace(host, big={k: v for k, v in host.big.items() if k not in ("tdst", "tids")}),
+            order=[*dec, *members], rows=[table.row(r.rid) for r in rq],
+            bases=np.array(dec_bases + suffix_bases, np.int64), starts=np.array([0] * n_dec + suffix_starts, np.int64),
+            step_rows=np.concatenate([np.arange(n_dec), first_grouped]),
+            lens_at=(len(head) + dec_at, len(head) + suffix_at),
+            lens_rows=(np.arange(n_dec), np.array(suffix_where, np.int64)), page=table.page, bucket_len=bucket_l)
     return host

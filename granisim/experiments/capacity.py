@@ -257,13 +257,13 @@ def capacity_cli(args) -> int:
     print(capacity_table(results, slo))
     print(f"\nwrote {out}/ (capacity.json, capacity.txt, capacity.png)")
     if args.sensitivity is not None:
-        d, scale = args.sensitivity, scenario.hardware.step_time_scale
-        scaled = {}
-        for f in (1 - d, 1 + d):
+        from granisim.experiments.sensitivity import scaled_scenarios
+
+        d, scaled = args.sensitivity, {}
+        for f, sc in scaled_scenarios(scenario, d):
             print(f"\nevery step x {f:g}:")
-            scaled[f] = capacity(scenario.with_changes(**{"hardware.step_time_scale": scale * f}), policies, slo,
-                                 out / f"steps_x{f:g}", lo=args.lo, hi=args.hi, rel_tol=args.rel_tol,
-                                 max_probes=args.max_probes, workers=args.workers)
+            scaled[f] = capacity(sc, policies, slo, out / f"steps_x{f:g}", lo=args.lo, hi=args.hi,
+                                 rel_tol=args.rel_tol, max_probes=args.max_probes, workers=args.workers)
         table = sensitivity_rows(results, scaled)
         (out / "capacity_sensitivity.json").write_text(strict_json({"delta": d, "rows": table}, indent=2) + "\n")
         print("\n" + sensitivity_table(table, d) + f"\nwrote {out}/capacity_sensitivity.json (and steps_x*/)")

@@ -24,6 +24,13 @@ METRICS = (("throughput_rps", "req/s"), ("output_tok_s", "out tok/s"), ("ttft_p5
 DEFAULT_DELTA = 0.03
 
 
+def scaled_scenarios(scenario, delta: float) -> list[tuple[float, object]]:
+    """(factor, ``scenario`` with every step's predicted time times factor, on top of its own
+    ``hardware.step_time_scale``) for the factors 1 - delta and 1 + delta (pure)."""
+    scale = scenario.hardware.step_time_scale
+    return [(f, scenario.with_changes(**{"hardware.step_time_scale": scale * f})) for f in (1.0 - delta, 1.0 + delta)]
+
+
 def scaled_summaries(scenario, source: str, delta: float, replicas: dict[int, int] | None = None) -> dict[float, dict]:
     """factor -> the summary of ``scenario`` with every step's predicted time times factor (1 - delta, 1 + delta,
     on top of its own ``hardware.step_time_scale``); with ``replicas`` (a fleet's prediction: request id -> replica)
@@ -33,9 +40,8 @@ def scaled_summaries(scenario, source: str, delta: float, replicas: dict[int, in
     from granisim.experiments.run import prepare, simulate
 
     out = {}
-    for f in (1.0 - delta, 1.0 + delta):
-        setup = prepare(scenario.with_changes(**{"hardware.step_time_scale": scenario.hardware.step_time_scale * f}),
-                        source)
+    for f, scaled in scaled_scenarios(scenario, delta):
+        setup = prepare(scaled, source)
         if scenario.fleet is None:
             res = simulate(setup, progress=False)
             out[f] = summarize(requests_frame(res.records), res.steps.frame(), res.end_s)

@@ -184,12 +184,13 @@ def fleet_capacity_cli(args) -> int:
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))
     print(f"\nwrote {out}/ (fleet_capacity.json, fleet_capacity.txt, fleet_capacity.png)")
     if args.sensitivity is not None:  # the same searches with every step slower and faster
-        d, scale = args.sensitivity, scenario.hardware.step_time_scale
-        scaled = {}
-        for f in (1 - d, 1 + d):
+        from granisim.experiments.sensitivity import scaled_scenarios
+
+        d, scaled = args.sensitivity, {}
+        for f, sc in scaled_scenarios(scenario, d):
             print(f"\nevery step x {f:g}:")
-            scaled[f] = fleet_capacity(scenario.with_changes(**{"hardware.step_time_scale": scale * f}), routers,
-                                       policies, slo, args.rate, args.max_replicas, out / f"steps_x{f:g}", args.workers)
+            scaled[f] = fleet_capacity(sc, routers, policies, slo, args.rate, args.max_replicas,
+                                       out / f"steps_x{f:g}", args.workers)
         table = fleet_sensitivity_rows(results, scaled)
         (out / "fleet_capacity_sensitivity.json").write_text(strict_json({"delta": d, "rows": table}, indent=2) + "\n")
         print("\n" + fleet_sensitivity_table(table, d, args.max_replicas)

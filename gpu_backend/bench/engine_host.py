@@ -7,7 +7,9 @@ one GPU, in one process: the step's time and its host part ("overhead": the step
 DIR holds the earlier commit's `rows.py`, `arena.py`, `metadata.py` and `executor.py` of gpu_backend/executor
 (`git show BASE:gpu_backend/executor/NAME.py > DIR/NAME.py`); they are loaded beside the package and run with its
 other modules (graphs, launches, kernels, timing), so the two variants differ in their host path alone. `--before
-listed` compares against this code with the request table off (every decode id listed each step), no folder needed. Each unit
+listed` compares against this code with the request table off (every decode id listed each step), no folder needed;
+`--before current --before-option NAME=VALUE ...` against this code built with other executor options (e.g.
+`small_in_graph=False`: a graph step's fixed-size metadata copied by a launch of the host's own). Each unit
 is the speedup grid's burst (`granisim validation gpu-run speedup`: `requests` requests at once over `k` roles'
 `lp`-token prefixes, Llama-3.1-8B, CUDA graphs up to 2048 rows) served by one variant; repetition r runs every
 policy under both variants, in alternating order (before first in even repetitions), after one warm-up of small
@@ -24,6 +26,7 @@ steps: the report's summary) and, per step, OUT/steps.csv and OUT/alone.csv (raw
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import gc
 import importlib.util
@@ -218,7 +221,10 @@ def _gpu_state() -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m gpu_backend.bench.engine_host", description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="folder of the earlier rows/arena/metadata/executor.py, "
-                    "or `listed`: this code with every decode id listed each step (no request table)")
+                    "`listed`: this code with every decode id listed each step (no request table), or `current`: "
+                    "this code (with --before-option)")
+    ap.add_argument("--before-option", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="with --before current or listed: GpuExecutor options of the before variant")
     ap.add_argument("--out", type=Path, default=Path("out/engine_host"))
     ap.add_argument("--policies", nargs="+", default=["granikv", "token"])
     ap.add_argument("--reps", type=int, default=3)
@@ -239,7 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     from gpu_backend.executor import executor as after
     from granisim.validation.host_probe import probe as host_probe
 
-    before = (after, {"request_table": False}) if str(args.before) == "listed" else (load_before(args.before), {})
+    if str(args.before) in ("listed", "current"):
+        options = {"request_table": False} if str(args.before) == "listed" else {}
+        before = (after, {**options, **dict(map(_option, args.before_option))})
+    else:
+        before = (load_before(args.before), {})
     variants = {"before": before, "after": (after, {})}
     if args.profile == "auto":
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
@@ -289,6 +299,17 @@ def main(argv: list[str] | None = None) -> None:
                 w.writeheader()
                 w.writerows(rows)
     table(units)
+
+
+def _option(text: str) -> tuple[str, object]:
+    """NAME=VALUE -> (NAME, VALUE as a Python literal, else the string)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise SystemExit(f"engine_host: --before-option: expected NAME=VALUE, got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
 
 
 def alone_summary(alone: list[dict]) -> dict:

@@ -8,7 +8,8 @@ variable-length index list into its own buffer whose whole length is handed to t
 one-off the executor keeps off the step's clock, like a graph capture); a growth bumps
 `generation`, which retires every captured graph. Per step: the fixed-size fields concatenated
 straight into their pinned staging buffer, each non-empty index list copied into its own, and one
-host-to-device copy per non-empty buffer. What a step's launches read the buffers through (the
+host-to-device copy per non-empty buffer; a CUDA-graph step's copy of the fixed-size fields is the graph's first
+node (`copy_small`), so the host only stages them. What a step's launches read the buffers through (the
 views of its fields, metadata.StepMeta) depends only on its shape and the generation, so it is made
 once per shape and generation and kept in `memo` (a graph replay reads none of it).
 
@@ -73,15 +74,22 @@ class MetaArena:
         if n:
             self._dev[name][:n].copy_(self._host[name][:n], non_blocking=True)
 
-    def upload(self, step: HostStep) -> None:
-        """Copy the step's fields into the buffers (which must fit it: `reserve` first)."""
+    def upload(self, step: HostStep, small_later: bool = False) -> None:
+        """Copy the step's fields into the buffers (which must fit it: `reserve` first). `small_later`: the
+        fixed-size fields are only staged; `copy_small` copies them, as the first node of the step's CUDA graph."""
         n = sum(a.size for a in step.small)
         np.concatenate(step.small, out=self._host_np["small"][:n])
-        self._copy("small", n)
+        if not small_later:
+            self._copy("small", n)
         for name, a in step.big.items():
             if a.size:
                 self._host_np[name][: a.size] = a
                 self._copy(name, a.size)
+
+    def copy_small(self, n: int) -> None:
+        """The staged fixed-size fields (`n` ids) to the device: a graph captures it as a copy from the pinned
+        buffer, so a replay copies what the host staged last, without a host-side launch of its own."""
+        self._copy("small", n)
 
     def views(self, step: HostStep) -> list[torch.Tensor]:
         """Views of the step's fixed-size fields, one after another in the device buffer."""

@@ -59,7 +59,7 @@ class GpuExecutor:
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
                  hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None,
-                 host_tokens: int = 0, request_table: bool = True):
+                 host_tokens: int = 0, request_table: bool = True, small_in_graph: bool = True):
         self.shape = shape
         self.device = torch.device(device)
         # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
@@ -83,6 +83,8 @@ class GpuExecutor:
         if use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = GraphCache(self.device) if use_graphs else None
+        # a graph step's fixed-size metadata is copied by the graph's first node, not by a launch of the host's own
+        self.small_in_graph = small_in_graph
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
         self.reruns = 0
@@ -99,6 +101,7 @@ class GpuExecutor:
                     eager_steps=self.eager_steps, reruns=self.reruns,
                     graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
+                    small_in_graph=bool(g) and self.small_in_graph,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats(),
                     **self._table_stats(), **self._host_stats())
@@ -144,7 +147,8 @@ class GpuExecutor:
                 self.graphs.retire_stale(self.arena.generation)
             growth = (a, clock.mark())
             pauses.append(growth)
-        meta = metadata.upload(host, self.arena)
+        in_graph = graph and self.small_in_graph
+        meta = metadata.upload(host, self.arena, small_later=in_graph)
         parts = {}
         if plan.copies or plan.transfers:
             a = clock.mark()
@@ -160,7 +164,7 @@ class GpuExecutor:
             entry = self.graphs.lookup(host.shape, self.arena.generation)
             if entry is None:  # capture, its warm-up run and the graph's first launch are not part of the step
                 a = clock.mark()
-                entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer))
+                entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer, in_graph))
                 pauses.append((a, clock.mark()))
             nxt, lg = self.graphs.replay(entry)
             timer = entry.timer
@@ -190,9 +194,13 @@ class GpuExecutor:
         sampled = nxt.tolist()  # one conversion, not a tensor index per request
         return StepResult(total, parts, {rid: sampled[i] for rid, i in host.sample_of.items()})
 
-    def _forward(self, m: metadata.StepMeta, timer: PartTimer) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable)."""
+    def _forward(self, m: metadata.StepMeta, timer: PartTimer,
+                 copy_small: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The whole step on the device: no host reads, shapes from `m.shape` only (graph-capturable). `copy_small`:
+        first copy the staged fixed-size metadata in (a graph's first node; on the step's clock as host part)."""
         w = self.w
+        if copy_small:
+            self.arena.copy_small(m.small_ids)
         run = StepLaunches(m, self.shape, w.dtype, self.device)  # host work once per step (launches.py)
         if m.table is not None:
             timer.switch("kv_write")

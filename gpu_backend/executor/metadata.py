@@ -41,16 +41,18 @@ class StepMeta:
     table: torch.Tensor | None = None  # the request table, when the step reads through it
     append_dst: torch.Tensor | None = None  # [T] the table entry of each row's new token
     table_page: int = 1  # tokens a table entry covers
+    small_ids: int = 0  # ids of the fixed-size fields (arena.copy_small)
 
 
 MEMO_SHAPES = 512  # shapes whose StepMeta an arena keeps (eager steps' exact shapes vary without bound)
 
 
-def upload(host: R.HostStep, arena: MetaArena) -> StepMeta:
+def upload(host: R.HostStep, arena: MetaArena, small_later: bool = False) -> StepMeta:
     """The step's metadata copied into the arena (`rows.build` made `host` from the plan), and the views of it that
     the launches read (made once per shape and arena generation: the same for every step of that shape). Rows of
-    the request table written whole this step are written here, before the step's launches."""
-    arena.upload(host)
+    the request table written whole this step are written here, before the step's launches. `small_later`: the
+    fixed-size fields are staged only, for the step's graph to copy (`arena.copy_small(meta.small_ids)`)."""
+    arena.upload(host, small_later)
     if "tids" in host.big:
         n = host.big["tids"].size
         arena.buffer("table").index_copy_(0, arena.buffer("tdst")[:n].long(), arena.buffer("tids")[:n])
@@ -93,4 +95,4 @@ def _views(host: R.HostStep, arena: MetaArena) -> StepMeta:
         row0 += p.rows
     suffix = storage("suffix") if table is not None else L.SlotLists(next(it), arena.buffer("suffix"))
     return StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix, table,
-                    append, s.page_size or 1)
+                    append, s.page_size or 1, sum(a.size for a in host.small))

@@ -204,3 +204,28 @@ def test_uploaded_views_read_the_step_just_uploaded(recorded_plans):
             assert np.array_equal(meta.suffix_kv.indptr.numpy(), host.small[-1])
             assert [p.shape for p in meta.passes] == list(host.shape.passes)
             assert metas.setdefault((arena.generation, host.shape), meta) is meta  # one per shape and generation
+
+
+def test_staged_fixed_fields_reach_the_device_only_through_copy_small(recorded_plans):
+    """A CUDA-graph step's fixed-size fields are staged by the upload and copied by the graph's first node
+    (`MetaArena.copy_small`): after a staging upload the device still holds the previous step's fields, and after
+    `copy_small(meta.small_ids)` exactly this step's; the variable-length lists are copied by the upload itself.
+    Planted bugs caught: the staging upload copying anyway, `small_ids` counting one field short."""
+    arena = MetaArena(torch.device("cpu"))
+    previous = None
+    for plan, num_slots in recorded_plans[:40]:
+        host = R.build(plan, num_slots)
+        if not arena.fits(host):
+            arena.reserve(host)
+            previous = None
+        meta = metadata.upload(host, arena, small_later=True)
+        want = np.concatenate(host.small)
+        dev = arena._dev["small"][: want.size].numpy()
+        if previous is not None and previous.size >= want.size and not np.array_equal(previous[: want.size], want):
+            assert not np.array_equal(dev, want), "the fixed fields were copied before copy_small"
+        suffix = host.big["suffix"]
+        assert np.array_equal(meta.suffix_kv.indices[: suffix.size].numpy(), suffix)
+        arena.copy_small(meta.small_ids)
+        assert meta.small_ids == want.size
+        assert np.array_equal(arena._dev["small"][: want.size].numpy(), want)
+        previous = arena._dev["small"].numpy().copy()

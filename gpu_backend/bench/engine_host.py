@@ -8,8 +8,9 @@ DIR holds the earlier commit's `rows.py`, `arena.py`, `metadata.py` and `executo
 (`git show BASE:gpu_backend/executor/NAME.py > DIR/NAME.py`); they are loaded beside the package and run with its
 other modules (graphs, launches, kernels, timing), so the two variants differ in their host path alone. `--before
 listed` compares against this code with the request table off (every decode id listed each step), no folder needed;
-`--before current --before-option NAME=VALUE ...` against this code built with other executor options (e.g.
-`small_in_graph=False`: a graph step's fixed-size metadata copied by a launch of the host's own). Each unit
+`--before current` against this code itself; `--before-option` / `--after-option NAME=VALUE ...` build either side's
+executor with other options (e.g. `--before current --after-option small_in_graph=True`: a graph step's fixed-size
+metadata copied by the graph's first node instead of a copy the host launches). Each unit
 is the speedup grid's burst (`granisim validation gpu-run speedup`: `requests` requests at once over `k` roles'
 `lp`-token prefixes, Llama-3.1-8B, CUDA graphs up to 2048 rows) served by one variant; repetition r runs every
 policy under both variants, in alternating order (before first in even repetitions), after one warm-up of small
@@ -223,8 +224,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--before", type=Path, required=True, help="folder of the earlier rows/arena/metadata/executor.py, "
                     "`listed`: this code with every decode id listed each step (no request table), or `current`: "
                     "this code (with --before-option)")
-    ap.add_argument("--before-option", nargs="+", default=[], metavar="NAME=VALUE",
+    ap.add_argument("--before-option", nargs="+", type=_option, default=[], metavar="NAME=VALUE",
                     help="with --before current or listed: GpuExecutor options of the before variant")
+    ap.add_argument("--after-option", nargs="+", type=_option, default=[], metavar="NAME=VALUE",
+                    help="GpuExecutor options of the after variant (this code)")
     ap.add_argument("--out", type=Path, default=Path("out/engine_host"))
     ap.add_argument("--policies", nargs="+", default=["granikv", "token"])
     ap.add_argument("--reps", type=int, default=3)
@@ -247,10 +250,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if str(args.before) in ("listed", "current"):
         options = {"request_table": False} if str(args.before) == "listed" else {}
-        before = (after, {**options, **dict(map(_option, args.before_option))})
+        before = (after, {**options, **dict(args.before_option)})
     else:
         before = (load_before(args.before), {})
-    variants = {"before": before, "after": (after, {})}
+    variants = {"before": before, "after": (after, dict(args.after_option))}
     if args.profile == "auto":
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
         args.profile = "h100-sxm" if "H100" in name else "h200-engine"
@@ -305,7 +308,7 @@ def _option(text: str) -> tuple[str, object]:
     """NAME=VALUE -> (NAME, VALUE as a Python literal, else the string)."""
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
-        raise SystemExit(f"engine_host: --before-option: expected NAME=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     try:
         return name, ast.literal_eval(value)
     except (ValueError, SyntaxError):

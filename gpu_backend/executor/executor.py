@@ -59,7 +59,7 @@ class GpuExecutor:
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
                  hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None,
-                 host_tokens: int = 0, request_table: bool = True, small_in_graph: bool = True):
+                 host_tokens: int = 0, request_table: bool = True, small_in_graph: bool = False):
         self.shape = shape
         self.device = torch.device(device)
         # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
@@ -83,7 +83,8 @@ class GpuExecutor:
         if use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = GraphCache(self.device) if use_graphs else None
-        # a graph step's fixed-size metadata is copied by the graph's first node, not by a launch of the host's own
+        # `small_in_graph`: a graph step's fixed-size metadata is copied by the graph's first node, not by a copy the
+        # host launches (off by default until measured: the shipped profiles' host terms are fitted without it)
         self.small_in_graph = small_in_graph
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0

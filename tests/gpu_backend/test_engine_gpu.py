@@ -18,7 +18,7 @@ BF16_LOGIT_RTOL = 3e-2
 TIE_RMS = 12.0
 
 
-def _run(policy, m_sat, graphs=True):
+def _run(policy, m_sat, graphs=True, **options):
     """The run, with each request's spec (its prompt) and the engine's logits by the position they predict."""
     from gpu_backend.executor import GpuExecutor
     from granisim.core.serving_loop import ServingLoop
@@ -35,7 +35,7 @@ def _run(policy, m_sat, graphs=True):
                      "max_output_len": 8},
     })
     setup = prepare(sc)
-    ex = GpuExecutor(setup.model, setup.kv_budget, device="cuda", seed=3, keep_logits=True, graphs=graphs)
+    ex = GpuExecutor(setup.model, setup.kv_budget, device="cuda", seed=3, keep_logits=True, graphs=graphs, **options)
     eng = ServingLoop(setup, ex, progress=False, keep_outputs=True)
     s = setup.scenario
     specs = {spec.rid: spec for spec in Workload(s.workload, s.seed, setup.trace, setup.model.vocab).initial()}
@@ -136,13 +136,16 @@ def test_llama_shape_paths_agree_in_bf16():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_replays_equal_eager_steps_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("small_in_graph", [False, True])
+def test_graph_replays_equal_eager_steps_bit_for_bit(monkeypatch, small_in_graph):
     """Graph and eager run the same kernels at the same bucketed shapes: tokens must be identical. The eager
     run pads its steps as a replay would (an eager step is otherwise exact: a GEMM of other rows rounds bf16
-    otherwise, and the 8 requests' ~1K-row first prefill step, a replay at the 2048-row limit, flipped a tie)."""
+    otherwise, and the 8 requests' ~1K-row first prefill step, a replay at the 2048-row limit, flipped a tie).
+    With `small_in_graph` each replay copies its step's fixed-size metadata itself (a stale copy diverges)."""
     from gpu_backend.executor import rows
 
-    g_eng, g_ex, _, _ = _run("granikv", 4, graphs=True)
+    g_eng, g_ex, _, _ = _run("granikv", 4, graphs=True, small_in_graph=small_in_graph)
+    assert g_ex.stats()["small_in_graph"] == small_in_graph
     build = rows.build
     monkeypatch.setattr(rows, "build", lambda plan, num_slots, pad=True, table=None: build(plan, num_slots, True, table))
     e_eng, e_ex, _, _ = _run("granikv", 4, graphs=False)

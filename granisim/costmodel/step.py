@@ -46,7 +46,8 @@ def _grouped_rows(cols, groups):
     """(T, decode rows, tokens read by decode rows outside prefix passes, their longest context, prefix-pass
     members, their suffix tokens, their longest suffix, prefill row indices): the row loop's integer sums
     for columns whose decode rows come first (``n_decode``) when no group is ``paged``, taken a group at a
-    time from its members; None otherwise (the row loop prices it)."""
+    time from its members; None otherwise (the row loop prices it). Every group's members are decode rows
+    when it answers, so the prefill rows are in no group."""
     nd = getattr(cols, "n_decode", None)
     if nd is None or any(g.path == "paged" for g in groups):
         return None
@@ -87,7 +88,7 @@ def _kept_group_sums(cols, groups, nd: int):
     merge_rows = tok_s = lmax_s = member_ctx = 0
     for g in groups:
         rows, ctx_sum, ctx_max = kept.get(g.key, (0, 0, 0))
-        if rows != len(g.members) or rows < 2:  # not the batch's group: price row by row
+        if rows != len(g.members) or rows < 2 or max(g.members) >= nd:  # not the batch's group: row by row
             return None
         merge_rows += rows
         member_ctx += ctx_sum
@@ -204,13 +205,20 @@ class StepPricing:
                         lmax = c
                 else:
                     pidx.append(i)
-        prefill_reqs = [plan.requests[i] for i in pidx] if pidx else None
         n = plan.num_steps
-        if n > 1 and prefill_reqs is not None:
+        if n > 1 and pidx:
             raise ValueError(f"num_steps={n} needs a decode-only plan (step {plan.step} has prefill work)")
+        eager = bool(self.graph_max) and T > self.graph_max
+        # prefill rows outside every group (no groups, or the grouped sums say so), priced from the columns on
+        # form 1 unless the eager multi-prefill factor reads them as requests
+        from_cols = (pidx and (sums is not None or fast is not None) and self.form != 2
+                     and not (eager and self.pf_multi[0]))
+        prefill_reqs = [plan.requests[i] for i in pidx] if pidx and not from_cols else None
         linear = self.linear_time(T)
         lm_head = self.lm_head_time(n_req)
-        if prefill_reqs and self.form == 2:
+        if from_cols:
+            attn_prefill = self._ungrouped_prefill(cols, pidx, inv_priv)
+        elif prefill_reqs and self.form == 2:
             attn_prefill = self.prefill_time(prefill_reqs, self.prefill_inv_eff(None, page_size),
                                              [self.prefill_inv_eff(g.storage, page_size) for g in plan.groups])
         else:
@@ -229,7 +237,6 @@ class StepPricing:
         # the host lists every KV slot a decode row reads: paged-group members' prefix pages too (host_work)
         host_tok = tok + shared_len
         overhead = self._host(n_req, host_tok, len(passes))
-        eager = bool(self.graph_max) and T > self.graph_max
         if eager and prefill_reqs and self.pf_multi[0]:  # several requests' prefill attention inside the step
             attn_prefill *= multi_prefill_factor(prefill_reqs, *self.pf_multi)
         if self.engine:
@@ -335,7 +342,7 @@ class StepPricing:
                                                             merge, kv_write, kv_copy, overhead)))), None
 
     def _ungrouped_prefill(self, cols, pidx: list, inv_priv: float) -> float:
-        """``prefill_time`` (form 1) of the rows ``pidx`` of ungrouped columns, read from the columns (no
+        """``prefill_time`` (form 1) of the rows ``pidx``, none of them in a group, read from the columns (no
         PlannedRequest per row) and with only the terms form 1 sums: the same operations in the same order."""
         f = bts = 0.0
         num_new, context = cols.num_new, cols.row_context

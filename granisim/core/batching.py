@@ -176,7 +176,25 @@ def _members(grouped) -> dict[int, list[int]]:
 
 def _members_of(row_groups: np.ndarray, sums: dict) -> tuple[dict[int, list[int]], dict]:
     """``_members`` of the groups with two members or more, from each row's group node id (-1: none) and
-    the groups' kept sums (granisim.core.decode_batch): one array comparison a group."""
+    the groups' kept sums (granisim.core.decode_batch): the rows sorted by group once (stably: each group's
+    rows in order), each group the run of its kept member count."""
     a = np.asarray(row_groups)
+    order = np.argsort(a, kind="stable").tolist()
+    found, pos = [], 0
+    for k in sorted(sums):  # the groups in the sorted rows' order
+        end = pos + sums[k][0]
+        if not pos < end <= len(order) or a.item(order[pos]) != k or a.item(order[end - 1]) != k:
+            return _members_compared(a, sums), sums  # the sums are not these rows' (not the batch's)
+        if k >= 0 and end - pos >= 2:
+            found.append(order[pos:end])
+        pos = end
+    if pos != len(order):
+        return _members_compared(a, sums), sums
+    found.sort()  # by first row: the order of first appearance
+    return {a.item(rows[0]): rows for rows in found}, sums
+
+
+def _members_compared(a: np.ndarray, sums: dict) -> dict[int, list[int]]:
+    """``_members_of``'s groups, one array comparison a group."""
     found = sorted((int(p[0]), k, p) for k in sums if k >= 0 and sums[k][0] >= 2 for p in (np.flatnonzero(a == k),))
-    return {k: p.tolist() for _, k, p in found}, sums
+    return {k: p.tolist() for _, k, p in found}

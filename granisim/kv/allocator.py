@@ -410,6 +410,12 @@ class KVAllocator:
         ``fixed``: the tokens never change afterwards (the radix index may keep a view of them).
         """
         seq = self.requests.get(rid)
+        self._cache(seq, tokens, fixed)
+        seq.group = prefix_group_of(seq, self.page_size)
+
+    def _cache(self, seq: _Seq, tokens: np.ndarray, fixed: bool) -> None:
+        """``cache_prefix`` but for the request's prefix group (which a released request no longer needs)."""
+        rid = seq.rid
         tokens = np.asarray(tokens, TOKEN_DTYPE)
         if tokens.size > seq.num_tokens:
             raise ValueError(f"request {rid}: cannot cache {tokens.size} tokens, only {seq.num_tokens} computed")
@@ -427,7 +433,6 @@ class KVAllocator:
                 self._cache_private(seq, tokens[:end], fixed)
             else:  # (the two-argument call subclasses may override: the fuzzers' planted bugs)
                 self._cache_private(seq, tokens[:end])
-        seq.group = prefix_group_of(seq, self.page_size)
 
     def _cache_private(self, seq: _Seq, tokens: np.ndarray, fixed: bool = False) -> None:
         k = tokens.size - seq.cached_len
@@ -455,7 +460,7 @@ class KVAllocator:
             tokens = np.asarray(tokens, TOKEN_DTYPE)[: seq.num_tokens]
             if seq.slab is not None and seq.n_new < seq.slab_len:
                 tokens = tokens[: seq.cached_len]  # slab never filled: nothing new to cache
-            self.cache_prefix(rid, tokens, fixed)
+            self._cache(seq, tokens, fixed)  # (its prefix group goes with it)
         if seq.slab is not None:
             self.hot.release(seq.slab)
         if seq.priv.size:

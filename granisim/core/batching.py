@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from granisim.core.contract import BatchPlan, PlannedRequest, PrefixGroup, batch_plan
+from granisim.core.contract import BatchPlan, PlannedRequest, batch_plan, prefix_group
 from granisim.core.planned import DecodeContexts, PlannedRequests, group_columns
 
 # (prefix_len, group requests, storage[, private_len, allow_paged=]) -> 'dense' | 'cascade' | 'paged'
@@ -105,8 +105,8 @@ class BatchBuilder:
                 own = total // len(idx) - prefix_len
             idx = tuple(idx)
             group_rows.append((idx, prefix_len))
-            groups.append(PrefixGroup(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
-                                      idx, len(idx) * self.group_size))
+            groups.append(prefix_group(key, prefix_len, storage, self.path(prefix_len, len(idx), storage, own),
+                                       idx, len(idx) * self.group_size))
             private.append(own)
         if self.needs_layouts:
             group_of, shared_of = group_columns(n_rows, group_rows)

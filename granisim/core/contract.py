@@ -81,6 +81,24 @@ class PrefixGroup:
     m_eff: int  # len(members) * G
 
 
+_GROUP_SET = slot_setters(PrefixGroup)
+
+
+def prefix_group(key: int, prefix_len: int, storage: str, path: str, members: tuple[int, ...],
+                 m_eff: int) -> PrefixGroup:
+    """``PrefixGroup(...)`` (an equal object) without the frozen ``__init__``: the batch builder makes one per
+    group per plan."""
+    o = _new(PrefixGroup)
+    a, b, c, d, e, f = _GROUP_SET
+    a(o, key)
+    b(o, prefix_len)
+    c(o, storage)
+    d(o, path)
+    e(o, members)
+    f(o, m_eff)
+    return o
+
+
 @dataclass(frozen=True, slots=True)
 class BatchPlan:
     step: int

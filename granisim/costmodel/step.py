@@ -81,14 +81,15 @@ def _grouped_rows(cols, groups):
 def _kept_group_sums(cols, groups, nd: int):
     """``_grouped_rows`` from the sums the scheduler's decode batch kept (``PlannedRequests.decode_groups``:
     per group node id, its decode rows, their context sum and longest context; the plan's groups are its
-    groups of two rows or more, every other decode row reads its whole context); None without them."""
+    groups of two rows or more, its members decode rows: every other decode row reads its whole context, and
+    no prefill row is in a group); None without them."""
     kept = cols.decode_groups
     if kept is None:
         return None
     merge_rows = tok_s = lmax_s = member_ctx = 0
     for g in groups:
         rows, ctx_sum, ctx_max = kept.get(g.key, (0, 0, 0))
-        if rows != len(g.members) or rows < 2 or max(g.members) >= nd:  # not the batch's group: row by row
+        if rows != len(g.members) or rows < 2:  # not the batch's group: price row by row
             return None
         merge_rows += rows
         member_ctx += ctx_sum

@@ -326,6 +326,7 @@ def build(plan: BatchPlan, num_slots: int, pad: bool = True, table: RequestTable
         host = table.repeat.next(plan, num_slots, pad)
         if host is not None:
             return host
+        table.repeat.release()
         table.repeat = None
     bucket_n, bucket_l = (bucket, bucket_len) if pad else (_exact, _exact)
     reqs = plan.requests

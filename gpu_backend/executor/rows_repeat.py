@@ -35,7 +35,8 @@ def key(plan: BatchPlan) -> tuple:
 
 @dataclass
 class Repeat:
-    """What the previous step's full build made, and where each request sits in it."""
+    """What the previous step's full build made, and where each request sits in it. While steps repeat, the
+    requests' token counts live here (`tokens`), not in their table rows: `release` writes them back."""
 
     key: tuple
     pad: bool
@@ -50,45 +51,57 @@ class Repeat:
     page: int
     bucket_len: object  # the length bucketing the step was padded with
 
+    def __post_init__(self):
+        self.tokens = np.array([row.tokens for row in self.rows], np.int64)  # tokens each row covers
+        self.limits = self.starts + np.array([row.cap for row in self.rows], np.int64) * self.page  # rows' ends
+        # the longest and mean (rounded up) decode and suffix lengths, before bucketing: each repeat adds one
+        dec, suffix = (self.host.small[at][where] for at, where in zip(self.lens_at, self.lens_rows))
+        self.raw_kv = [int(a.max(initial=0)) for a in (dec, suffix)] + [_mean(dec), _mean(suffix)]
+        self.grows = [dec.size > 0, suffix.size > 0] * 2  # in raw_kv's order
+
+    def release(self) -> None:
+        """Write the token counts back into the rows (the step after the last repeat is built in full)."""
+        for row, n in zip(self.rows, self.tokens.tolist()):
+            row.tokens = n
+
     def next(self, plan: BatchPlan, num_slots: int, pad: bool):
         """The HostStep of `plan` if it repeats this step, else None (build it in full)."""
         if pad != self.pad or plan.copies or plan.transfers or key(plan) != self.key:
             return None
         reqs = plan.requests
         rq = list(map(reqs.__getitem__, self.order))
-        ctx = list(map(_CTX, rq))
+        n = len(rq)
         try:
-            tokens = list(map(_LAYOUT_TOKENS, rq))
+            tokens = np.fromiter(map(_LAYOUT_TOKENS, rq), np.int64, n)
         except AttributeError:  # a request without a layout: the full build raises
             return None
-        if any(map(_PREFILL, rq)) or list(map(_NEW, rq)).count(1) != len(rq) or [n - 1 for n in tokens] != ctx:
+        ctx = np.fromiter(map(_CTX, rq), np.int64, n)
+        if any(map(_PREFILL, rq)) or list(map(_NEW, rq)).count(1) != n:
             return None
-        for row, c in zip(self.rows, ctx):
-            if row.tokens != c or c + 1 - row.start > row.cap * self.page:
-                return None
+        # one token on top of exactly the previous step's, within the row's block
+        if not ((ctx == self.tokens).all() and (tokens == ctx + 1).all() and (ctx < self.limits).all()):
+            return None
         new = np.concatenate(list(map(_SLOTS, rq)))
         toks = np.concatenate(list(map(_TOKENS, rq)))
-        if new.size != len(rq) or toks.size != len(rq) or not (new >= 0).all() or not (new < num_slots).all():
+        if new.size != n or toks.size != n or new.min() < 0 or new.max() >= num_slots:
             return None
-        for row in self.rows:
-            row.tokens += 1
-        pos = np.array(ctx, np.int64)
+        self.tokens += 1
         h = self.host
         small = list(h.small)
         # the rows' inputs: token, position, KV write slot (fields 0-2) and the new token's table entry (4)
-        for field, values in zip((0, 1, 2, 4), (toks, pos, new, self.bases + (pos - self.starts) // self.page)):
+        for field, values in zip((0, 1, 2, 4), (toks, ctx, new, self.bases + (ctx - self.starts) // self.page)):
             small[field] = a = small[field].copy()
             a[self.step_rows] = values
-        lens = []
         for at, where in zip(self.lens_at, self.lens_rows):
             small[at] = a = small[at].copy()
             a[where] += 1
-            lens.append(a[where])
-        dec, suffix = lens
-        bl, shape = self.bucket_len, h.shape
-        kv = (bl(int(dec.max(initial=0))), bl(_mean(dec)), bl(int(suffix.max(initial=0))), bl(_mean(suffix)))
-        if kv != (shape.dec_max_kv, shape.dec_mean_kv, shape.suffix_max_kv, shape.suffix_mean_kv):
-            shape = replace(shape, dec_max_kv=kv[0], dec_mean_kv=kv[1], suffix_max_kv=kv[2], suffix_mean_kv=kv[3])
+        self.raw_kv = [v + g for v, g in zip(self.raw_kv, self.grows)]
+        dec_max, suffix_max, dec_mean, suffix_mean = map(self.bucket_len, self.raw_kv)
+        shape = h.shape
+        if (dec_max, dec_mean, suffix_max, suffix_mean) != (shape.dec_max_kv, shape.dec_mean_kv, shape.suffix_max_kv,
+                                                            shape.suffix_mean_kv):
+            shape = replace(shape, dec_max_kv=dec_max, dec_mean_kv=dec_mean, suffix_max_kv=suffix_max,
+                            suffix_mean_kv=suffix_mean)
         self.host = type(h)(shape, small, h.big, h.sample_of, h.table_entries)
         return self.host
 

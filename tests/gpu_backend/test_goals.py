@@ -58,7 +58,8 @@ def test_summaries_from_the_committed_reports(tmp_path):
         assert all(any(r["source"].startswith(s) for s in doc["measured_in"]) or r["source"] == "none" for r in doc["rows"])
     step = k["rows"][0]
     assert "weights 3.76 + prefix KV 2.01" in step["goal"]
-    assert step["met"] == (step["measured"] <= 9.2)
+    measured = step["measured"]  # a spread over repetitions where the host-work run is committed
+    assert step["met"] == ((measured["median"] if isinstance(measured, dict) else measured) <= 9.2)
 
 
 def test_paper_rows_take_each_repetitions_ratio_and_need_three():

@@ -6,7 +6,7 @@
 # OUT: where this call writes (raw units: <unit>/ folders, validation_<unit>.json, gpu_log.csv, sustained/).
 # DONE: a folder holding the validation_*.json (and sustained_load.json) of earlier calls: those units are
 #       skipped. CALL_S: seconds this call may take (default 540, inside a 10-minute limit). No unit starts
-#       unless the longest one (~180 s) still fits.
+#       unless the longest one ($LONGEST_S, default 180 s) still fits.
 # Priority order: the sustained-load benchmark, then each of $MODELS (default: llama-3.1-8b qwen-2.5-14b) under each
 # of $POLICIES (default: granikv token paged16), every workload each, or those named in $ONLY (space-separated
 # VALIDATION names; reports/validation/README.md, "Next GPU run").
@@ -15,7 +15,7 @@ set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [DONE] [CALL_S]}
 DONE=${2:-}
 CALL_S=${3:-540}
-LONGEST_S=180
+LONGEST_S=${LONGEST_S:-180}  # the longest unit, s (the short workloads: ~60)
 source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT"
 start=$(date +%s)

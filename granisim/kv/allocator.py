@@ -106,6 +106,7 @@ class KVAllocator:
             raise ValueError("a host tier needs the allocator's slot ids (slot_ids=True)")
         self.hot, self.store = build_pools(policy, self.capacity, hot_fraction, page_size, slot_ids)
         self.page_size = self.store.page_size
+        self._pool = self.store.pool  # the store's pool, whose ``free`` the hot paths read without the store's
         # one pool slot a token, taken in blocks (a slot pool: pages of one slot are not)
         self._token_slots = self.page_size == 1 and not isinstance(self.store, PageStore)
         self.radix = RadixIndex(self.page_size, on_split=slab_splitter(self.hot) if self.hot is not None else None)
@@ -156,7 +157,7 @@ class KVAllocator:
                     need -= n
         # (nothing matched: the path is empty)
         on_path = sum(len(n) for n in m.path() if n.lock_ref == 0 and n.pool == self.store.name) if m.length else 0
-        avail = self.store.free + self.radix.evictable.get(self.store.name, 0) - on_path
+        avail = self._pool.free + self.radix.evictable.get(self.store.name, 0) - on_path
         if isinstance(reserve, LazyReserve):
             if self.store.need(0, need + reserve.bound) <= avail:
                 return True
@@ -250,7 +251,7 @@ class KVAllocator:
 
     def available(self) -> int:
         """Private-pool tokens obtainable now: free plus evictable cached."""
-        return self.store.free + self.radix.evictable.get(self.store.name, 0)
+        return self._pool.free + self.radix.evictable.get(self.store.name, 0)
 
     def can_extend(self, demands: dict[int, int]) -> bool:
         return sum(self.extend_need(r, n) for r, n in demands.items()) <= self.available()
@@ -271,7 +272,7 @@ class KVAllocator:
 
     def _uniform_ids(self, rids: list[int]) -> bool:
         """``_uniform`` of these live requests, from the few with a HOT slab still being filled."""
-        if not self._uniform(()):  # the page-size test
+        if not self._token_slots:  # the page-size test (``_uniform(())``)
             return False
         filling = self._filling
         if filling:
@@ -332,12 +333,13 @@ class KVAllocator:
 
     def _owe(self, requests: int, total: int) -> None:
         """Count ``total`` pool slots as taken (evicting first if short); their ids are picked later."""
-        store = self.store
-        if total > store.free:
-            self.eviction.evict(store.name, total - store.free)
-            if total > store.free:
-                raise OutOfKVMemory(f"{requests} requests need {total} {store.name} slots, {store.free} free")
-        store.pool.owe(total)
+        pool = self._pool
+        free = pool.free
+        if total > free:
+            self.eviction.evict(self.store.name, total - free)
+            if total > pool.free:
+                raise OutOfKVMemory(f"{requests} requests need {total} {self.store.name} slots, {pool.free} free")
+        pool.owe(total)
 
     def settle(self) -> None:
         """Pick the ids of every owed slot (before reading the pools' free slots)."""
@@ -382,8 +384,9 @@ class KVAllocator:
         store = self.store
         spare = seq.priv.size - max(0, n_new - slab_len)  # priv.size - n_priv (eviction changes neither)
         need = store.need(spare, from_priv)
-        if need > store.free:
-            self.eviction.evict(store.name, need - store.free)
+        free = self._pool.free
+        if need > free:
+            self.eviction.evict(store.name, need - free)
             if need > store.free:
                 raise OutOfKVMemory(f"request {rid}: needs {need} {store.name} slots, {store.free} free")
         new = store.reserve(spare, from_priv)

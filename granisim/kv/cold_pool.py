@@ -55,7 +55,7 @@ class ColdPool:
         """Count ``n`` free slots as taken now; their ids are picked later by ``take_owed`` (for
         callers that need no ids yet: the cost executor's decode steps). Until then they show as
         free in ``free_mask``."""
-        if n < 0 or n > self.free:
+        if n < 0 or n > self._top - self._owed:  # (self.free)
             raise ValueError(f"{self.name}: cannot owe {n} slots, only {self.free} free")
         self._owed += n
 

@@ -109,10 +109,6 @@ class RadixIndex:
         self.num_nodes = 0
 
     # ---- helpers -------------------------------------------------------------------------
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
     def _child_key(self, tokens: np.ndarray, pos: int = 0) -> tuple[int, ...]:
         """The children's key of ``tokens[pos:]`` (its first page; at least a page is there)."""
         ps = self.page_size
@@ -177,7 +173,8 @@ class RadixIndex:
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
         if max_len is not None:
             tokens = tokens[: max(0, max_len)]
-        return self._match_below(self.root, 0, tokens, self._tick(), known)
+        self._clock += 1  # the LRU clock: one tick a walk (two or three a request)
+        return self._match_below(self.root, 0, tokens, self._clock, known)
 
     def _match_below(self, node: RadixNode, pos: int, tokens: np.ndarray, now: int,
                      known: np.ndarray | None = None) -> MatchResult:
@@ -216,7 +213,8 @@ class RadixIndex:
         tail starting with a page the tokens do not have), so this does what it would do to them, without
         comparing tokens: one clock tick, each node on the path one more hit and touched now, and the last
         offered to the LRU if it is an unlocked leaf."""
-        now = self._tick()
+        self._clock += 1
+        now = self._clock
         node = n = m.node
         while n.parent is not None:
             n.hits += 1
@@ -254,7 +252,8 @@ class RadixIndex:
         if held != skip:  # the path's length is checked; its tokens are the caller's word
             raise ValueError(f"radix insert: node {below.id} holds {held} tokens on its path, "
                              f"not the {skip} that the {slots.size} slots leave")
-        now = self._tick()
+        self._clock += 1
+        now = self._clock
         for n in path:  # match_prefix's walk down the path touches it
             n.last_access = now
         match = self._match_below(self.root if below is None else below, skip, tokens, now)
@@ -268,7 +267,8 @@ class RadixIndex:
             leaf = RadixNode(self._next_id, key, value, pool, node)
             self._next_id += 1
             self.num_nodes += 1
-            leaf.last_access = self._tick()
+            self._clock += 1
+            leaf.last_access = self._clock
             node.children[self._child_key(leaf.key)] = leaf
             self._leaves.add(leaf)
             self._leaves.discard(node)
@@ -298,7 +298,8 @@ class RadixIndex:
             if n.lock_ref <= 0:
                 raise ValueError(f"radix unlock: node {n.id} would drop below zero references")
             n = n.parent
-        now = self._tick()
+        self._clock += 1
+        now = self._clock
         root, evictable, protected = self.root, self.evictable, self.protected
         while node is not root:
             node.last_access = now

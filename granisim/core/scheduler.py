@@ -137,7 +137,7 @@ class Scheduler:
         budget = cfg.max_batch_tokens - len(decode)
         slots = self.batch.needs_layouts  # only an executor that writes K/V reads a row's slot ids
         # (2) chunked prefills in progress
-        for r in list(self._prefilling.values()):
+        for r in list(self._prefilling.values()) if self._prefilling else ():
             if budget <= 0:
                 break
             n = min(r.n_tokens - r.computed, budget)
@@ -165,7 +165,8 @@ class Scheduler:
             work.append((r, n, alloc.extend(r.rid, n, slots)))
             budget -= n
             reserve = reserve.plus(self._reserve_of(r) - n)
-        self.waiting.extendleft(reversed(skipped))
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))
         if not work and not decode:
             if self.running:  # every running request is blocked: free memory for the oldest
                 self._preempt(self._victim())
@@ -319,7 +320,7 @@ class Scheduler:
             # this scheduler's last plan: its first rows are the decoding requests, one token each: those
             # on the clock take their steps at once; the special ones and the finishers, in running order
             decode, batch = last[1], self._decoding
-            special = list(batch.special.values())
+            special = list(batch.special.values()) if batch.special else None
             due = batch.advance(steps)
             if special:
                 due = sorted(due + special, key=_admit_order)

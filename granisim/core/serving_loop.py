@@ -186,6 +186,7 @@ class ServingLoop:
     def _engine(self):
         env, sched, ex, feed = self.env, self.scheduler, self.executor, self.feed
         n_done = 0
+        counting = not isinstance(self._bar, NoBar)  # only a shown bar reads how many have finished
         while True:
             sched.expire(env.now)
             plan = sched.schedule(env.now)
@@ -247,10 +248,11 @@ class ServingLoop:
                 if nxt is not None:
                     self._bar.total += 1
                     self._add_arrivals([nxt])
-            n_finished = len(sched.records)
-            if n_finished != n_done:
-                self._bar.update(n_finished - n_done)
-                n_done = n_finished
+            if counting:
+                n_finished = len(sched.records)
+                if n_finished != n_done:
+                    self._bar.update(n_finished - n_done)
+                    n_done = n_finished
 
     def _idle_until_next_arrival(self) -> None:
         """An executor with an ``idle(seconds)`` method (the GPU executor) is told the gap until the next

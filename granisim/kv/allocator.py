@@ -272,7 +272,7 @@ class KVAllocator:
 
     def _uniform_ids(self, rids: list[int]) -> bool:
         """``_uniform`` of these live requests, from the few with a HOT slab still being filled."""
-        if not self._token_slots:  # the page-size test (``_uniform(())``)
+        if not self._uniform(()):  # the page-size test
             return False
         filling = self._filling
         if filling:

@@ -37,6 +37,7 @@ class StepLog:
         self._pools: tuple[str, ...] | None = None  # the pools' names, in occupancy() order
         self._keys = BREAKDOWN_KEYS  # set at the first plan: + host_copy with a host tier (copies compute does not hide)
         self._zeros: tuple[float, ...] = ()
+        self._stats_len = 0  # the length of allocator.step_row(): 2 + 2 per pool
         self._frame: pd.DataFrame | None = None  # over the first _framed rows
         self._framed = 0
 
@@ -48,7 +49,7 @@ class StepLog:
         n = len(cols)
         nd = getattr(cols, "n_decode", None)
         if nd is not None:  # decode rows first, then the prefill rows
-            prefill_tokens, decode = sum(cols.num_new[nd:]), nd
+            prefill_tokens, decode = sum(cols.num_new[nd:]) if nd != n else 0, nd
         else:
             prefill = list(compress(cols.num_new, cols.is_prefill)) if True in cols.is_prefill else []
             prefill_tokens, decode = sum(prefill), n - len(prefill)
@@ -63,14 +64,15 @@ class StepLog:
             if getattr(allocator, "host_tier", None) is not None:
                 self._keys = (*BREAKDOWN_KEYS, "host_copy")
             self._zeros = (0.0,) * len(self._keys)
+            self._stats_len = 2 + 2 * len(self._pools)
         stats = allocator.step_row()
-        if len(stats) != 2 + 2 * len(self._pools):
+        if len(stats) != self._stats_len:
             raise ValueError(f"step {plan.step}: pools {tuple(allocator.occupancy())} differ from the log's "
                              f"{self._pools}")
         bd = result.breakdown
         self._log.append((plan.step, start, result.duration_s, plan.num_steps, n, prefill_tokens, decode, dense,
-                          cascade, paged, sum(x.length for x in plan.copies) if plan.copies else 0)
-                         + stats + tuple(map(bd.get, self._keys, self._zeros)))
+                          cascade, paged, sum(x.length for x in plan.copies) if plan.copies else 0,
+                          *stats, *map(bd.get, self._keys, self._zeros)))
 
     def _columns(self) -> list[str]:
         pools = [f"{n}_{what}" for n in self._pools for what in ("used", "cached")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from granisim.costmodel import cost_tables, finished, plan_cost
+from granisim.costmodel import cost_tables, finished
 from granisim.costmodel.step import StepBlock
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
@@ -28,8 +28,8 @@ class CostExecutor:
         self._block: tuple[BatchPlan, StepBlock] | None = None  # the last fast-forwarded plan priced
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        if plan.num_steps <= 1:
-            return plan_cost(self._tables, plan, self.profile)
+        if plan.num_steps <= 1:  # plan_cost(self._tables, plan, self.profile), two calls fewer
+            return finished(self._tables, plan, self._tables.step_block(plan)[0], self.profile)
         # the serving loop prices a fast-forward block, then its first steps when an event cuts it short:
         # those are the block's first steps (StepBlock), not priced again
         last = self._block

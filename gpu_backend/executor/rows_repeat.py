@@ -26,6 +26,7 @@ from granisim.core.contract import BatchPlan
 _RID, _CTX, _NEW = attrgetter("rid"), attrgetter("context_len"), attrgetter("num_new")
 _PREFILL, _TOKENS, _SLOTS = attrgetter("is_prefill"), attrgetter("input_tokens"), attrgetter("new_slots")
 _LAYOUT_TOKENS = attrgetter("layout.num_tokens")
+_KV = ("dec_max_kv", "dec_mean_kv", "suffix_max_kv", "suffix_mean_kv")  # the StepShape lengths a repeat advances
 
 
 def key(plan: BatchPlan) -> tuple:
@@ -56,8 +57,8 @@ class Repeat:
         self.limits = self.starts + np.array([row.cap for row in self.rows], np.int64) * self.page  # rows' ends
         # the longest and mean (rounded up) decode and suffix lengths, before bucketing: each repeat adds one
         dec, suffix = (self.host.small[at][where] for at, where in zip(self.lens_at, self.lens_rows))
-        self.raw_kv = [int(a.max(initial=0)) for a in (dec, suffix)] + [_mean(dec), _mean(suffix)]
-        self.grows = [dec.size > 0, suffix.size > 0] * 2  # in raw_kv's order
+        self.raw_kv = [int(dec.max(initial=0)), _mean(dec), int(suffix.max(initial=0)), _mean(suffix)]  # as _KV
+        self.grows = [dec.size > 0] * 2 + [suffix.size > 0] * 2
 
     def release(self) -> None:
         """Write the token counts back into the rows (the step after the last repeat is built in full)."""
@@ -96,12 +97,9 @@ class Repeat:
             small[at] = a = small[at].copy()
             a[where] += 1
         self.raw_kv = [v + g for v, g in zip(self.raw_kv, self.grows)]
-        dec_max, suffix_max, dec_mean, suffix_mean = map(self.bucket_len, self.raw_kv)
-        shape = h.shape
-        if (dec_max, dec_mean, suffix_max, suffix_mean) != (shape.dec_max_kv, shape.dec_mean_kv, shape.suffix_max_kv,
-                                                            shape.suffix_mean_kv):
-            shape = replace(shape, dec_max_kv=dec_max, dec_mean_kv=dec_mean, suffix_max_kv=suffix_max,
-                            suffix_mean_kv=suffix_mean)
+        kv, shape = tuple(map(self.bucket_len, self.raw_kv)), h.shape
+        if kv != tuple(map(shape.__getattribute__, _KV)):
+            shape = replace(shape, **dict(zip(_KV, kv)))
         self.host = type(h)(shape, small, h.big, h.sample_of, h.table_entries)
         return self.host
 

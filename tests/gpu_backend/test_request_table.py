@@ -10,7 +10,8 @@ Planted bugs (tried, seen failing, removed): not resetting the table on a plan t
 (`RequestTable.begin` without `moves_kv`); appending one entry too far (`+ 1` on the append entry); reusing a row
 without checking it covers every token but the new ones (`row.tokens` check dropped); never freeing the rows of
 requests that left (`RequestTable.finish`); in rows_repeat, lengths not advanced, a step with copies taken as a
-repeat, rows' token counts not advanced, a row extended past its block."""
+repeat, rows' token counts not advanced, a row extended past its block, the token counts not written back to the
+rows when the steps stop repeating (`Repeat.release`), the bucketed lengths' raw values not advanced."""
 
 import numpy as np
 import pytest

@@ -7,8 +7,8 @@ plan priced and measured) this fits, per key, ``measured = scale * predicted + o
 (least squares on relative error, offset >= 0; launches: the key's kernel launches in the step, 1-2
 for attn_decode, one per prefix pass for attn_prefix, else 1; the graph steps' linear offset by step
 size, at LINEAR_KNOTS), and the per-step host overhead as
-``step_s + per_request_s * requests + per_kv_token_s * kv_tokens + per_pass_s * passes`` (steps need
-``kv_tokens``, ``passes`` and ``decode_launches`` columns: `host_work`). `with_engine` returns a profile
+``step_s + per_request_s * requests + per_kv_token_s * kv_tokens + per_pass_s * passes + rebuild_s * rebuilds``
+(steps need ``kv_tokens``, ``passes``, ``rebuilds`` and ``decode_launches`` columns: `host_work`). `with_engine` returns a profile
 carrying them (granisim.costmodel applies them). Fit on some workloads, judge on the others.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pandas as pd
 
 from granisim.config.coefficients import LINEAR_KNOTS
 from granisim.costmodel import ENGINE_KEYS
+from granisim.costmodel.host_build import repeats
 from granisim.config.hardware import OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, Source
 
 MIN_POINTS = 10
@@ -163,27 +164,32 @@ def fit(steps: list[pd.DataFrame], graph_max: int, layers: int = 0) -> dict[str,
          out["engine.eager.linear_floor_s"]) = _floored_lsq(x, y)
     # host overhead = step + per_request * requests + per_kv_token * private KV tokens read (slot lists)
     #                 + per_pass * prefix passes (each pass's group maps and storage are built and uploaded)
+    #                 + rebuild * (the step is built in full, not derived from the one before: host_build.py)
     m = df["measured_overhead"].to_numpy(float)
     ok = m > 0
     w = 1.0 / m[ok]
-    X = np.stack([np.ones(ok.sum())] + [df[c].to_numpy(float)[ok] for c in ("batch", "kv_tokens", "passes")], axis=1)
+    X = np.stack([np.ones(ok.sum())] + [df[c].to_numpy(float)[ok] for c in HOST_TERMS], axis=1)
     coef, *_ = np.linalg.lstsq(X * w[:, None], np.ones(ok.sum()), rcond=None)
     coef = np.maximum(coef, 0.0)
     (out["overhead.step_s"], out["overhead.per_request_s"], out["overhead.per_kv_token_s"],
-     out["overhead.per_pass_s"]) = map(float, coef)
+     out["overhead.per_pass_s"], out["overhead.rebuild_s"]) = map(float, coef)
     return out
 
 
-def host_work(plan) -> dict[str, int]:
+HOST_TERMS = ("batch", "kv_tokens", "passes", "rebuilds")  # the host overhead's columns beside its constant
+
+
+def host_work(plan, after=None) -> dict[str, int]:
     """What the engine builds and launches for a plan beyond its requests: ``kv_tokens``, the private KV tokens
     of its decode rows (listed slot by slot, as the cost model's `tok`); ``passes``, its prefix passes (one per
-    (path, storage) of its cascade/dense groups, as the cost model prices them); ``decode_launches``, 0-2
-    (whole-context decode rows, suffix rows of pass members)."""
+    (path, storage) of its cascade/dense groups, as the cost model prices them); ``rebuilds``, 1 if its step is
+    built in full, 0 if the engine derives it from ``after``'s (the plan before it; host_build.py);
+    ``decode_launches``, 0-2 (whole-context decode rows, suffix rows of pass members)."""
     grouped = {i for g in plan.groups if g.path in ("cascade", "dense") for i in g.members}
     dec = [i for i, r in enumerate(plan.requests) if not r.is_prefill]
     kv = sum(plan.requests[i].context_len + 1 - (plan.requests[i].shared_len if i in grouped else 0) for i in dec)
     passes = {(g.path, g.storage) for g in plan.groups if g.path in ("cascade", "dense")}
-    return {"kv_tokens": kv, "passes": len(passes),
+    return {"kv_tokens": kv, "passes": len(passes), "rebuilds": int(not repeats(after, plan)),
             "decode_launches": any(i not in grouped for i in dec) + any(i in grouped for i in dec)}
 
 

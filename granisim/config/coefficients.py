@@ -125,6 +125,8 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     "overhead.per_request_s": ("s", "nonneg", 0.0),
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
     "overhead.per_pass_s": ("s", "nonneg", 0.0),  # host metadata of each prefix pass (group maps, storage)
+    # a step the engine builds in full, not derived from the one before (granisim.costmodel.host_build)
+    "overhead.rebuild_s": ("s", "nonneg", 0.0),
 }
 # what the microbenchmark calibration fits (calibration/fit.py); the engine ones come from engine runs
 KERNEL_MODEL_COEFFICIENTS = {

@@ -64,6 +64,7 @@ from granisim.config.hardware import HardwareProfile
 from granisim.config.models import ModelShape
 from granisim.core.contract import BatchPlan, StepResult
 
+from .host_build import repeats, with_rebuild
 from .correction import Correction, storage_class
 from .step_classes import corrected
 from .operators import (BREAKDOWN_KEYS, ELEMENTWISE_FAMILIES, ENGINE_KEYS, GEMM_FAMILIES, LAYER_OPS, STEP_OPS,
@@ -87,15 +88,20 @@ def cost_tables(profile: HardwareProfile, model: ModelShape) -> CostTables:
 
 
 # ---- public functions --------------------------------------------------------------------------
-def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape) -> StepResult:
+def step_cost(plan: BatchPlan, profile: HardwareProfile, model: ModelShape, after: BatchPlan | None = None) -> StepResult:
     """Predicted duration and breakdown (keys :data:`BREAKDOWN_KEYS`, and ``host_copy`` when the plan moves KV
-    to or from a host tier) of ``plan`` (all its steps), as the simulator's executor prices it."""
-    return plan_cost(cost_tables(profile, model), plan, profile)
+    to or from a host tier) of ``plan`` (all its steps), as the simulator's executor prices it when ``after`` was
+    the plan before it (None: the first)."""
+    return plan_cost(cost_tables(profile, model), plan, profile, after)
 
 
-def plan_cost(tables: CostTables, plan: BatchPlan, profile: HardwareProfile) -> StepResult:
-    """``plan`` priced by ``tables`` (:func:`finished`)."""
-    return finished(tables, plan, tables.step(plan), profile)
+def plan_cost(tables: CostTables, plan: BatchPlan, profile: HardwareProfile,
+              after: BatchPlan | None = None) -> StepResult:
+    """``plan`` priced by ``tables`` (:func:`finished`), after ``after``."""
+    result = tables.step(plan)
+    if tables.rebuild and not repeats(after, plan):
+        result = with_rebuild(result, tables.rebuild)
+    return finished(tables, plan, result, profile)
 
 
 def finished(tables: CostTables, plan: BatchPlan, result: StepResult, profile: HardwareProfile) -> StepResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from granisim.costmodel import cost_tables, finished
+from granisim.costmodel.host_build import repeats, with_rebuild
 from granisim.costmodel.step import StepBlock
 from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.config.models import ModelShape, get_model
@@ -25,20 +26,33 @@ class CostExecutor:
         self.profile = profile if isinstance(profile, HardwareProfile) else get_profile(profile)
         self.model = model if isinstance(model, ModelShape) else get_model(model)
         self._tables = cost_tables(self.profile, self.model)
-        self._block: tuple[BatchPlan, StepBlock] | None = None  # the last fast-forwarded plan priced
+        # the last fast-forwarded plan priced, its blocks of steps and its first step's full-build time
+        self._block: tuple[BatchPlan, StepBlock, float] | None = None
+        self._previous: BatchPlan | None = None  # the plan before (profiles with overhead.rebuild_s only)
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        if plan.num_steps <= 1:  # plan_cost(self._tables, plan, self.profile), two calls fewer
-            return finished(self._tables, plan, self._tables.step_block(plan)[0], self.profile)
-        # the serving loop prices a fast-forward block, then its first steps when an event cuts it short:
-        # those are the block's first steps (StepBlock), not priced again
-        last = self._block
-        if last is not None and _fewer_steps_of(plan, last[0]):
-            result = last[1].first(plan.num_steps)
+        if plan.num_steps <= 1:  # plan_cost(self._tables, plan, self.profile, previous), fewer calls
+            result, rebuild = self._tables.step_block(plan)[0], self._rebuild(plan)
         else:
-            result, block = self._tables.step_block(plan)
-            self._block = (plan, block)
+            # the serving loop prices a fast-forward block, then its first steps when an event cuts it short:
+            # those are the block's first steps (StepBlock), not priced again
+            last = self._block
+            if last is not None and _fewer_steps_of(plan, last[0]):
+                result, rebuild = last[1].first(plan.num_steps), last[2]
+            else:
+                (result, block), rebuild = self._tables.step_block(plan), self._rebuild(plan)
+                self._block = (plan, block, rebuild)
+        if rebuild:
+            result = with_rebuild(result, rebuild)
         return finished(self._tables, plan, result, self.profile)
+
+    def _rebuild(self, plan: BatchPlan) -> float:
+        """The host time of building ``plan``'s step in full, 0 if the engine derives it from the plan before."""
+        seconds = self._tables.rebuild
+        if not seconds:
+            return 0.0
+        previous, self._previous = self._previous, plan
+        return 0.0 if repeats(previous, plan) else seconds
 
 
 def _fewer_steps_of(plan: BatchPlan, block: BatchPlan) -> bool:

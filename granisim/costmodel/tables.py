@@ -83,6 +83,7 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         self.overhead_req = p["overhead.per_request_s"]
         self.overhead_tok = p["overhead.per_kv_token_s"]
         self.overhead_pass = p["overhead.per_pass_s"]
+        self.rebuild = p["overhead.rebuild_s"]  # a step not derived from the one before (host_build.py)
         self.reread = p["attn.decode.shared_reread"]
         # (scale, offset) per key; empty when the profile carries no engine calibration (the usual case)
         fit_layers = p["engine.fit_layers"]

@@ -229,7 +229,8 @@ def _load(run: Path, policy: str = "granikv", model: str = "llama-3.1-8b"):
     names = [u for u in map(unit, VALIDATION) if u is not None]
     plans = {n: load_plans(run / n / "plans.pkl") for n in names}
     steps = {n: pd.read_parquet(run / n / "steps.parquet") for n in names}
-    steps = {n: s.assign(**pd.DataFrame([host_work(p) for p in plans[n]], index=s.index)) for n, s in steps.items()}
+    steps = {n: s.assign(**pd.DataFrame([host_work(p, after) for after, p in zip([None, *plans[n][:-1]], plans[n])],
+                                        index=s.index)) for n, s in steps.items()}
     return names, steps, plans
 
 

@@ -58,6 +58,7 @@ class PairedExecutor:
         self.rows: list[dict] = []
         self.plans: list[BatchPlan] = []  # without slot data: enough to re-price the run with another profile
         self._left: float | None = None  # perf_counter when the previous step's call returned
+        self._last_plan: BatchPlan | None = None  # priced after it (a step the engine derives from it is cheaper)
         self._idle_since = 0.0  # wall seconds idled since then
 
     def idle(self, seconds: float) -> None:
@@ -75,7 +76,9 @@ class PairedExecutor:
                                                        for r in plan.requests)))
         row = {"step": plan.step, "batch": len(plan.requests), "tokens": plan.num_tokens,
                "prefill": any(r.is_prefill for r in plan.requests), **_columns("measured", measured)}
-        self.rows.append({**row, **_columns("predicted", step_cost(plan, self.profile, self.model)),
+        after = self._last_plan
+        self._last_plan = plan
+        self.rows.append({**row, **_columns("predicted", step_cost(plan, self.profile, self.model, after)),
                           **({"host_between_s": between} if self.host_gaps else {})})
         self._left, self._idle_since = self.clock(), 0.0
         return measured
@@ -92,7 +95,8 @@ def _columns(side: str, r: StepResult) -> dict:
 
 def reprice(steps: pd.DataFrame, plans: list[BatchPlan], profile, model) -> pd.DataFrame:
     """A measured run's steps with the predictions of another profile (the run's stored plans)."""
-    priced = pd.DataFrame([_columns("predicted", step_cost(p, profile, model)) for p in plans], index=steps.index)
+    priced = pd.DataFrame([_columns("predicted", step_cost(p, profile, model, after))
+                           for after, p in zip([None, *plans[:-1]], plans)], index=steps.index)
     return steps.assign(**priced)
 
 

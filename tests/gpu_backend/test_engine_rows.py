@@ -141,7 +141,7 @@ def _fit_steps(rng, n, tokens, scale):
     pred = rng.uniform(1e-3, 2e-1, n)
     batch = rng.integers(1, 64, n)
     df = pd.DataFrame({"tokens": np.full(n, tokens), "batch": batch, "kv_tokens": 0, "passes": 0,
-                       "decode_launches": 1, "measured_overhead": 5e-4 + 1e-5 * batch, "predicted_overhead": 1e-3})
+                       "rebuilds": 0, "decode_launches": 1, "measured_overhead": 5e-4 + 1e-5 * batch, "predicted_overhead": 1e-3})
     for k in ENGINE_KEYS:
         df[f"predicted_{k}"] = pred
         df[f"measured_{k}"] = scale * pred * rng.normal(1.0, 0.002, n)

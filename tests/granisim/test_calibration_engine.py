@@ -17,9 +17,11 @@ def _steps(rng, n, tokens, truth):
     pred = rng.uniform(1e-3, 2e-1, n)
     batch = rng.integers(1, 64, n)
     passes = rng.integers(0, 3, n)
+    rebuilds = rng.integers(0, 2, n)  # steps built in full, not derived from the one before
     df = pd.DataFrame({"tokens": np.full(n, tokens), "batch": batch, "kv_tokens": 0, "passes": passes,
-                       "decode_launches": 1,
-                       "measured_overhead": 5e-4 + 1e-5 * batch + 1e-4 * passes, "predicted_overhead": 1e-3})
+                       "rebuilds": rebuilds, "decode_launches": 1,
+                       "measured_overhead": 5e-4 + 1e-5 * batch + 1e-4 * passes + 4e-4 * rebuilds,
+                       "predicted_overhead": 1e-3})
     for k in ENGINE_KEYS:
         df[f"predicted_{k}"] = pred
         df[f"measured_{k}"] = truth(pred) * rng.normal(1.0, 0.002, n)
@@ -38,6 +40,7 @@ def test_fit_recovers_graph_and_eager_sets_and_the_floor():
     assert v["engine.graph_max_tokens"] == GRAPH_MAX_TOKENS
     assert v["overhead.step_s"] == pytest.approx(5e-4, rel=0.05)
     assert v["overhead.per_request_s"] == pytest.approx(1e-5, rel=0.05)
+    assert v["overhead.rebuild_s"] == pytest.approx(4e-4, rel=0.05)
     assert v["overhead.per_pass_s"] == pytest.approx(1e-4, rel=0.05)
 
 

@@ -189,10 +189,12 @@ def test_num_steps_equals_sum_of_single_steps(path, profile, members):
     multi = plan(list(base.requests) + extra, base.groups, steps=n,
                  copies=(KVCopy(src=10, dst=0, length=5),))
     r = cost(multi, prof)
-    singles = []
-    for s in range(n):
+    singles, after = [], None
+    for s in range(n):  # each priced after the one before (an engine profile's full build: the first step's only)
         reqs = [PlannedRequest(q.rid, q.context_len + s, 1, False, q.group, q.shared_len) for q in multi.requests]
-        singles.append(cost(plan(reqs, multi.groups, copies=multi.copies if s == 0 else ()), prof))
+        single = plan(reqs, multi.groups, copies=multi.copies if s == 0 else ())
+        singles.append(step_cost(single, prof, LLAMA, after))
+        after = single
     assert r.step_durations == tuple(x.duration_s for x in singles)  # bit for bit
     assert r.duration_s == sum(x.duration_s for x in singles)
     for k in BREAKDOWN_KEYS:

@@ -2,9 +2,10 @@
 
 The engine derives a decode step that repeats the previous one (same requests in the same order, same groups, one
 token further, no KV moved) from that step's metadata, and builds every other step in full
-(gpu_backend/executor/rows_repeat.py). A full build costs the host more than a derived one (on an H200, 0.5-0.9 ms
-against 0.13-0.3 ms; reports/validation/README.md, "The engine with its request table"), so an engine-calibrated
-profile prices it: ``overhead.rebuild_s`` on every step that does not repeat the one before.
+(gpu_backend/executor/rows_repeat.py). A full build costs the host more than a derived one (on an H200 the decode
+steps that wrote new table rows, all built in full, had a host part of 0.56-0.94 ms against 0.13-0.29 ms for the
+others; reports/validation/README.md, "The engine with its request table"), so an engine-calibrated profile prices
+it: ``overhead.rebuild_s`` on every step that does not repeat the one before.
 """
 from __future__ import annotations
 

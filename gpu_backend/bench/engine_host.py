@@ -6,7 +6,9 @@ one GPU, in one process: the step's time and its host part ("overhead": the step
 
 DIR holds the earlier commit's `rows.py`, `arena.py`, `metadata.py` and `executor.py` of gpu_backend/executor
 (`git show BASE:gpu_backend/executor/NAME.py > DIR/NAME.py`); they are loaded beside the package and run with its
-other modules (graphs, launches, kernels, timing), so the two variants differ in their host path alone. `--before
+other modules (graphs, launches, kernels, timing, and the request table's `request_table.py` / `rows_repeat.py`), so
+the two variants differ in their host path alone: take BASE from before the request table (61d2ec5), whose rows.py
+used neither, or compare within this code with `listed` / `current`. `--before
 listed` compares against this code with the request table off (every decode id listed each step), no folder needed;
 `--before current` against this code itself; `--before-option` / `--after-option NAME=VALUE ...` build either side's
 executor with other options (e.g. `--before current --after-option small_in_graph=True`: a graph step's fixed-size

@@ -48,3 +48,15 @@ def test_the_listed_ids_host_path_is_this_code_without_the_request_table(tmp_pat
     units = json.loads((tmp_path / "engine_host.json").read_text())["units"]
     tables = {u["variant"]: u["executor"]["request_table"] for u in units}
     assert tables == {"before": False, "after": True}
+
+
+def test_executor_options_are_read_as_python_literals_and_bad_ones_exit_2(capsys):
+    """`--before-option` / `--after-option NAME=VALUE`: the value a Python literal where it is one, else the text; a
+    malformed option is one line and exit 2 before anything runs."""
+    assert engine_host._option("small_in_graph=True") == ("small_in_graph", True)
+    assert engine_host._option("graph_max_rows=512") == ("graph_max_rows", 512)
+    assert engine_host._option("device=cuda") == ("device", "cuda")
+    with pytest.raises(SystemExit) as e:
+        engine_host.main(["--before", "current", "--after-option", "small_in_graph"])
+    assert e.value.code == 2
+    assert "expected NAME=VALUE, got 'small_in_graph'" in capsys.readouterr().err

@@ -148,8 +148,8 @@ class GpuExecutor:
                 self.graphs.retire_stale(self.arena.generation)
             growth = (a, clock.mark())
             pauses.append(growth)
-        in_graph = graph and self.small_in_graph
-        meta = metadata.upload(host, self.arena, small_later=in_graph)
+        copy_small = graph and self.small_in_graph  # the graph copies the fixed-size fields in
+        meta = metadata.upload(host, self.arena, small_later=copy_small)
         parts = {}
         if plan.copies or plan.transfers:
             a = clock.mark()
@@ -165,7 +165,7 @@ class GpuExecutor:
             entry = self.graphs.lookup(host.shape, self.arena.generation)
             if entry is None:  # capture, its warm-up run and the graph's first launch are not part of the step
                 a = clock.mark()
-                entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer, in_graph))
+                entry = self.graphs.capture(host.shape, lambda timer: self._forward(meta, timer, copy_small))
                 pauses.append((a, clock.mark()))
             nxt, lg = self.graphs.replay(entry)
             timer = entry.timer

@@ -30,6 +30,16 @@ def test_kernel_rows_judge_every_point_of_their_range():
     assert [r["met"] for r in worse[:3]] == [False, False, False]
 
 
+def test_dense_row_reads_graph_replays_where_timed():
+    """A dense point timed as graph replays is judged by them (as the engine runs it), not by its plain launches."""
+    k = _kernels([(4096, 1.0)], [(256, 0.5), (512, 1.2)], [(4096, 500.0)])
+    k["sections"]["dense"]["rows"][0]["graph_vs_sdpa"] = 1.1
+    dense = goals.kernel_rows(k, 128.0)[1]
+    assert dense["measured"]["min"] == pytest.approx(1.1) and dense["met"]
+    k["sections"]["dense"]["rows"][1]["graph_vs_sdpa"] = 0.9
+    assert goals.kernel_rows(k, 128.0)[1]["met"] is False
+
+
 def test_engine_rows_take_the_lowest_point_of_the_grid_mean_over_repetitions():
     def unit(g, t, p):
         return {"granikv": g, "token": t, "paged16": p}

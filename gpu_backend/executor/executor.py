@@ -43,7 +43,7 @@ from . import metadata, rows
 from .arena import MetaArena
 from .graphs import GraphCache
 from .launches import StepLaunches
-from .model import RandomWeights, attn_out_and_mlp, logits, qkv_proj, rms_norm, rope_tables
+from .model import FusedLayers, RandomWeights, TorchLayers, logits, rope_tables
 from .request_table import RequestTable
 from .timing import AllocWatch, CompileWatch, GcWatch, PartTimer, elapsed
 from .transfers import HostKV, apply_copies_and_transfers
@@ -59,7 +59,8 @@ class GpuExecutor:
     def __init__(self, shape: ModelShape, num_slots: int, *, device="cuda", dtype: torch.dtype | None = None,
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
                  hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None,
-                 host_tokens: int = 0, request_table: bool = True, small_in_graph: bool = False):
+                 host_tokens: int = 0, request_table: bool = True, small_in_graph: bool = False,
+                 fused_elementwise: bool = False):
         self.shape = shape
         self.device = torch.device(device)
         # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
@@ -86,6 +87,9 @@ class GpuExecutor:
         # `small_in_graph`: a graph step's fixed-size metadata is copied by the graph's first node, not by a copy the
         # host launches (off by default until measured: the shipped profiles' host terms are fitted without it)
         self.small_in_graph = small_in_graph
+        # `fused_elementwise`: the layers' element-wise work in three Triton kernels (model.FusedLayers); off by
+        # default until measured and calibrated: the shipped profiles price the torch ops
+        self.layers = FusedLayers if fused_elementwise else TorchLayers
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
         self.reruns = 0
@@ -103,6 +107,7 @@ class GpuExecutor:
                     graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     small_in_graph=bool(g) and self.small_in_graph,
+                    fused_elementwise=self.layers is FusedLayers,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats(),
                     **self._table_stats(), **self._host_stats())
@@ -207,17 +212,17 @@ class GpuExecutor:
             timer.switch("kv_write")
             metadata.append_new_tokens(m)
         timer.switch("linear")
-        x = F.embedding(m.tokens, w.embed)
+        dense = self.layers(w, F.embedding(m.tokens, w.embed), self.reduce)  # all-reduces under tensor parallelism
         rot = rope_tables(m.positions, w.inv_freq, w.dtype)
         for li, layer in enumerate(w.layers):
             timer.switch("linear")
-            q, k, v = qkv_proj(w, layer, x, rot)
+            q, k, v = dense.attn_in(layer, rot)
             timer.switch("kv_write")
             run.write(self.k_cache[li], self.v_cache[li], k, v, m.new_slots)
             attn = self._attention(run, m.shape, q, k, v, li, timer)
             timer.switch("linear")
-            x = attn_out_and_mlp(layer, x, attn, self.reduce)  # all-reduces under tensor parallelism
-        x = rms_norm(torch.index_select(x, 0, m.sample_rows), w.final_norm)
+            dense.attn_out_mlp(layer, attn)
+        x = dense.final(m.sample_rows)
         timer.switch("lm_head")
         lg = logits(w, x)
         nxt = lg.argmax(dim=-1)

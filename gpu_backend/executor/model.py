@@ -7,7 +7,9 @@ tokens are stable under reordering of batch rows.
 The layer ops are the torch ops the calibration times (calibration/measure/linear.py `s_linear`):
 ``F.linear`` with [out, in] weights, ``F.rms_norm``, rotate-half RoPE in the model dtype,
 ``silu(gate) * up``, residual adds, ``F.embedding`` — so the cost model's ``linear`` term
-prices exactly what the engine runs.
+prices exactly what the engine runs (`TorchLayers`). `FusedLayers` runs the same layers with their
+element-wise work in three Triton kernels (residual add + RMS norm, RoPE in place, SwiGLU): fewer
+launches and passes over the activations; the calibration does not time it yet.
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from granisim.config.models import ModelShape
+
+from ..kernels.rms_norm import add_rms_norm
+from ..kernels.rope import rope_
+from ..kernels.swiglu import swiglu
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EPS = 1e-5
@@ -112,3 +118,56 @@ def attn_out_and_mlp(layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor, r
 def logits(w: RandomWeights, x_normed: torch.Tensor) -> torch.Tensor:
     """LM head over rows already through the final norm; fp32 logits."""
     return F.linear(x_normed, w.lm_head).float()
+
+
+class TorchLayers:
+    """A step's dense layers over the residual stream ``x`` [T, h], as torch ops (the calibrated path).
+    ``reduce``: the all-reduce after each row-parallel projection (tensor parallelism)."""
+
+    def __init__(self, w: RandomWeights, x: torch.Tensor, reduce=None):
+        self.w, self.x, self.reduce = w, x, reduce
+
+    def attn_in(self, layer: LayerWeights, rot):
+        """q, k, v of the layer (RoPE applied)."""
+        return qkv_proj(self.w, layer, self.x, rot)
+
+    def attn_out_mlp(self, layer: LayerWeights, attn: torch.Tensor) -> None:
+        self.x = attn_out_and_mlp(layer, self.x, attn, self.reduce)
+
+    def final(self, rows: torch.Tensor) -> torch.Tensor:
+        """The final norm of the rows to sample."""
+        return rms_norm(torch.index_select(self.x, 0, rows), self.w.final_norm)
+
+
+class FusedLayers(TorchLayers):
+    """The same layers with the element-wise work fused: each residual add is done by the next norm's kernel
+    (the MLP's output waits in ``pending`` for the next layer's, or the final, norm), RoPE rotates the QKV
+    output in place, SwiGLU reads the gate/up output once. The residual stream is updated in place."""
+
+    def __init__(self, w: RandomWeights, x: torch.Tensor, reduce=None):
+        super().__init__(w, x, reduce)
+        self.pending = None  # the last MLP's output, not yet added to x
+
+    def _add_norm(self, delta, norm_w):
+        x, h = add_rms_norm(self.x, delta, norm_w, EPS, out_x=self.x, check=False)
+        self.x = x
+        return h
+
+    def attn_in(self, layer: LayerWeights, rot):
+        s = self.w.shape
+        d, nq, nkv = s.head_dim, s.n_q_heads, s.n_kv_heads
+        y = F.linear(self._add_norm(self.pending, layer.attn_norm), layer.wqkv, layer.bqkv)
+        rope_(y, *rot, nq + nkv, d, check=False)
+        T = y.shape[0]
+        return (y[:, : nq * d].view(T, nq, d), y[:, nq * d: (nq + nkv) * d].view(T, nkv, d),
+                y[:, (nq + nkv) * d:].view(T, nkv, d))
+
+    def attn_out_mlp(self, layer: LayerWeights, attn: torch.Tensor) -> None:
+        out = F.linear(attn.reshape(self.x.shape[0], -1), layer.wo)
+        h = self._add_norm(self.reduce(out) if self.reduce else out, layer.mlp_norm)
+        down = F.linear(swiglu(F.linear(h, layer.w_gate_up), check=False), layer.w_down)
+        self.pending = self.reduce(down) if self.reduce else down
+
+    def final(self, rows: torch.Tensor) -> torch.Tensor:
+        pending = None if self.pending is None else torch.index_select(self.pending, 0, rows)
+        return add_rms_norm(torch.index_select(self.x, 0, rows), pending, self.w.final_norm, EPS, check=False)[1]

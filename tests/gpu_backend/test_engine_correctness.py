@@ -74,9 +74,10 @@ def _run(policy: str, m_sat: int, device="cpu", **options):
 @pytest.fixture(scope="module")
 def runs():
     out = {}
-    for name, policy, m_sat in [("dense", "granikv", 12), ("cascade", "granikv", 10**6), ("token", "token", 8),
-                                ("paged16", "paged16", 8)]:
-        out[name] = _run(policy, m_sat)
+    for name, policy, m_sat, options in [("dense", "granikv", 12, {}), ("cascade", "granikv", 10**6, {}),
+                                         ("token", "token", 8, {}), ("paged16", "paged16", 8, {}),
+                                         ("dense_fused", "granikv", 12, {"fused_elementwise": True})]:
+        out[name] = _run(policy, m_sat, **options)
     return out
 
 
@@ -114,14 +115,17 @@ def test_greedy_tokens_identical_across_policies_and_paths(runs):
             assert np.array_equal(eng.outputs[rid], ref[rid]), f"{name}: request {rid} diverged"
 
 
-@pytest.mark.parametrize("name", ["dense", "cascade", "token", "paged16"])
+@pytest.mark.parametrize("name", ["dense", "cascade", "token", "paged16", "dense_fused"])
 def test_logits_match_a_full_attention_forward_on_every_turn(runs, name):
     """Every generated token of every request, first turns and follow-ups alike (a follow-up's prompt holds the
     earlier turn and its outputs, read from the cache): the engine's logits are the float64 reference's over
     the request's whole sequence (relative L2 < LOGIT_RTOL) and its token is the reference's argmax.
     Planted bugs: RoPE rotating the other way (the rotate-half sign flipped in model.qkv_proj) and the MLP's
     gate and up halves swapped (``up, gate = ...chunk(2)`` in model.attn_out_and_mlp) both fail here; the old
-    reference called the engine's own qkv_proj / rope_tables / MLP and could not see either."""
+    reference called the engine's own qkv_proj / rope_tables / MLP and could not see either. `dense_fused` runs
+    the layers' element-wise work in the fused kernels (model.FusedLayers); planted there: the last MLP output
+    left out of the final norm (``pending = None`` in FusedLayers.final), the residual add skipped before the
+    attention norm (``self._add_norm(None, ...)`` in attn_in) — both fail."""
     eng, _, _, trace = runs[name]
     checked = 0
     for rid, outs in eng.outputs.items():

@@ -1,0 +1,28 @@
+"""CPU smoke runs of the kernel benchmarks (Triton interpreter, tiny shapes): they run, write every point and
+refuse bad arguments; their GPU figures come from the device runs named in reports/."""
+import json
+
+import pytest
+
+from gpu_backend.bench import layer_elementwise, slab_small_m
+
+
+def test_layer_elementwise_smoke_run(tmp_path, capsys):
+    """Both sides of every point written; an unknown model refused (exit 2)."""
+    assert layer_elementwise.main(["--out", str(tmp_path), "--smoke", "--models", "llama-3.1-8b"]) == 0
+    points = json.loads((tmp_path / "layer_elementwise.json").read_text())["points"]
+    assert [p["rows"] for p in points] == [1, 5]
+    assert all(p["torch"]["median_us"] > 0 and p["fused"]["median_us"] > 0 and p["layers"] == 32 for p in points)
+    with pytest.raises(SystemExit) as e:
+        layer_elementwise.main(["--out", str(tmp_path), "--models", "llama-9"])
+    assert e.value.code == 2 and "llama-9" in capsys.readouterr().err
+
+
+def test_slab_small_m_smoke_run(tmp_path):
+    """Every variant computes the cascade's result on every point (fp16 in the interpreter)."""
+    assert slab_small_m.main(["--out", str(tmp_path), "--smoke"]) == 0
+    rows = json.loads((tmp_path / "slab_small_m.json").read_text())["rows"]
+    assert len(rows) == 2
+    for r in rows:
+        for name in ("cascade", "dense_m64", "dense_m128"):
+            assert r[name]["us"] > 0 and r[name]["max_abs_diff_vs_cascade"] < 4e-3, (name, r)

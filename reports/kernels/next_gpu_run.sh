@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call of the kernel work waiting for a GPU, in priority order, each step skipped once the call's
+# budget is short; every result under OUT (pack it into one archive for the trip back).
+#
+#   bash reports/kernels/next_gpu_run.sh OUT [CALL_S]
+#
+# 1. the fused element-wise kernels in bf16 on the GPU (the engine's paths-agree check with `dense_fused`);
+# 2. their per-layer saving (bench/layer_elementwise) and the decode step with and without them
+#    (bench/engine_host --after-option fused_elementwise=True: the 16K burst, B = 64);
+# 3. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
+# 4. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
+# Read-only on the GPU: no clock or power setting is changed.
+set -u
+OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
+CALL_S=${2:-540}
+source "$(dirname "$0")/../device_env.sh"
+mkdir -p "$OUT"
+start=$(date +%s)
+left() { echo $(( CALL_S - ($(date +%s) - start) )); }
+step() {  # NAME NEEDS_S COMMAND...: run it if NEEDS_S seconds are left, its output in OUT/NAME.txt
+  local name=$1 needs=$2; shift 2
+  if [ "$(left)" -lt "$needs" ]; then echo "skipped $name: $(left) s left" | tee -a "$OUT/skipped.txt"; return; fi
+  echo "== $name ($(left) s left)"
+  timeout "$(left)" "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $?" | tee -a "$OUT/exits.txt"
+  tail -5 "$OUT/$name.txt"
+}
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
+step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
+step layer_elementwise 40 python3 -m gpu_backend.bench.layer_elementwise --out "$OUT/layer_elementwise"
+step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current --after-option fused_elementwise=True \
+  --out "$OUT/engine_host" --reps 3 --budget-s 180
+step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
+step dense_grid 60 python3 -m gpu_backend.bench.kernels_h200 --only dense --budget-s 500 --out "$OUT/kernels"
+echo "done in $(( $(date +%s) - start )) s"

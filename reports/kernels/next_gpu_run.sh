@@ -4,11 +4,12 @@
 #
 #   bash reports/kernels/next_gpu_run.sh OUT [CALL_S]
 #
-# 1. the fused element-wise kernels in bf16 on the GPU (the engine's paths-agree check with `dense_fused`);
-# 2. their per-layer saving (bench/layer_elementwise) and the decode step with and without them
-#    (bench/engine_host --after-option fused_elementwise=True: the 16K burst, B = 64);
-# 3. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
-# 4. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
+# 1. the fused element-wise kernels' per-layer saving (bench/layer_elementwise);
+# 2. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
+# 3. the decode step with and without the fused kernels (bench/engine_host --after-option fused_elementwise=True:
+#    the 16K burst, B = 64);
+# 4. the fused kernels in bf16 in the engine (the GPU paths-agree check, with `dense_fused`);
+# 5. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
 # Read-only on the GPU: no clock or power setting is changed.
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
@@ -25,10 +26,10 @@ step() {  # NAME NEEDS_S COMMAND...: run it if NEEDS_S seconds are left, its out
   tail -5 "$OUT/$name.txt"
 }
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
-step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
 step layer_elementwise 40 python3 -m gpu_backend.bench.layer_elementwise --out "$OUT/layer_elementwise"
+step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
 step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current --after-option fused_elementwise=True \
   --out "$OUT/engine_host" --reps 3 --budget-s 180
-step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
+step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
 step dense_grid 60 python3 -m gpu_backend.bench.kernels_h200 --only dense --budget-s 500 --out "$OUT/kernels"
 echo "done in $(( $(date +%s) - start )) s"

@@ -60,7 +60,7 @@ class GpuExecutor:
                  seed: int = 0, keep_logits: bool = False, graphs: bool | None = None, graph_max_rows: int = GRAPH_MAX_ROWS,
                  hold_gc: bool = True, watch_allocs: bool = False, weights: RandomWeights | None = None,
                  host_tokens: int = 0, request_table: bool = True, small_in_graph: bool = False,
-                 fused_elementwise: bool = False):
+                 fused_elementwise: bool = False, fold_merge: bool = False):
         self.shape = shape
         self.device = torch.device(device)
         # ``weights``: drawn by the caller (a tensor-parallel rank's slice of the full model's, tp.py)
@@ -90,6 +90,9 @@ class GpuExecutor:
         # `fused_elementwise`: the layers' element-wise work in three Triton kernels (model.FusedLayers); off by
         # default until measured and calibrated: the shipped profiles price the torch ops
         self.layers = FusedLayers if fused_elementwise else TorchLayers
+        # `fold_merge`: a prefix pass's combine merges the suffix half in (no merge launch; launches.py); off by
+        # default until measured: the shipped profiles price the merge on its own
+        self.fold_merge = fold_merge
         self.graph_max_rows = graph_max_rows
         self.eager_steps = 0
         self.reruns = 0
@@ -107,7 +110,7 @@ class GpuExecutor:
                     graph_replays=g.replays if g else 0,
                     graph_captures=g.captures if g else 0, capture_s=round(g.capture_s, 3) if g else 0.0,
                     small_in_graph=bool(g) and self.small_in_graph,
-                    fused_elementwise=self.layers is FusedLayers,
+                    fused_elementwise=self.layers is FusedLayers, fold_merge=self.fold_merge,
                     arena_growths=self.arena.growths, growth_s=round(self.growth_s, 4),
                     hold_gc=self.hold_gc, **GcWatch.since(self._gc_start), **self._allocs.stats(),
                     **self._table_stats(), **self._host_stats())
@@ -207,7 +210,7 @@ class GpuExecutor:
         w = self.w
         if copy_small:
             self.arena.copy_small(m.small_ids)
-        run = StepLaunches(m, self.shape, w.dtype, self.device)  # host work once per step (launches.py)
+        run = StepLaunches(m, self.shape, w.dtype, self.device, self.fold_merge)  # host work once per step
         if m.table is not None:
             timer.switch("kv_write")
             metadata.append_new_tokens(m)
@@ -243,6 +246,14 @@ class GpuExecutor:
         if not run.passes:
             return out
         a, b = b, b + s.grouped_rows
+        if run.merge is None:  # fold_merge: the suffix first, then each prefix pass's combine merges it in
+            timer.switch("attn_decode")
+            run.suffix(q[a:b], kc, vc, run.suf_o, run.suf_lse)
+            timer.switch("attn_prefix")
+            for p in run.passes:
+                p.launch(q[a + p.lo: a + p.hi], kc, vc, out[a + p.lo: a + p.hi], run.merged_lse[p.lo:p.hi],
+                         (run.suf_o[p.lo:p.hi], run.suf_lse[p.lo:p.hi]))
+            return out
         timer.switch("attn_prefix")
         for p in run.passes:
             p.launch(q[a + p.lo: a + p.hi], kc, vc, run.pre_o[p.lo:p.hi], run.pre_lse[p.lo:p.hi])

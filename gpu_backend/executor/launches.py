@@ -37,7 +37,11 @@ class PassLaunch:
 
 
 class StepLaunches:
-    def __init__(self, m: StepMeta, shape: ModelShape, dtype: torch.dtype, device: torch.device):
+    """`fold_merge`: each prefix pass merges the suffix half in its combine (the suffix runs first), so a step
+    with prefix passes has no merge launch (`merge` is None)."""
+
+    def __init__(self, m: StepMeta, shape: ModelShape, dtype: torch.dtype, device: torch.device,
+                 fold_merge: bool = False):
         s = m.shape
         n_q, n_kv, d = shape.n_q_heads, shape.n_kv_heads, shape.head_dim
         self.out = torch.empty((s.num_rows, n_q, d), dtype=dtype, device=device)
@@ -55,19 +59,20 @@ class StepLaunches:
         if not s.passes:
             return
         g = s.grouped_rows
-        self.pre_o = torch.empty((g, n_q, d), dtype=dtype, device=device)
+        if not fold_merge:  # the prefix half apart, for the merge
+            self.pre_o = torch.empty((g, n_q, d), dtype=dtype, device=device)
+            self.pre_lse = torch.empty((g, n_q), dtype=torch.float32, device=device)
         self.suf_o = torch.empty((g, n_q, d), dtype=dtype, device=device)
-        self.pre_lse = torch.empty((g, n_q), dtype=torch.float32, device=device)
         self.suf_lse = torch.empty((g, n_q), dtype=torch.float32, device=device)
         self.merged_lse = torch.empty((g, n_q), dtype=torch.float32, device=device)  # written, not read
         first = s.ext_rows + s.dec_rows
         for p in m.passes:
             ps = p.shape
             common = dict(rows=ps.rows, n_q=n_q, n_kv=n_kv, d=d, group_indptr=p.group_indptr, prefix=p.prefix,
-                          max_group_size=ps.max_group, max_kv_len=ps.max_prefix, device=device)
+                          max_group_size=ps.max_group, max_kv_len=ps.max_prefix, device=device, fold=fold_merge)
             launch = DenseLaunch(**common) if ps.path == "dense" else cascade_launch(**common,
                                                                                      mean_kv_len=ps.mean_prefix)
             self.passes.append(PassLaunch(p.row0 - first, p.row0 - first + ps.rows, launch))
         self.suffix = decode_launch(rows=g, n_q=n_q, n_kv=n_kv, d=d, kv=m.suffix_kv, max_kv_len=s.suffix_max_kv,
                                     mean_kv_len=s.suffix_mean_kv, device=device)
-        self.merge = MergeLaunch(g * n_q, d)
+        self.merge = None if fold_merge else MergeLaunch(g * n_q, d)

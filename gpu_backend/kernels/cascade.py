@@ -2,7 +2,8 @@
 KV head) over the group's shared prefix in any storage, split along KV, in ONE launch.
 
 Kernel: `split_kv._split_kv_kernel` (+ `_combine_kernel` when split). The result is the
-prefix half of each query's attention; merge it with the suffix half (`merge.merge_states`).
+prefix half of each query's attention; merge it with the suffix half (`merge.merge_states`), or
+build the launch with `fold` and give the suffix half to the call: its combine merges it in.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def cascade_launch(*, rows: int, n_q: int, n_kv: int, d: int, group_indptr: torc
                    max_group_size: int, max_kv_len: int, device, mean_kv_len: int | None = None,
                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
                    num_warps: int | None = None, num_stages: int = 3,
-                   kv_chunk: int | None = None) -> split_kv.SplitKvLaunch:
+                   kv_chunk: int | None = None, fold: bool = False) -> split_kv.SplitKvLaunch:
     """The cascade launch prepared once; call it with (q, k_cache, v_cache, out, lse). No checks:
     `cascade_prefix_attention` checks."""
     bm = block_m or block_m_for(max_group_size * (n_q // n_kv))
@@ -58,7 +59,7 @@ def cascade_launch(*, rows: int, n_q: int, n_kv: int, d: int, group_indptr: torc
         rows_total=rows, n_q=n_q, n_kv=n_kv, d=d, group_indptr=group_indptr, kv=prefix,
         scale=split_kv.default_scale(d, sm_scale), max_rows=max_group_size, max_kv_len=max_kv_len, block_m=bm,
         block_n=block_n or (64 if bm <= 64 else 128), num_warps=num_warps or (4 if bm <= 64 else 8),
-        num_stages=num_stages, kv_chunk=kv_chunk, device=device, mean_kv_len=mean_kv_len)
+        num_stages=num_stages, kv_chunk=kv_chunk, device=device, mean_kv_len=mean_kv_len, fold=fold)
 
 
 def cascade_prefix_attention(

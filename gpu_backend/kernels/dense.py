@@ -109,15 +109,15 @@ class DenseLaunch:
     def __init__(self, *, rows: int, n_q: int, n_kv: int, d: int, group_indptr: torch.Tensor, prefix: L.Slabs,
                  max_group_size: int, max_kv_len: int, device, sm_scale: float | None = None,
                  block_m: int = 128, block_n: int = 128, num_warps: int = 8, num_stages: int = 3,
-                 kv_chunk: int | None = None, use_tma: bool | None = None):
+                 kv_chunk: int | None = None, use_tma: bool | None = None, fold: bool = False):
         G = n_q // n_kv
         n_groups = group_indptr.shape[0] - 1
         self.empty = rows == 0 or n_groups == 0
         m_tiles = max(1, cdiv(max_group_size * G, block_m))
         n_splits, chunk = _dense_splits(m_tiles * n_kv * n_groups, max_kv_len, block_n, device, kv_chunk)
         R = rows * n_q
-        split = n_splits > 1
-        self.partials, self.combine = split_scratch(n_splits, R, d, device)
+        split = n_splits > 1 or fold
+        self.partials, self.combine = split_scratch(n_splits, R, d, device, always=fold)
         if use_tma is None:
             use_tma = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
         self.use_tma, self.block_n = use_tma, block_n
@@ -127,9 +127,12 @@ class DenseLaunch:
         self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, USE_TMA=use_tma,
                            num_warps=num_warps, num_stages=num_stages)
 
-    def __call__(self, q, k_cache, v_cache, out, lse) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q, k_cache, v_cache, out, lse, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extra` (o2, lse2): merged into each row's result by the combine (a launch built with `fold`)."""
         if self.empty:
             return out, lse
+        if extra is not None and self.combine is None:
+            raise ValueError("extra state given to a launch built without fold")
         op, lsep = self.partials or (out, lse)
         if self.use_tma:
             self._launch(q, k_cache, v_cache, out, lse, op, lsep,
@@ -139,7 +142,7 @@ class DenseLaunch:
                 warnings.filterwarnings("ignore", message=".*make_block_ptr is deprecated.*")
                 self._launch(q, k_cache, v_cache, out, lse, op, lsep, k_cache, v_cache)
         if self.combine:
-            self.combine(op, lsep, out, lse)
+            self.combine(op, lsep, out, lse, extra)
         return out, lse
 
     def _launch(self, q, k_cache, v_cache, out, lse, op, lsep, kd, vd) -> None:

@@ -81,32 +81,44 @@ def _split_kv_kernel(
 @triton.jit
 def _combine_kernel(
     OP, LSEP, O, LSE,                 # OP [S, R, D] fp32; LSEP [S, R]; O [T, n_q, D]; LSE [T, n_q] (R = T * n_q)
-    n_rows_total, n_splits, n_q, stride_ot, stride_oh,
-    D: tl.constexpr, BLOCK_S: tl.constexpr,
+    O2, LSE2,                         # HAS_EXTRA: one more state of each row, O2 [T, n_q, D], LSE2 [T, n_q] fp32
+    n_rows_total, n_splits, n_q, stride_ot, stride_oh, stride_o2t, stride_o2h,
+    D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_EXTRA: tl.constexpr,
 ):
-    """One row per program, all its splits loaded at once (no serial chain over splits)."""
+    """One row per program, all its splits loaded at once (no serial chain over splits). With HAS_EXTRA the
+    row's state (O2, LSE2) over other keys joins as one more split: the LSE merge folded into the combine."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     ok = s < n_splits
     offs_d = tl.arange(0, D)
+    tok = row // n_q
+    qh = row % n_q
     lse_s = tl.load(LSEP + s * n_rows_total + row, mask=ok, other=float("-inf"))     # [BLOCK_S]
     part = tl.load(OP + (s * n_rows_total + row)[:, None] * D + offs_d[None, :],
                    mask=ok[:, None], other=0.0)                                       # [BLOCK_S, D]
     m = tl.max(lse_s, 0)
+    if HAS_EXTRA:
+        lse2 = tl.load(LSE2 + row)
+        m = tl.maximum(m, lse2)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_safe)                                                        # empty split -> 0
     tot = tl.sum(w, 0)
+    o = tl.sum(w[:, None] * part, 0)
+    if HAS_EXTRA:
+        w2 = tl.exp(lse2 - m_safe)
+        o2 = tl.load(O2 + tok * stride_o2t + qh * stride_o2h + offs_d).to(tl.float32)
+        o += tl.where(w2 > 0, w2 * o2, 0.0)                                          # an absent state: even NaN
+        tot += w2
     empty = tot == 0.0
-    o = tl.sum(w[:, None] * part, 0) / tl.where(empty, 1.0, tot)
+    o = o / tl.where(empty, 1.0, tot)
     lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, tot)))
-    tok = row // n_q
-    qh = row % n_q
     tl.store(O + tok * stride_ot + qh * stride_oh + offs_d, o.to(O.dtype.element_ty))
     tl.store(LSE + row, lse)
 
 
 class Combine:
-    """Reduce split partials [S, R, D] into out [T, n_q, D] / lse [T, n_q]; sized once, run per layer."""
+    """Reduce split partials [S, R, D] into out [T, n_q, D] / lse [T, n_q]; sized once, run per layer. `extra`
+    (o2 [T, n_q, D], lse2 [T, n_q]): each row's state over other keys, merged in (the suffix of a prefix pass)."""
 
     def __init__(self, n_splits: int, rows_total: int, d: int):
         bs = next_pow2(n_splits)
@@ -114,14 +126,17 @@ class Combine:
         self.args = (rows_total, n_splits)
         self.consts = dict(D=d, BLOCK_S=bs, num_warps=4 if bs * d <= 2048 else 8)
 
-    def __call__(self, op, lsep, out, lse) -> None:
-        _combine_kernel[self.grid](op, lsep, out, lse, *self.args, out.shape[1], out.stride(0), out.stride(1),
+    def __call__(self, op, lsep, out, lse, extra=None) -> None:
+        o2, lse2 = extra if extra is not None else (out, lse)
+        _combine_kernel[self.grid](op, lsep, out, lse, o2, lse2, *self.args, out.shape[1], out.stride(0),
+                                   out.stride(1), o2.stride(0), o2.stride(1), HAS_EXTRA=extra is not None,
                                    **self.consts)
 
 
-def split_scratch(n_splits: int, rows_total: int, d: int, device):
-    """(fp32 partials [S, R, D] and [S, R], their Combine) for a launch cut into `n_splits`; (None, None) unsplit."""
-    if n_splits <= 1:
+def split_scratch(n_splits: int, rows_total: int, d: int, device, always: bool = False):
+    """(fp32 partials [S, R, D] and [S, R], their Combine) for a launch cut into `n_splits`; (None, None) unsplit
+    unless `always` (a launch that folds another state in through its combine)."""
+    if n_splits <= 1 and not always:
         return None, None
     return ((torch.empty((n_splits, rows_total, d), dtype=torch.float32, device=device),
              torch.empty((n_splits, rows_total), dtype=torch.float32, device=device)), Combine(n_splits, rows_total, d))
@@ -164,7 +179,8 @@ class SplitKvLaunch:
 
     def __init__(self, *, rows_total: int, n_q: int, n_kv: int, d: int, group_indptr, kv: L.KVLayout,
                  scale: float, max_rows: int, max_kv_len: int, block_m: int, block_n: int, num_warps: int,
-                 num_stages: int, kv_chunk: int | None, device, mean_kv_len: int | None = None):
+                 num_stages: int, kv_chunk: int | None, device, mean_kv_len: int | None = None,
+                 fold: bool = False):
         G = n_q // n_kv
         n_groups = group_indptr.shape[0] - 1
         self.empty = rows_total == 0 or n_groups == 0
@@ -176,23 +192,26 @@ class SplitKvLaunch:
                                       ctas_per_sm=2 if gather else 1, round_up=gather,
                                       max_chunk=balance_cap(max_kv_len, mean_kv_len))
         R = rows_total * n_q
-        split = n_splits > 1
-        self.partials, self.combine = split_scratch(n_splits, R, d, device)
+        split = n_splits > 1 or fold
+        self.partials, self.combine = split_scratch(n_splits, R, d, device, always=fold)
         self.grid = (m_tiles, n_kv * n_splits, n_groups)
         self.meta = (group_indptr, A, B, C, scale * LOG2E, chunk, n_kv, n_q, R)
         self.consts = dict(G=G, D=d, BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, PAGE=page, SPLIT=split,
                            num_warps=num_warps, num_stages=num_stages)
 
-    def __call__(self, q, k_cache, v_cache, out, lse) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q, k_cache, v_cache, out, lse, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extra` (o2, lse2): merged into each row's result by the combine (a launch built with `fold`)."""
         if self.empty:
             return out, lse
+        if extra is not None and self.combine is None:
+            raise ValueError("extra state given to a launch built without fold")
         op, lsep = self.partials or (out, lse)
         _split_kv_kernel[self.grid](
             q, k_cache, v_cache, out, lse, op, lsep, *self.meta,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), **self.consts)
         if self.combine:
-            self.combine(op, lsep, out, lse)
+            self.combine(op, lsep, out, lse, extra)
         return out, lse
 
 

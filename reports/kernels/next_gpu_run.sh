@@ -6,9 +6,9 @@
 #
 # 1. the fused element-wise kernels' per-layer saving (bench/layer_elementwise);
 # 2. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
-# 3. the decode step with and without the fused kernels (bench/engine_host --after-option fused_elementwise=True:
-#    the 16K burst, B = 64);
-# 4. the fused kernels in bf16 in the engine (the GPU paths-agree check, with `dense_fused`);
+# 3. the decode step with and without the fused element-wise kernels and the merge folded into the prefix passes'
+#    combine (bench/engine_host --after-option fused_elementwise=True fold_merge=True: the 16K burst, B = 64);
+# 4. both in bf16 in the engine (the GPU paths-agree check, with `dense_fused` and `cascade_folded`);
 # 5. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
 # Read-only on the GPU: no clock or power setting is changed.
 set -u
@@ -28,7 +28,8 @@ step() {  # NAME NEEDS_S COMMAND...: run it if NEEDS_S seconds are left, its out
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
 step layer_elementwise 40 python3 -m gpu_backend.bench.layer_elementwise --out "$OUT/layer_elementwise"
 step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
-step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current --after-option fused_elementwise=True \
+step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current \
+  --after-option fused_elementwise=True fold_merge=True \
   --out "$OUT/engine_host" --reps 3 --budget-s 180
 step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
 step dense_grid 60 python3 -m gpu_backend.bench.kernels_h200 --only dense --budget-s 500 --out "$OUT/kernels"

@@ -76,7 +76,9 @@ def runs():
     out = {}
     for name, policy, m_sat, options in [("dense", "granikv", 12, {}), ("cascade", "granikv", 10**6, {}),
                                          ("token", "token", 8, {}), ("paged16", "paged16", 8, {}),
-                                         ("dense_fused", "granikv", 12, {"fused_elementwise": True})]:
+                                         ("dense_fused", "granikv", 12, {"fused_elementwise": True,
+                                                                          "fold_merge": True}),
+                                         ("cascade_folded", "granikv", 10**6, {"fold_merge": True})]:
         out[name] = _run(policy, m_sat, **options)
     return out
 
@@ -90,6 +92,8 @@ def test_paths_were_exercised(runs):
     steps = {k: v[1].steps.frame() for k, v in runs.items()}
     assert steps["dense"].groups_dense.sum() > 0
     assert steps["cascade"].groups_cascade.sum() > 0 and steps["cascade"].groups_dense.sum() == 0
+    assert steps["dense_fused"].groups_dense.sum() > 0 and steps["cascade_folded"].groups_cascade.sum() > 0
+    assert runs["dense_fused"][2].stats()["fold_merge"] and runs["cascade_folded"][2].stats()["fold_merge"]
     token = steps["token"]
     assert (token.groups_dense + token.groups_cascade == 0).all()
     assert all(set(paths) <= {"paged"} for *_, paths in runs["token"][3].plans)
@@ -115,7 +119,7 @@ def test_greedy_tokens_identical_across_policies_and_paths(runs):
             assert np.array_equal(eng.outputs[rid], ref[rid]), f"{name}: request {rid} diverged"
 
 
-@pytest.mark.parametrize("name", ["dense", "cascade", "token", "paged16", "dense_fused"])
+@pytest.mark.parametrize("name", ["dense", "cascade", "token", "paged16", "dense_fused", "cascade_folded"])
 def test_logits_match_a_full_attention_forward_on_every_turn(runs, name):
     """Every generated token of every request, first turns and follow-ups alike (a follow-up's prompt holds the
     earlier turn and its outputs, read from the cache): the engine's logits are the float64 reference's over
@@ -125,7 +129,9 @@ def test_logits_match_a_full_attention_forward_on_every_turn(runs, name):
     reference called the engine's own qkv_proj / rope_tables / MLP and could not see either. `dense_fused` runs
     the layers' element-wise work in the fused kernels (model.FusedLayers); planted there: the last MLP output
     left out of the final norm (``pending = None`` in FusedLayers.final), the residual add skipped before the
-    attention norm (``self._add_norm(None, ...)`` in attn_in) — both fail."""
+    attention norm (``self._add_norm(None, ...)`` in attn_in) — both fail. `dense_fused` and `cascade_folded`
+    also merge the suffix half in the prefix passes' combine (``fold_merge``); planted: the suffix state left
+    out of the combine — fails."""
     eng, _, _, trace = runs[name]
     checked = 0
     for rid, outs in eng.outputs.items():

@@ -113,11 +113,13 @@ def test_llama_shape_paths_agree_in_bf16():
     """Every path's logits at every generated token are within BF16_LOGIT_RTOL (relative L2) of the float64
     reference's over the same sequence, and where a path's greedy tokens part from the token path's they part at
     a near tie of the reference (after it the contexts differ, so later tokens are not compared). `dense_fused`:
-    the layers' element-wise work in the fused kernels (model.FusedLayers), in bf16."""
+    the layers' element-wise work in the fused kernels (model.FusedLayers) and the merge folded into the prefix
+    passes' combine; `cascade_folded`: the fold alone."""
     ref = None
     for name, pol, m, options in [("token", "token", 4, {}), ("dense", "granikv", 4, {}),
                                   ("cascade", "granikv", 10**6, {}), ("paged16", "paged16", 4, {}),
-                                  ("dense_fused", "granikv", 4, {"fused_elementwise": True})]:
+                                  ("dense_fused", "granikv", 4, {"fused_elementwise": True, "fold_merge": True}),
+                                  ("cascade_folded", "granikv", 10**6, {"fold_merge": True})]:
         eng, ex, specs, logits = _run(pol, m, **options)
         ref = ref or eng.outputs
         same = sum(int(np.array_equal(eng.outputs[r], ref[r])) for r in ref)
@@ -131,7 +133,7 @@ def test_llama_shape_paths_agree_in_bf16():
         flips = _flips(eng.outputs, ref, rows)
         print(f"{name}: first flips (rid, output, reference margin / RMS error): {flips}")
         assert all(f[2] <= TIE_RMS for f in flips), name
-        if name in ("dense", "cascade", "dense_fused"):
+        if name in ("dense", "cascade", "dense_fused", "cascade_folded"):
             assert ex.stats()["graph_replays"] > 0, name
         del eng, ex, logits
         _free_gpu()  # one run's weights and KV at a time: four at once do not fit an 80 GB card

@@ -6,9 +6,9 @@ import torch
 from gb_util import DEV, close, i32, poisoned, queries, tokens
 from gpu_backend.kernels import layout as L
 from gpu_backend.kernels import reference as R
-from gpu_backend.kernels.cascade import cascade_prefix_attention
+from gpu_backend.kernels.cascade import cascade_launch, cascade_prefix_attention
 from gpu_backend.kernels.decode import decode_attention
-from gpu_backend.kernels.dense import dense_prefix_attention
+from gpu_backend.kernels.dense import DenseLaunch, dense_prefix_attention
 from gpu_backend.kernels.merge import merge_states
 
 
@@ -107,3 +107,19 @@ def test_paths_agree(prefix_kind, G, d):
         close(*dense, *ref, dtype, "dense")
         assert (dense[0].float() - cascade[0].float()).abs().max() < 4e-3
     assert (paged[0].float() - cascade[0].float()).abs().max() < 4e-3
+
+    # the merge folded into the prefix pass's combine (the engine's fold_merge), split and unsplit; a row without
+    # suffix (lse -inf) must not read its o, even NaN
+    suf_o = suf[0].clone()
+    suf_o[torch.isinf(suf[1])] = float("nan")
+    common = dict(rows=5, n_q=n_kv * G, n_kv=n_kv, d=d, group_indptr=gp, prefix=prefix, max_group_size=3,
+                  max_kv_len=70, device=q.device, fold=True)
+    launches = {f"cascade, kv_chunk {c}": cascade_launch(**common, kv_chunk=c) for c in (64, None)}
+    if prefix_kind == "slab":
+        launches["dense"] = DenseLaunch(**common, block_m=16, block_n=32)
+    for name, launch in launches.items():
+        folded = launch(q, kc, vc, poisoned(q.shape, dtype), poisoned(q.shape[:2], torch.float32), (suf_o, suf[1]))
+        close(*folded, *ref, dtype, f"{name}, merge folded")
+    with pytest.raises(ValueError, match="without fold"):  # unsplit: no combine to fold the state into
+        cascade_launch(**{**common, "fold": False}, kv_chunk=128)(q, kc, vc, poisoned(q.shape, dtype),
+                                                                 poisoned(q.shape[:2], torch.float32), suf)

@@ -139,13 +139,13 @@ class TorchLayers:
         return rms_norm(torch.index_select(self.x, 0, rows), self.w.final_norm)
 
 
-class FusedLayers(TorchLayers):
-    """The same layers with the element-wise work fused: each residual add is done by the next norm's kernel
+class FusedLayers:
+    """`TorchLayers`' interface, the element-wise work fused: each residual add is done by the next norm's kernel
     (the MLP's output waits in ``pending`` for the next layer's, or the final, norm), RoPE rotates the QKV
     output in place, SwiGLU reads the gate/up output once. The residual stream is updated in place."""
 
     def __init__(self, w: RandomWeights, x: torch.Tensor, reduce=None):
-        super().__init__(w, x, reduce)
+        self.w, self.x, self.reduce = w, x, reduce
         self.pending = None  # the last MLP's output, not yet added to x
 
     def _add_norm(self, delta, norm_w):

@@ -27,14 +27,9 @@ from ..executor.model import EPS, rope_tables
 from ..kernels.rms_norm import add_rms_norm
 from ..kernels.rope import rope_
 from ..kernels.swiglu import swiglu
-from .timing import bench, graph_of
+from .timing import bench_replays
 
 CUDA = torch.cuda.is_available()
-
-
-def _time(fn) -> dict:
-    fn()
-    return bench(graph_of(fn)[0] if CUDA else fn, flush=False)
 
 
 def point(model: str, rows: int, smoke: bool) -> dict:
@@ -71,7 +66,7 @@ def point(model: str, rows: int, smoke: bool) -> dict:
         add_rms_norm(xs, attn_out, w2, EPS, out_x=xs, check=False)
         swiglu(gu, check=False)
 
-    t, f = _time(torch_layer), _time(fused_layer)
+    t, f = bench_replays(torch_layer, flush=False), bench_replays(fused_layer, flush=False)
     layers = m.num_layers
     return {"model": model, "rows": rows, "layers": layers, "torch": t, "fused": f,
             "torch_step_us": t["median_us"] * layers, "fused_step_us": f["median_us"] * layers,

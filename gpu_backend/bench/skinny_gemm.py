@@ -26,7 +26,7 @@ from triton.runtime.errors import OutOfResources
 from granisim.config.models import get_model
 
 from ..kernels.skinny_gemm import MAX_ROWS, default_splits, skinny_linear
-from .timing import bench, ceilings, graph_of
+from .timing import bench_replays, ceilings
 
 CUDA = torch.cuda.is_available()
 CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=nw) for bn, bk, nw in
@@ -41,14 +41,6 @@ def gemms(model: str) -> list[tuple[str, int, int]]:
             ("gate_up", h, 2 * m.intermediate), ("down", m.intermediate, h), ("lm_head", h, m.vocab)]
 
 
-def _time(fn) -> dict:
-    if not CUDA:
-        return bench(fn)
-    fn()
-    replay, _ = graph_of(fn)
-    return bench(replay)
-
-
 def _share(v: float | None) -> str:
     return f"{100 * v:5.1f}%" if v is not None else "   -  "
 
@@ -59,7 +51,7 @@ def point(name: str, K: int, N: int, M: int, dtype, configs, copy_gbs: float | N
     w = torch.randn(N, K, device=dev, dtype=dtype) / K ** 0.5
     ref = torch.matmul(x, w.t())
     y = torch.empty_like(ref)
-    torch_t = _time(lambda: torch.matmul(x, w.t(), out=y))
+    torch_t = bench_replays(lambda: torch.matmul(x, w.t(), out=y))
     tried = []
     for c in configs:
         for mult in (1, 2):
@@ -72,7 +64,7 @@ def point(name: str, K: int, N: int, M: int, dtype, configs, copy_gbs: float | N
                 tried.append({**c, "splits": splits, "skipped": "out of shared memory"})
                 continue
             err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
-            t = _time(lambda c=c, s=splits: skinny_linear(x, w, splits=s, **c))
+            t = bench_replays(lambda c=c, s=splits: skinny_linear(x, w, splits=s, **c))
             tried.append({**c, "splits": splits, "max_rel_err": err, **t})
     best = min((r for r in tried if "median_us" in r), key=lambda r: r["median_us"])
     wbytes = N * K * x.element_size()

@@ -23,7 +23,7 @@ from ..kernels.cascade import cascade_prefix_attention
 from ..kernels.dense import dense_prefix_attention
 from ..kernels import layout as L
 from .problems import KV_BYTES_PER_TOKEN, Pool, i32, queries
-from .timing import bench, ceilings, graph_of
+from .timing import bench_replays, ceilings
 
 CUDA = torch.cuda.is_available()
 N_Q = 32
@@ -54,7 +54,7 @@ def point(pool: Pool, k: int, B: int, Lp: int, copy_gbs: float | None) -> dict:
         if ref is None:
             ref = got
         err = (got - ref).abs().max().item()
-        t = bench(graph_of(fn)[0] if CUDA else fn)
+        t = bench_replays(fn)
         row[name] = {"us": t["median_us"], "p10_us": t["p10_us"], "p90_us": t["p90_us"], "reps": t["reps"],
                      "max_abs_diff_vs_cascade": err}
         if row["floor_us"]:

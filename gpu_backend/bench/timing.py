@@ -69,6 +69,14 @@ def graph_of(fn):
     return g.replay, g
 
 
+def bench_replays(fn, **kw) -> dict:
+    """`bench` of fn as CUDA-graph replays (fn run once first: `graph_of` wants it warm); on a CPU, of fn itself."""
+    if not torch.cuda.is_available():
+        return bench(fn, **kw)
+    fn()
+    return bench(graph_of(fn)[0], **kw)
+
+
 def ceilings(copy_gib: float = 2.0) -> dict:
     """Device-to-device copy GB/s (read + written bytes) and bf16 8192^3 GEMM TFLOP/s, random data."""
     n = int(copy_gib * 2**30) // 2

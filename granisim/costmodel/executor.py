@@ -29,12 +29,11 @@ class CostExecutor:
         # the last fast-forwarded plan priced, its blocks of steps and its first step's full-build time
         self._block: tuple[BatchPlan, StepBlock, float] | None = None
         self._previous: BatchPlan | None = None  # the plan before (profiles with overhead.rebuild_s only)
-        self._full_build_s = self._tables.rebuild
 
     def execute(self, plan: BatchPlan) -> StepResult:
         if plan.num_steps <= 1:  # plan_cost(self._tables, plan, self.profile, previous), fewer calls
             result = self._tables.step_block(plan)[0]
-            rebuild = self._rebuild(plan) if self._full_build_s else 0.0
+            rebuild = self._rebuild(plan) if self._tables.rebuild else 0.0
         else:
             # the serving loop prices a fast-forward block, then its first steps when an event cuts it short:
             # those are the block's first steps (StepBlock), not priced again
@@ -43,7 +42,7 @@ class CostExecutor:
                 result, rebuild = last[1].first(plan.num_steps), last[2]
             else:
                 result, block = self._tables.step_block(plan)
-                rebuild = self._rebuild(plan) if self._full_build_s else 0.0
+                rebuild = self._rebuild(plan) if self._tables.rebuild else 0.0
                 self._block = (plan, block, rebuild)
         if rebuild:
             result = with_rebuild(result, rebuild)
@@ -52,7 +51,7 @@ class CostExecutor:
     def _rebuild(self, plan: BatchPlan) -> float:
         """The host time of building ``plan``'s step in full, 0 if the engine derives it from the plan before."""
         previous, self._previous = self._previous, plan
-        return 0.0 if repeats(previous, plan) else self._full_build_s
+        return 0.0 if repeats(previous, plan) else self._tables.rebuild
 
 
 def _fewer_steps_of(plan: BatchPlan, block: BatchPlan) -> bool:

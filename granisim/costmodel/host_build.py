@@ -23,6 +23,11 @@ def repeats(previous: BatchPlan | None, plan: BatchPlan) -> bool:
             == [(g.path, g.prefix_len, g.members) for g in previous.groups])
 
 
+def after_each(plans: list[BatchPlan]):
+    """(the plan before or None, plan) for each of a run's plans in order: what `repeats` compares."""
+    return zip([None, *plans[:-1]], plans)
+
+
 def with_rebuild(result: StepResult, seconds: float) -> StepResult:
     """``result`` with ``seconds`` more host overhead, on its first step (the one built in full)."""
     parts = dict(result.breakdown)

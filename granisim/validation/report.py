@@ -33,6 +33,7 @@ from granisim.config.profile_base import derived
 from granisim.config.models import get_model
 from granisim.core.metrics import requests_frame, summarize
 from granisim.experiments.run import prepare, simulate
+from granisim.costmodel.host_build import after_each
 from granisim.validation.plans import load_plans
 from granisim.validation.validate import TARGETS, end_to_end, percentile_errors, reprice, step_errors
 from granisim.config.files import OneLineParser
@@ -229,7 +230,7 @@ def _load(run: Path, policy: str = "granikv", model: str = "llama-3.1-8b"):
     names = [u for u in map(unit, VALIDATION) if u is not None]
     plans = {n: load_plans(run / n / "plans.pkl") for n in names}
     steps = {n: pd.read_parquet(run / n / "steps.parquet") for n in names}
-    steps = {n: s.assign(**pd.DataFrame([host_work(p, after) for after, p in zip([None, *plans[n][:-1]], plans[n])],
+    steps = {n: s.assign(**pd.DataFrame([host_work(p, after) for after, p in after_each(plans[n])],
                                         index=s.index)) for n, s in steps.items()}
     return names, steps, plans
 

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.costmodel import step_cost
+from granisim.costmodel.host_build import after_each
 from granisim.core.metrics import BREAKDOWN_KEYS, requests_frame, summarize
 from granisim.core.contract import BatchPlan, StepResult
 
@@ -96,7 +97,7 @@ def _columns(side: str, r: StepResult) -> dict:
 def reprice(steps: pd.DataFrame, plans: list[BatchPlan], profile, model) -> pd.DataFrame:
     """A measured run's steps with the predictions of another profile (the run's stored plans)."""
     priced = pd.DataFrame([_columns("predicted", step_cost(p, profile, model, after))
-                           for after, p in zip([None, *plans[:-1]], plans)], index=steps.index)
+                           for after, p in after_each(plans)], index=steps.index)
     return steps.assign(**priced)
 
 

@@ -4,12 +4,14 @@
 #
 #   bash reports/kernels/next_gpu_run.sh OUT [CALL_S]
 #
-# 1. the fused element-wise kernels' per-layer saving (bench/layer_elementwise);
-# 2. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
-# 3. the decode step with and without the fused element-wise kernels and the merge folded into the prefix passes'
-#    combine (bench/engine_host --after-option fused_elementwise=True fold_merge=True: the 16K burst, B = 64);
-# 4. both in bf16 in the engine (the GPU paths-agree check, with `dense_fused` and `cascade_folded`);
-# 5. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
+# 1. the fused element-wise kernels and the merge folded into the prefix passes' combine in bf16 in the engine (the GPU
+#    paths-agree check, with `dense_fused` and `cascade_folded`);
+# 2. the decode step with and without both (bench/engine_host --after-option fused_elementwise=True fold_merge=True:
+#    the 16K burst, B = 64);
+# 3. the dense prefix pass at every split count against the split rule's pick (bench/dense_splits);
+# 4. the fused element-wise kernels' per-layer saving (bench/layer_elementwise);
+# 5. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
+# 6. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
 # Read-only on the GPU: no clock or power setting is changed.
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
@@ -26,11 +28,12 @@ step() {  # NAME NEEDS_S COMMAND...: run it if NEEDS_S seconds are left, its out
   tail -5 "$OUT/$name.txt"
 }
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
-step layer_elementwise 40 python3 -m gpu_backend.bench.layer_elementwise --out "$OUT/layer_elementwise"
-step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
+step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
 step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current \
   --after-option fused_elementwise=True fold_merge=True \
   --out "$OUT/engine_host" --reps 3 --budget-s 180
-step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
+step dense_splits 90 python3 -m gpu_backend.bench.dense_splits --out "$OUT/dense_splits"
+step layer_elementwise 40 python3 -m gpu_backend.bench.layer_elementwise --out "$OUT/layer_elementwise"
+step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
 step dense_grid 60 python3 -m gpu_backend.bench.kernels_h200 --only dense --budget-s 500 --out "$OUT/kernels"
 echo "done in $(( $(date +%s) - start )) s"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpu_backend.bench import layer_elementwise, slab_small_m
+from gpu_backend.bench import dense_splits, layer_elementwise, slab_small_m
 
 
 def test_layer_elementwise_smoke_run(tmp_path, capsys):
@@ -26,3 +26,16 @@ def test_slab_small_m_smoke_run(tmp_path):
     for r in rows:
         for name in ("cascade", "dense_m64", "dense_m128"):
             assert r[name]["us"] > 0 and r[name]["max_abs_diff_vs_cascade"] < 4e-3, (name, r)
+
+
+def test_dense_splits_smoke_run(tmp_path):
+    """Every split count of every point computes the unsplit result, the rule's pick is timed, the best is the
+    fastest timed count."""
+    assert dense_splits.main(["--out", str(tmp_path), "--smoke"]) == 0
+    rows = json.loads((tmp_path / "dense_splits.json").read_text())["rows"]
+    assert [(r["G"], r["L"]) for r in rows] == [(4, 256), (5, 384)]
+    for r in rows:
+        counts = {int(n) for n in r["splits"]}
+        assert counts == set(range(1, r["L"] // 128 + 1)), r
+        assert all(s["max_abs_diff_vs_unsplit"] < 4e-3 for s in r["splits"].values()), r
+        assert r["best_us"] == min(s["us"] for s in r["splits"].values()) and r["rule"]["us"] > 0

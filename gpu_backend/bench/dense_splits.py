@@ -2,6 +2,7 @@
 (`split_rule.dense_splits`), as CUDA-graph replays.
 
     python3 -m gpu_backend.bench.dense_splits --out DIR
+    python -m gpu_backend.bench.dense_splits --rescore DIR/dense_splits.json   # no GPU: today's rule on a run
     TRITON_INTERPRET=1 python -m gpu_backend.bench.dense_splits --out DIR --smoke     # CPU: tiny sizes
 
 Why: in the dense grid the G = 5 points (Qwen-2.5: 40 query heads over 8 KV heads) ran far slower per FLOP than
@@ -21,11 +22,13 @@ from pathlib import Path
 
 import torch
 
+from granisim.costmodel import split_rule
 from ..kernels import layout as L
+from ..kernels.checks import num_sms
 from ..kernels.dense import DENSE_MAX_SPLITS, _dense_splits
 from ..kernels.dense import dense_prefix_attention
 from ..kernels.grid import cdiv
-from .problems import N_KV, Pool, i32, queries
+from .problems import N_KV, Pool, dev, i32, queries
 from .timing import bench_replays
 
 CUDA = torch.cuda.is_available()
@@ -68,11 +71,40 @@ def point(pool: Pool, G: int, B: int, Lp: int, max_splits: int) -> dict:
     return row
 
 
+def rescore(path: Path) -> list[dict]:
+    """Each point of a run: the split count today's rule picks (sms from the run) and its time there, beside the
+    run's own rule and its best count."""
+    run = json.loads(path.read_text())
+    sms = run["meta"]["sms"]
+    rows = []
+    for r in run["rows"]:
+        n, _ = split_rule.dense_splits(r["programs"], r["L"], BLOCK_N, sms=sms, max_splits=DENSE_MAX_SPLITS)
+        now = r["splits"][str(int(n[0]))]["us"]
+        rows.append({**{k: r[k] for k in ("G", "B", "L", "programs", "rule_splits", "best_splits", "best_us")},
+                     "run_rule_us": r["rule"]["us"], "now_splits": int(n[0]), "now_us": now,
+                     "now_over_best": now / r["best_us"]})
+    print(f"{'G':>2} {'B':>4} {'L':>6} {'progs':>5} {'run n':>5} {'run us':>7} {'now n':>5} {'now us':>7} "
+          f"{'best n':>6} {'best us':>7} {'now/best':>8}")
+    for r in rows:
+        print(f"{r['G']:>2} {r['B']:>4} {r['L']:>6} {r['programs']:>5} {r['rule_splits']:>5} {r['run_rule_us']:7.1f} "
+              f"{r['now_splits']:>5} {r['now_us']:7.1f} {r['best_splits']:>6} {r['best_us']:7.1f} "
+              f"{r['now_over_best']:8.2f}")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rescore", type=Path, metavar="JSON", help="a run's dense_splits.json: today's rule on it")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
+    if args.rescore:
+        if not args.rescore.is_file():
+            ap.exit(2, f"--rescore: no such file: {args.rescore}\n")
+        rescore(args.rescore)
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     if args.smoke:
         grid, max_splits = [(4, 2, 256), (5, 3, 384)], 3
     else:
@@ -81,7 +113,7 @@ def main(argv=None) -> int:
     rows = [point(pool, G, B, Lp, max_splits) for G, B, Lp in grid]
     meta = {"gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
             "python": platform.python_version(), "smoke": args.smoke,
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count if CUDA else None}
+            "sms": num_sms(dev())}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dense_splits.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"{'G':>2} {'B':>4} {'L':>6} {'progs':>5} {'rule n':>6} {'rule us':>8} {'best n':>6} {'best us':>8} "

@@ -39,3 +39,8 @@ def test_dense_splits_smoke_run(tmp_path):
         assert counts == set(range(1, r["L"] // 128 + 1)), r
         assert all(s["max_abs_diff_vs_unsplit"] < 4e-3 for s in r["splits"].values()), r
         assert r["best_us"] == min(s["us"] for s in r["splits"].values()) and r["rule"]["us"] > 0
+    again = dense_splits.rescore(tmp_path / "dense_splits.json")  # today's rule picks a count the run timed
+    assert [a["now_us"] for a in again] == [r["splits"][str(a["now_splits"])]["us"] for a, r in zip(again, rows)]
+    with pytest.raises(SystemExit) as e:
+        dense_splits.main(["--rescore", str(tmp_path / "missing.json")])
+    assert e.value.code == 2

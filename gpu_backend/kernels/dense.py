@@ -84,9 +84,9 @@ def _dense_kernel(
 
 def _dense_splits(base: int, max_kv_len: int, block_n: int, device, kv_chunk):
     """Splits for one 8-warp program per SM: the count (1..DENSE_MAX_SPLITS) whose last wave is fullest,
-    per unit of work, with a small cost per split (partials; granisim.costmodel.split_rule.dense_splits,
-    which the cost model prices with). H200 run: 160 programs (M_eff = 2560) in one unsplit launch ran
-    1.2 waves at 380 TFLOP/s against 600 for 128 programs."""
+    per unit of work, against what each split's partials cost (granisim.costmodel.split_rule.dense_splits,
+    which the cost model prices with; measured by gpu_backend/bench/dense_splits.py). H200 run: 160 programs
+    (M_eff = 2560) in one unsplit launch ran 1.2 waves at 380 TFLOP/s against 600 for 128 programs."""
     if kv_chunk is not None or max_kv_len <= 0:
         return plan_splits(base_programs=base, max_kv_len=max_kv_len, block_n=block_n, device=device,
                            kv_chunk=kv_chunk)

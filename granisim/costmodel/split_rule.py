@@ -41,17 +41,25 @@ def balance_cap(longest, mean, *, balance_chunk, balance_skew):
     return np.where(skewed(longest, mean, balance_skew=balance_skew), cap, 0.0)
 
 
-def dense_splits(base, kv_len, block_n, *, sms, max_splits):
+# Cost of a split in the dense rule, in KV tokens of one wave per row tile of a split: its fp32 partials written,
+# read back by the combine launch and reduced. Measured: the value that picks the fastest split count (or one
+# within 8%) at each of 27 launches, G = 4/5/8 query heads per KV head, B = 64-512 rows, L = 1K-16K
+# (gpu_backend/bench/dense_splits.py on an H100, 2026-12-06, reports/kernels/dense_splits/); any value in
+# 0.05-0.06 does the same, the earlier cost per KV token (0.02 n L / 8) picked up to 2.4x slower launches.
+DENSE_SPLIT_COST = 0.05
+
+
+def dense_splits(base, kv_len, block_n, *, sms, max_splits, block_m=128):
     """(n_splits, chunk) of the dense prefix pass (one program per SM): of 1..``max_splits``, the
-    first split count minimising ``waves * (chunk + block_n) + 0.02 * n * kv_len / 8`` — the
-    fullest last wave per unit of work, with a small cost per split (its partials). ``base`` may
-    be an array of launches over the same ``kv_len`` (> 0)."""
+    first split count minimising ``waves * (chunk + block_n)`` plus, when split,
+    ``DENSE_SPLIT_COST * n * base * block_m`` — the fullest last wave per unit of work against what
+    each split's partials cost. ``base`` may be an array of launches over the same ``kv_len`` (> 0)."""
     base = np.atleast_1d(np.asarray(base, float))
     L = float(kv_len)
     s = np.arange(1, int(max_splits) + 1, dtype=float)[:, None]
     chunk = np.ceil(np.ceil(L / s) / block_n) * block_n
     n = np.ceil(L / chunk)
     waves = np.ceil(base[None, :] * n / sms)
-    cost = waves * (chunk + block_n) + 0.02 * n * L / 8
+    cost = waves * (chunk + block_n) + np.where(n > 1, DENSE_SPLIT_COST * n * base[None, :] * block_m, 0.0)
     i = np.argmin(cost, axis=0)
     return n[i, 0], chunk[i, 0]

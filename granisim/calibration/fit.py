@@ -56,7 +56,9 @@ DISCRETE = {**{p: f"attn.{p}.resident_ctas_per_sm" for p in ("merge", "cascade",
             "kv_write": "kv.write_resident_ctas_per_sm"}
 RAW_FAMILY = {"prefill": "extend"}  # cost-model family -> raw family column
 
-# Kernel facts of gpu_backend at the measured commit (checked against the splits recorded in the raw CSV)
+# Kernel facts of gpu_backend at the measured commit. A raw row is priced with the splits its launch recorded
+# (n_splits, chunk: raw.predict_attention), so a later change of a split rule leaves the fit as it was;
+# split_check reports how many recorded splits today's rule still gives.
 KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
                 "attn.cascade.min_m_tile": 16, "attn.cascade.ctas_per_sm": 1, "attn.cascade.gather_ctas_per_sm": 2,
                 "attn.cascade.min_split_tokens": 256, "attn.cascade.max_splits": 64, "attn.cascade.launches": 2,
@@ -257,7 +259,10 @@ def fit_attention(raw: Raw, values: dict, model: ModelShape, seed: int = 0, fold
 
 
 def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
-    """How often the cost model's split rule gives the splits the launchers recorded."""
+    """How often the cost model's split rule (today's) gives the splits the launchers recorded, in all and per
+    family (``by_family``: family -> [agree, rows]). Informational: the fit prices each row with its recorded
+    splits; a rule changed since the run (the dense rule, 2026-12-06) disagrees on the rows it now splits
+    differently."""
     from granisim.costmodel import CostTables
 
     from .raw import layer_model, profile_of
@@ -269,6 +274,7 @@ def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
     prof = profile_of(values)
     agree = total = 0
     bad = []
+    fams: dict = {}
     for _, r in df.iterrows():
         t = CostTables(prof, layer_model(model, int(r.G)))
         gather = r.storage != "slab"
@@ -283,12 +289,15 @@ def split_check(raw: Raw, values: dict, model: ModelShape) -> dict:
             else:
                 n, _ = t.dense_split_rule(np.array([np.ceil(m / 128.0) * t.n_kv]), r.L)
         total += 1
+        f = fams.setdefault(r.family, [0, 0])
+        f[1] += 1
         if int(np.asarray(n).ravel()[0]) == int(float(r.n_splits)):
             agree += 1
+            f[0] += 1
         elif len(bad) < 5:
             bad.append(f"{r.family} {r.storage} L={r.L} B={r.B}: model {int(np.asarray(n).ravel()[0])}, "
                        f"kernel {int(float(r.n_splits))}")
-    return {"rows": total, "agree": agree, "examples": bad}
+    return {"rows": total, "agree": agree, "examples": bad, "by_family": fams}
 
 
 def fit(raw: Raw, base_values: dict, seed: int = 0, folds: int = 5, progress: bool = False,

@@ -77,8 +77,9 @@ def _how(name: str, res: FitResult) -> str:
                 "cap >= length)")
     if name in KERNEL_RULES:
         sc = res.split_check
-        return (f"the launchers' rule at the measured commit (gpu_backend/kernels); the cost model's split rule "
-                f"reproduced the recorded split counts on {sc.get('agree', 0)}/{sc.get('rows', 0)} rows")
+        return (f"the launchers' rule at the measured commit (gpu_backend/kernels); calibration rows are priced "
+                f"with the split counts they recorded, which the cost model's split rule reproduces on "
+                f"{sc.get('agree', 0)}/{sc.get('rows', 0)} rows")
     if name == "overhead.kernel_launch_s":
         return "median of the fitted merge and KV-write launch times (used by form-1 formulas only)"
     return "measured"

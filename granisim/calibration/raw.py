@@ -151,6 +151,9 @@ def prepare_rows(df: pd.DataFrame) -> list:
     for (fam, G, s), idx in df.assign(_st=st).groupby(["family", "G", "_st"], sort=False).indices.items():
         sub = df.iloc[idx]
         col = {c: sub[c].to_numpy(float) for c in ("B", "L", "M_eff", "q_len", "n_req", "T") if c in sub.columns}
+        for c in ("n_splits", "chunk"):  # what each measured launch ran (calibration.measure records them)
+            if c in sub.columns:
+                col[c] = pd.to_numeric(sub[c], errors="coerce").to_numpy(float)
         if "q_lens" in sub.columns:  # ragged prefill rows (extend_ragged.csv): each request's chunk tokens
             col["q_lens"] = [_lengths(v) for v in sub["q_lens"]]
         groups.append((fam, int(G), s, idx, col))
@@ -160,7 +163,8 @@ def prepare_rows(df: pd.DataFrame) -> list:
 def predict_attention(values: dict, df, model: ModelShape, table=None) -> np.ndarray:
     """Per-row seconds of the attention / KV rows (family column) under ``values`` (attn.form 2),
     with the measured correction of ``table`` (a KernelTable) when given. ``df``: a DataFrame or
-    :func:`prepare_rows` of one."""
+    :func:`prepare_rows` of one. A decode / cascade / dense row with recorded ``n_splits`` (and ``chunk``)
+    is priced with the splits its launch ran, not with today's split rule (which may have changed since)."""
     n, groups = prepare_rows(df) if isinstance(df, pd.DataFrame) else df
     prof = profile_of(values, table=table)
     out = np.full(n, np.nan)
@@ -171,16 +175,19 @@ def predict_attention(values: dict, df, model: ModelShape, table=None) -> np.nda
             t = tabs[G] = CostTables(prof, layer_model(model, G))
         t._priv_class = s if s in ("slots", "pages16") else "slots"
         B, Lk = col["B"], col["L"]
+        ran_n, ran_c = col.get("n_splits"), col.get("chunk")
         if fam == "decode":
             inv = 1.0 / t.storage_eff(*STORAGE[s])
             tok = B * Lk
             qo = B * 2.0 * t.n_q * t.d * t.b
-            out[idx] = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=s != "slab", raw_bytes=tok * t.kvb + qo)
+            out[idx] = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=s != "slab",
+                                      raw_bytes=tok * t.kvb + qo, splits=None if ran_n is None else (ran_n, ran_c))
         elif fam in ("cascade", "dense"):
             res = np.empty(len(idx))
             for lk in np.unique(Lk):
                 j = Lk == lk
-                res[j] = t.prefix_time_array(fam, int(lk), col["M_eff"][j], *STORAGE[s])
+                ran = None if ran_n is None else (ran_n[j], None if ran_c is None else ran_c[j])
+                res[j] = t.prefix_time_array(fam, int(lk), col["M_eff"][j], *STORAGE[s], splits=ran)
             out[idx] = res
         elif fam == "extend":
             out[idx] = t.prefill_time_uniform(col["q_len"], Lk, col["n_req"], t.prefill_inv_eff(*STORAGE[s]))

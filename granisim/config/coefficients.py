@@ -223,7 +223,8 @@ class LinearTable:
     tp_ops: Mapping[int, tuple] = field(default_factory=lambda: MappingProxyType({}))
 
 
-KERNEL_TABLE_COLS = ("family", "storage", "G", "B", "L", "M_eff", "q_len", "n_req", "T", "median_us")
+KERNEL_TABLE_COLS = ("family", "storage", "G", "B", "L", "M_eff", "q_len", "n_req", "T", "n_splits", "median_us")
+KERNEL_TABLE_OPTIONAL = ("n_splits",)  # the split count a row's launch ran; absent or 0: not recorded
 KERNEL_FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write")
 
 

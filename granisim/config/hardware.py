@@ -51,8 +51,8 @@ from pydantic import BaseModel, ValidationError
 from granisim.config import profile_base
 from granisim.config.files import unreadable
 from granisim.config.coefficients import (COEFFICIENTS, FORM2_COEFFICIENTS, KERNEL_FAMILIES, KERNEL_TABLE_COLS,
-                                   OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile, KernelTable, LinearTable,
-                                   ProfileError, Source, StepClasses)
+                                   KERNEL_TABLE_OPTIONAL, OPTIONAL_COEFFICIENTS, Coefficient, HardwareProfile,
+                                   KernelTable, LinearTable, ProfileError, Source, StepClasses)
 from granisim.config.models import TABLE_SHAPE_KEYS, table_dtype_error
 from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, PublishedSource
 
@@ -325,7 +325,7 @@ def _read_kernel_table(file: Path | str, path: Path) -> Mapping[str, tuple]:
             if row["family"] not in KERNEL_FAMILIES:
                 continue
             for c in KERNEL_TABLE_COLS:
-                v = row[c]
+                v = row.get(c) if c in KERNEL_TABLE_OPTIONAL else row[c]
                 if c not in ("family", "storage") and v and not math.isfinite(float(v)):
                     raise _fail(file, "kernel_table.file", str(path), f"row {i}, column {c} = {v!r}: must be a "
                                                                       f"finite number")

@@ -90,6 +90,24 @@ class KernelForms:
         n, chunk = split_rule.dense_splits(base, L, block_n, sms=self.sms, max_splits=self.dense_max_splits)
         return n + 0.0 * base, chunk + 0.0 * base
 
+    @staticmethod
+    def _as_run(n, chunk, splits, kv_len, block_n):
+        """(n_splits, chunk) of launches that were measured: ``splits`` = (recorded n_splits, recorded chunk
+        or None) where a row has them (finite, > 0; the chunk, if not recorded, in whole ``block_n`` tiles as
+        the launchers cut it), else the rule's ``n``, ``chunk``. A calibration row is priced with the split
+        count its launch ran, whatever today's rule would pick; the simulator's own launches pass none."""
+        if splits is None:
+            return n, chunk
+        rn, rc = splits
+        rn = np.asarray(rn, float)
+        have = np.isfinite(rn) & (rn > 0)
+        safe = np.where(have, rn, 1.0)
+        c = np.ceil(np.ceil(np.asarray(kv_len, float) / safe) / block_n) * block_n
+        if rc is not None:
+            rc = np.asarray(rc, float)
+            c = np.where(np.isfinite(rc) & (rc > 0), rc, c)
+        return np.where(have, rn, n), np.where(have, c, chunk)
+
     def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0, inv_eff=1.0,
                      first_bytes=0.0, longest_bytes=None):
         """Seconds (one layer) of one kernel of family ``fam`` (wave model; arrays broadcast).
@@ -120,18 +138,20 @@ class KernelForms:
         over = prog * np.maximum(1.0, N / self.sms)
         return launches * launch + over + waves * np.maximum(comp, mem) + partial_bytes / self.merge_eff_bw
 
-    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True, raw_bytes=None, kv_lens=None):
+    def decode_time2(self, tok, n_dec, max_len, nbytes, gather=True, raw_bytes=None, kv_lens=None, splits=None):
         """Seconds (all layers) of the decode kernel over ``n_dec`` requests reading ``tok`` KV tokens
         (``nbytes`` bytes per layer, gathers included), longest ``max_len`` tokens; ``gather``: the KV is
         in page tables / slot lists (the simulator's private storage), not slabs; ``kv_lens``: the sum of
         the sequences' lengths where it differs from ``tok`` (paged-group members re-reading a shared
-        prefix from L2 stream less than their length); arrays broadcast."""
+        prefix from L2 stream less than their length); ``splits``: the (n_splits, chunk) a measured launch
+        ran (:meth:`_as_run`; calibration rows), else the rule's; arrays broadcast."""
         base = self.n_kv * np.asarray(n_dec, float)  # one row tile (G query heads) per request and KV head
         tok = np.asarray(tok, float)
         lens = tok if kv_lens is None else np.asarray(kv_lens, float)
         mean = lens / np.maximum(n_dec, 1)
         n, chunk = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
                                    mean_len=mean)
+        n, chunk = self._as_run(n, chunk, splits, max_len, 64.0)
         N = base * n
         # a batch balanced over skewed lengths leaves most of its short sequences' splits empty (those
         # programs exit at once): about lens / chunk + n_dec / 2 splits hold KV
@@ -154,9 +174,10 @@ class KernelForms:
                                np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))
         return self.layers * t
 
-    def prefix_time2(self, path, L, m, inv_eff, gather=False, cls=None):
+    def prefix_time2(self, path, L, m, inv_eff, gather=False, cls=None, splits=None):
         """Form 2 of :meth:`prefix_time_array` (m: numpy array of M_eff; ``cls``: kernel-table storage
-        class for the measured correction, None = none)."""
+        class for the measured correction, None = none; ``splits``: the (n_splits, chunk) measured launches
+        ran, :meth:`_as_run`)."""
         bm = self._row_tile(path, m)
         bn = self._block_n(bm)
         tiles = np.maximum(1.0, np.ceil(m / bm))
@@ -165,6 +186,7 @@ class KernelForms:
             n, chunk = self.split_rule(base, L, bn, gather=np.logical_and(gather, bm <= 64))
         else:
             n, chunk = self.dense_split_rule(base, L, float(bn.flat[0]) if bn.size else 128.0)
+        n, chunk = self._as_run(n, chunk, splits, L, bn)
         c = chunk  # tokens of one program, whole KV tiles
         flops = 4.0 * bm * self.d * c
         nbytes = c * 2.0 * self.d * self.b + bm * self.d * self.b
@@ -204,7 +226,8 @@ class KernelForms:
         return self.layers * float(t)
 
     def _build_corrections(self, table) -> dict:
-        """Correction functions (measured / formula) per (family, storage class) from a kernel table."""
+        """Correction functions (measured / formula) per (family, storage class) from a kernel table; the
+        formula of a row with a recorded ``n_splits`` prices the split count its launch ran."""
         from dataclasses import replace
 
         rows = table.rows
@@ -214,6 +237,7 @@ class KernelForms:
         pts: dict = {}
         tabs: dict = {}
         n = len(rows["family"])
+        recorded = rows.get("n_splits")  # the split count each measured launch ran (0: not recorded)
         for i in range(n):
             fam, st = rows["family"][i], rows["storage"][i]
             G = int(rows["G"][i]) or 4
@@ -221,17 +245,19 @@ class KernelForms:
             if t is None:
                 t = tabs[G] = type(self)(self.profile, replace(ref, n_q_heads=ref.n_kv_heads * G), use_table=False)
             B, Lk, T = rows["B"][i], rows["L"][i], rows["T"][i]
+            ran = (float(recorded[i]), None) if recorded is not None else None  # the row's own splits
             cls = st if st in ("slab", "slots", "pages16") else "slots"
             sto, ps = {"slab": ("slab", 1), "slots": ("paged", 1), "pages16": ("paged", 16)}[cls]
             if fam == "decode":
                 inv = 1.0 / t.storage_eff(sto, ps)
                 tok = B * Lk
                 qo = B * 2.0 * t.n_q * t.d * t.b
-                f = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=cls != "slab", raw_bytes=tok * t.kvb + qo)
+                f = t.decode_time2(tok, B, Lk, tok * t.kvb * inv + qo, gather=cls != "slab",
+                                   raw_bytes=tok * t.kvb + qo, splits=ran)
                 key, x, y = ("decode", cls), np.log2(B), np.log2(max(Lk, 1.0))
             elif fam in ("cascade", "dense"):
                 f = t.prefix_time2(fam, Lk, np.array([rows["M_eff"][i]]), 1.0 / t.storage_eff(sto, ps),
-                                   gather=cls != "slab")[0]
+                                   gather=cls != "slab", splits=ran)[0]
                 key, x, y = (fam, cls), np.log2(rows["M_eff"][i]), np.log2(max(Lk, 1.0))
             elif fam == "extend":
                 q, nr = int(rows["q_len"][i]), int(rows["n_req"][i])

@@ -214,8 +214,10 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         return v
 
     # -- prefix pass -----------------------------------------------------------------------------
-    def prefix_time_array(self, path: str, prefix_len: int, m_eff, storage: str = "slab", page_size: int = 1):
-        """Seconds (all layers) of one group's prefix pass; ``m_eff`` may be a numpy array."""
+    def prefix_time_array(self, path: str, prefix_len: int, m_eff, storage: str = "slab", page_size: int = 1,
+                          splits=None):
+        """Seconds (all layers) of one group's prefix pass; ``m_eff`` may be a numpy array. ``splits``: the
+        (n_splits, chunk) measured launches ran (calibration rows; form 2 only), else the split rule's."""
         p = self.profile
         if path == "dense" and storage != "slab":
             raise ValueError(f"path 'dense' needs a HOT slab, got storage {storage!r}")
@@ -225,7 +227,7 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         L = float(prefix_len)
         if self.form == 2:
             t = self.prefix_time2(path, L, np.atleast_1d(m), 1.0 / self.storage_eff(storage, page_size),
-                                  gather=storage != "slab", cls=storage_class(storage, page_size))
+                                  gather=storage != "slab", cls=storage_class(storage, page_size), splits=splits)
             t = t.reshape(m.shape) if m.ndim else t[0]
             return np.where(L > 0, t, 0.0)
         mt = p[f"attn.{path}.m_tile"]

@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from granisim.calibration.fit import fit, host_bound, initial_values
+from granisim.calibration.fit import KERNEL_RULES, fit, host_bound, initial_values, split_check
 from granisim.calibration.msat import best_threshold, measured_crossovers
 from granisim.calibration.profile import derive
-from granisim.calibration.raw import kernel_table_of, load_raw, predict_attention, synthetic_raw
+from granisim.calibration.raw import (kernel_table_of, layer_model, load_raw, predict_attention, profile_of,
+                                      synthetic_raw)
 from granisim.cli import main
-from granisim.costmodel import Correction, step_cost
+from granisim.costmodel import Correction, CostTables, step_cost
 from granisim.config.hardware import PROFILE_DIR, ProfileError, get_profile, load_profile
 from granisim.config.models import get_model
 from granisim.core.contract import BatchPlan, PlannedRequest
@@ -87,14 +88,73 @@ def test_synthetic_whole_numbers_recovered(synthetic):
         assert res.values[f"attn.{fam}.resident_ctas_per_sm"] == TRUTH[f"attn.{fam}.resident_ctas_per_sm"]
 
 
-def test_fit_split_rule_matches_recorded_splits():
+def test_recorded_splits_are_consistent():
+    """Each measured decode / cascade / dense launch recorded the splits it ran, whole KV tiles as the launchers
+    cut them: chunk = ceil(ceil(L / n) / block_n) tiles, n = ceil(L / chunk), programs = row tiles x KV heads
+    x n, a combine launch when split. The fit prices every row with these (see the next test)."""
+    a = load_raw("calibration/raw/h200").attention
+    a = a[a["family"].isin(["decode", "cascade", "dense"])]
+    assert len(a) > 200 and a["n_splits"].notna().all() and a["chunk"].notna().all()
+    n, c, L, bn = (a[k].to_numpy(float) for k in ("n_splits", "chunk", "L", "block_n"))
+    assert (c % bn == 0).all()
+    assert (np.ceil(L / c) == n).all() and (np.ceil(np.ceil(L / n) / bn) * bn == c).all()
+    base = np.where(a["family"] == "decode", a["n_kv"] * a["B"], np.ceil(a["M_eff"] / a["block_m"]) * a["n_kv"])
+    assert (a["programs"].to_numpy(float) == base * n).all()
+    assert (a["launches"].to_numpy() == np.where(n > 1, 2, 1)).all()
+    most = np.where(a["family"] == "dense", KERNEL_RULES["attn.dense.max_splits"],
+                    KERNEL_RULES["attn.cascade.max_splits"])
+    assert ((n >= 1) & (n <= most)).all()
+
+
+def test_fit_prices_the_recorded_splits():
+    """The fit prices a measured launch with the splits it ran, not with today's rule: the dense rule changed
+    after the H200 run (2026-12-06: a split priced by its partials), and 32 of its 76 dense rows now split
+    otherwise. Those rows' formula times follow the recorded columns (without them, today's rule); the
+    cascade and decode rules are unchanged and still give every recorded count (split_check)."""
     raw = load_raw("calibration/raw/h200")
-    res_check = __import__("granisim.calibration.fit", fromlist=["split_check"]).split_check(
-        raw, {**BASE, **{k: c.value for k, c in get_profile("h200").coefficients.items()}}, LLAMA)
-    assert res_check["rows"] > 200 and res_check["agree"] == res_check["rows"]
+    values = {k: c.value for k, c in get_profile("h200").coefficients.items()}
+    check = split_check(raw, values, LLAMA)
+    assert check["by_family"]["cascade"][0] == check["by_family"]["cascade"][1] > 100
+    assert check["by_family"]["decode"][0] == check["by_family"]["decode"][1] > 200
+    d = raw.attention[raw.attention["family"] == "dense"].reset_index(drop=True)
+    prof = profile_of(values)
+    tabs = {G: CostTables(prof, layer_model(LLAMA, int(G))) for G in set(d["G"])}
+    rule = np.array([tabs[r.G].dense_split_rule(np.array([np.ceil(r.M_eff / 128) * tabs[r.G].n_kv]), r.L)[0][0]
+                     for r in d.itertuples()])
+    moved = rule != d["n_splits"].to_numpy(float)
+    assert check["by_family"]["dense"] == [int((~moved).sum()), len(d)] and moved.sum() > 0
+    ran = predict_attention(values, d, LLAMA)
+    today = predict_attention(values, d.drop(columns=["n_splits", "chunk"]), LLAMA)
+    assert np.allclose(ran[~moved], today[~moved], rtol=1e-12)
+    assert (np.abs(ran[moved] / today[moved] - 1) > 1e-3).all()
+    only_n = predict_attention(values, d.drop(columns=["chunk"]), LLAMA)  # chunk cut from n as the launchers do
+    assert np.allclose(only_n, ran, rtol=1e-12)
 
 
 # ---- measured correction ----------------------------------------------------------------------------
+def test_kernel_table_corrects_with_the_recorded_splits():
+    """The measured correction is measured / formula of the launch that ran: a kernel-table row is priced with
+    its recorded n_splits. At G = 4, B = 768, L = 1K (M_eff 3072) the H200 run split in 2 and today's rule does
+    not split; the simulator prices today's launch as the formula's ratio of the two times the measured one,
+    not as the measured 2-split launch (what a correction built with today's rule for that row would give)."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    prof = get_profile("h200")
+    rows = prof.kernel_table.rows
+    assert max(n for f, n in zip(rows["family"], rows["n_splits"]) if f == "dense") == 16
+    none = (0.0,) * len(rows["family"])  # a table without the column reads as zeros: today's rule
+    unrecorded = replace(prof.kernel_table, rows=MappingProxyType({**rows, "n_splits": none}))
+    lay = layer_model(LLAMA, 4)
+    ran = float(CostTables(prof, lay).prefix_time_array("dense", 1024, 3072.0))
+    today = float(CostTables(replace(prof, kernel_table=unrecorded), lay).prefix_time_array("dense", 1024, 3072.0))
+    bare = CostTables(prof, lay, use_table=False)
+    assert bare.dense_split_rule(np.array([24.0 * bare.n_kv]), 1024)[0][0] == 1
+    f_today = float(bare.prefix_time2("dense", 1024.0, np.array([3072.0]), 1.0)[0])
+    f_ran = float(bare.prefix_time2("dense", 1024.0, np.array([3072.0]), 1.0, splits=(2.0, None))[0])
+    assert ran / today == pytest.approx(f_today / f_ran, rel=0.1) and abs(f_today / f_ran - 1) > 0.1
+
+
 def test_correction_exact_at_points_and_clamped():
     x = np.log2([1, 4, 16, 1, 4, 16])
     y = np.log2([256, 256, 256, 4096, 4096, 4096])

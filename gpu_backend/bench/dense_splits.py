@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import platform
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from ..kernels.dense import DENSE_MAX_SPLITS, _dense_splits
 from ..kernels.dense import dense_prefix_attention
 from ..kernels.grid import cdiv
 from .problems import N_KV, Pool, dev, i32, queries
-from .timing import bench_replays
+from .timing import bench_replays, write_run
 
 CUDA = torch.cuda.is_available()
 BLOCK_N = 128
@@ -111,11 +110,7 @@ def main(argv=None) -> int:
         grid, max_splits = list(itertools.product((4, 5, 8), (64, 256, 512), (1024, 4096, 16384))), DENSE_MAX_SPLITS
     pool = Pool(max(Lp for *_, Lp in grid) + 64)
     rows = [point(pool, G, B, Lp, max_splits) for G, B, Lp in grid]
-    meta = {"gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
-            "python": platform.python_version(), "smoke": args.smoke,
-            "sms": num_sms(dev())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "dense_splits.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_run(args.out, "dense_splits", args.smoke, meta={"sms": num_sms(dev())}, rows=rows)
     print(f"{'G':>2} {'B':>4} {'L':>6} {'progs':>5} {'rule n':>6} {'rule us':>8} {'best n':>6} {'best us':>8} "
           f"{'rule/best':>9}")
     for r in rows:

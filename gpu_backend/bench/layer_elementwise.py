@@ -14,8 +14,6 @@ saving, and writes layer_elementwise.json (the GPU, versions and every point).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 from pathlib import Path
 
 import torch
@@ -27,7 +25,7 @@ from ..executor.model import EPS, rope_tables
 from ..kernels.rms_norm import add_rms_norm
 from ..kernels.rope import rope_
 from ..kernels.swiglu import swiglu
-from .timing import bench_replays
+from .timing import bench_replays, write_run
 
 CUDA = torch.cuda.is_available()
 
@@ -82,10 +80,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = [1, 5] if args.smoke else args.rows
     points = [point(mod, r, args.smoke) for mod in args.models for r in rows]
-    meta = {"gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
-            "python": platform.python_version(), "smoke": args.smoke}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "layer_elementwise.json").write_text(json.dumps({"meta": meta, "points": points}, indent=1))
+    write_run(args.out, "layer_elementwise", args.smoke, points=points)
     print(f"{'model':<14} {'rows':>6} {'torch us/layer':>15} {'fused us/layer':>15} {'step: torch ms':>15} "
           f"{'fused ms':>9} {'saved ms':>9}")
     for p in points:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import platform
 from pathlib import Path
 
 import torch
@@ -23,7 +21,7 @@ from ..kernels.cascade import cascade_prefix_attention
 from ..kernels.dense import dense_prefix_attention
 from ..kernels import layout as L
 from .problems import KV_BYTES_PER_TOKEN, Pool, i32, queries
-from .timing import bench_replays, ceilings
+from .timing import bench_replays, ceilings, write_run
 
 CUDA = torch.cuda.is_available()
 N_Q = 32
@@ -72,10 +70,7 @@ def main(argv=None) -> int:
     pool = Pool(max(k * Lp for k, _, Lp in grid) + 64)
     copy_gbs = ceilings(0.5)["copy_GBps"] if CUDA else None
     rows = [point(pool, k, B, Lp, copy_gbs) for k, B, Lp in grid]
-    meta = {"gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
-            "python": platform.python_version(), "copy_GBps": copy_gbs, "smoke": args.smoke}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "slab_small_m.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_run(args.out, "slab_small_m", args.smoke, meta={"copy_GBps": copy_gbs}, rows=rows)
     names = [n for n, _ in variants({})]
     print(f"{'k':>2} {'B':>3} {'L':>6} {'M_eff':>5} {'floor us':>9} " + " ".join(f"{n:>12}" for n in names))
     for r in rows:

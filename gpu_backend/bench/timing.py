@@ -5,12 +5,15 @@ the last repeat is not served from cache, as in a real step where other layers r
 an earlier run that flushed by *writing* the buffer left L2 full of dirty lines whose write-back
 the timed kernel then paid for, about 10 us at L = 16K — see reports/kernels/h200.md), record
 an event, run, record an event. Plain launches include whatever launch gap the host leaves;
-graph replays remove it.
+graph replays remove it. `write_run` saves a benchmark's points with what ran them.
 """
 from __future__ import annotations
 
+import json
+import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -91,3 +94,11 @@ def ceilings(copy_gib: float = 2.0) -> dict:
     gemm = 2 * 8192**3 / (m["median_us"] * 1e-6) / 1e12
     return {"copy_GBps": copy_gbs, "copy": c, "copy_bytes": 2 * n * 2,
             "gemm_TFLOPs": gemm, "gemm": m, "gemm_shape": [8192, 8192, 8192]}
+
+
+def write_run(out: Path, name: str, smoke: bool, **payload) -> None:
+    """OUT/NAME.json: ``payload`` (e.g. rows=...) beside ``meta``, the GPU, torch and Python that ran it."""
+    meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+            "python": platform.python_version(), "smoke": smoke, **payload.pop("meta", {})}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, **payload}, indent=1))

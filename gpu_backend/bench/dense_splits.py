@@ -6,8 +6,9 @@
     TRITON_INTERPRET=1 python -m gpu_backend.bench.dense_splits --out DIR --smoke     # CPU: tiny sizes
 
 Why: in the dense grid the G = 5 points (Qwen-2.5: 40 query heads over 8 KV heads) ran far slower per FLOP than
-G = 4 (H100, L = 4K, B = 512: 164 us against 65 for 1.25x the work), and there the rule picks launches of several
-waves (160 programs of 128 rows over 132 SMs, then 4 splits: 5 waves). This times one group of B requests over an
+G = 4 (H100, L = 4K, B = 512: 164 us against 65 for 1.25x the work), where the rule then picked launches of several
+waves (160 programs of 128 rows over 132 SMs, then 4 splits: 5 waves); this run's data led to today's rule, which
+charges a split its partials (reports/kernels/README.md). This times one group of B requests over an
 L-token slab at G query heads per KV head, split into n = 1..16 chunks of whole 128-token tiles (each n is one
 `kv_chunk`; the combine launch included), and the rule's own pick. Each split's output is checked against the
 unsplit one. Prints, per point, the rule's pick and time, the best split and time; writes dense_splits.json.
@@ -24,8 +25,7 @@ import torch
 from granisim.costmodel import split_rule
 from ..kernels import layout as L
 from ..kernels.checks import num_sms
-from ..kernels.dense import DENSE_MAX_SPLITS, _dense_splits
-from ..kernels.dense import dense_prefix_attention
+from ..kernels.dense import DENSE_MAX_SPLITS, _dense_splits, dense_prefix_attention
 from ..kernels.grid import cdiv
 from .problems import N_KV, Pool, dev, i32, queries
 from .timing import bench_replays, write_run

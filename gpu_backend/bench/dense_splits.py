@@ -30,7 +30,6 @@ from ..kernels.grid import cdiv
 from .problems import N_KV, Pool, dev, i32, queries
 from .timing import bench_replays, write_run
 
-CUDA = torch.cuda.is_available()
 BLOCK_N = 128
 
 

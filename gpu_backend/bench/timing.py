@@ -96,9 +96,10 @@ def ceilings(copy_gib: float = 2.0) -> dict:
             "gemm_TFLOPs": gemm, "gemm": m, "gemm_shape": [8192, 8192, 8192]}
 
 
-def write_run(out: Path, name: str, smoke: bool, **payload) -> None:
-    """OUT/NAME.json: ``payload`` (e.g. rows=...) beside ``meta``, the GPU, torch and Python that ran it."""
+def write_run(out: Path, name: str, smoke: bool, meta: dict | None = None, **payload) -> None:
+    """OUT/NAME.json: ``payload`` (e.g. rows=...) beside ``meta``: the GPU, torch and Python that ran it, and
+    ``meta``'s own entries."""
     meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-            "python": platform.python_version(), "smoke": smoke, **payload.pop("meta", {})}
+            "python": platform.python_version(), "smoke": smoke, **(meta or {})}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, **payload}, indent=1))

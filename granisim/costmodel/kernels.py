@@ -95,14 +95,13 @@ class KernelForms:
         """(n_splits, chunk) of launches that were measured: ``splits`` = (recorded n_splits, recorded chunk
         or None) where a row has them (finite, > 0; the chunk, if not recorded, in whole ``block_n`` tiles as
         the launchers cut it), else the rule's ``n``, ``chunk``. A calibration row is priced with the split
-        count its launch ran, whatever today's rule would pick; the simulator's own launches pass none."""
-        if splits is None:
-            return n, chunk
+        count its launch ran, whatever today's rule would pick; the simulator's own launches have none (their
+        callers skip this)."""
         rn, rc = splits
         rn = np.asarray(rn, float)
         have = np.isfinite(rn) & (rn > 0)
         safe = np.where(have, rn, 1.0)
-        c = np.ceil(np.ceil(np.asarray(kv_len, float) / safe) / block_n) * block_n
+        c = split_rule.whole_tiles(np.asarray(kv_len, float), safe, block_n)
         if rc is not None:
             rc = np.asarray(rc, float)
             c = np.where(np.isfinite(rc) & (rc > 0), rc, c)
@@ -151,7 +150,8 @@ class KernelForms:
         mean = lens / np.maximum(n_dec, 1)
         n, chunk = self.split_rule(base, max_len, 64.0, gather=np.logical_and(gather, self.dec_tile <= 64),
                                    mean_len=mean)
-        n, chunk = self._as_run(n, chunk, splits, max_len, 64.0)
+        if splits is not None:
+            n, chunk = self._as_run(n, chunk, splits, max_len, 64.0)
         N = base * n
         # a batch balanced over skewed lengths leaves most of its short sequences' splits empty (those
         # programs exit at once): about lens / chunk + n_dec / 2 splits hold KV
@@ -186,7 +186,8 @@ class KernelForms:
             n, chunk = self.split_rule(base, L, bn, gather=np.logical_and(gather, bm <= 64))
         else:
             n, chunk = self.dense_split_rule(base, L, float(bn.flat[0]) if bn.size else 128.0)
-        n, chunk = self._as_run(n, chunk, splits, L, bn)
+        if splits is not None:
+            n, chunk = self._as_run(n, chunk, splits, L, bn)
         c = chunk  # tokens of one program, whole KV tiles
         flops = 4.0 * bm * self.d * c
         nbytes = c * 2.0 * self.d * self.b + bm * self.d * self.b

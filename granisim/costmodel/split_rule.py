@@ -11,6 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def whole_tiles(kv_len, n, block_n):
+    """The chunk of ``kv_len`` tokens cut into ``n`` splits: each a whole number of ``block_n`` tiles."""
+    return np.ceil(np.ceil(kv_len / n) / block_n) * block_n
+
+
 def kv_splits(base, kv_len, block_n, *, target, round_up, min_chunk, max_splits, max_chunk=0):
     """(n_splits, chunk): split a launch of ``base`` programs along KV until about ``target``
     programs run (the split count rounded up where ``round_up``, else down, for kernels that want
@@ -24,7 +29,7 @@ def kv_splits(base, kv_len, block_n, *, target, round_up, min_chunk, max_splits,
     max_chunk = np.asarray(max_chunk, float)
     want = np.where(max_chunk > 0, np.maximum(want, np.ceil(kv_len / np.maximum(max_chunk, 1.0))), want)
     n = np.maximum(1.0, np.minimum(np.minimum(want, np.ceil(kv_len / min_chunk)), max_splits))
-    chunk = np.ceil(np.ceil(kv_len / n) / block_n) * block_n
+    chunk = whole_tiles(kv_len, n, block_n)
     chunk = np.where(kv_len > 0, chunk, block_n)
     return np.where(kv_len > 0, np.ceil(kv_len / chunk), 1.0), chunk
 
@@ -57,7 +62,7 @@ def dense_splits(base, kv_len, block_n, *, sms, max_splits, block_m=128):
     base = np.atleast_1d(np.asarray(base, float))
     L = float(kv_len)
     s = np.arange(1, int(max_splits) + 1, dtype=float)[:, None]
-    chunk = np.ceil(np.ceil(L / s) / block_n) * block_n
+    chunk = whole_tiles(L, s, block_n)
     n = np.ceil(L / chunk)
     waves = np.ceil(base[None, :] * n / sms)
     cost = waves * (chunk + block_n) + np.where(n > 1, DENSE_SPLIT_COST * n * base[None, :] * block_m, 0.0)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from . import checks
 from . import layout as L
-from .common import LOG2E, attend, finish, kv_span, slot_ids, stacked_queries, store_state
+from .common import LOG2E, attend, attend_full, finish, kv_span, slot_ids, stacked_queries, store_state
 from .grid import cdiv
 from .split_kv import default_scale
 
@@ -51,19 +51,34 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
 
-    # 1. the cached prefix, whole
+    # 1. the cached prefix, whole: full tiles unmasked, then the tail
     base, length = kv_span(MODE, req, A, C)
-    for start in range(0, length, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
+    n_full = length // BLOCK_N
+    for i in range(n_full):
+        pos = i * BLOCK_N + tl.arange(0, BLOCK_N)
+        slots = slot_ids(MODE, B, base, pos, pos < length, PAGE)
+        k = tl.load(K + slots[:, None] * stride_kt + h * stride_kh + offs_d[None, :])
+        v = tl.load(V + slots[:, None] * stride_vt + h * stride_vh + offs_d[None, :])
+        m_i, l_i, acc = attend_full(q, k, v, m_i, l_i, acc, qk_scale)
+    if n_full * BLOCK_N < length:
+        pos = n_full * BLOCK_N + tl.arange(0, BLOCK_N)
         ok = pos < length
         slots = slot_ids(MODE, B, base, pos, ok, PAGE)
         k = tl.load(K + slots[:, None] * stride_kt + h * stride_kh + offs_d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + slots[:, None] * stride_vt + h * stride_vh + offs_d[None, :], mask=ok[:, None], other=0.0)
         m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale)
 
-    # 2. the chunk itself, causal: new token i sees new tokens j <= i
+    # 2. the chunk itself, causal: new token i sees new tokens j <= i. Tiles wholly at or before the tile's
+    # first token are seen by every row (unmasked); the rest up to its last token are masked.
+    i_first = (pid_m * BLOCK_M) // G
+    j_full = (i_first + 1) // BLOCK_N
+    for jb in range(j_full):
+        jt = (q_start + jb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        k = tl.load(KN + jt[:, None] * stride_knt + h * stride_knh + offs_d[None, :])
+        v = tl.load(VN + jt[:, None] * stride_vnt + h * stride_vnh + offs_d[None, :])
+        m_i, l_i, acc = attend_full(q, k, v, m_i, l_i, acc, qk_scale)
     j_hi = tl.minimum(n_new, ((pid_m + 1) * BLOCK_M - 1) // G + 1)
-    for j0 in range(0, j_hi, BLOCK_N):
+    for j0 in range(j_full * BLOCK_N, j_hi, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         ok = j < n_new
         jt = (q_start + j).to(tl.int64)

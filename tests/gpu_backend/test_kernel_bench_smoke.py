@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpu_backend.bench import dense_splits, layer_elementwise, slab_small_m
+from gpu_backend.bench import dense_splits, extend_tiles, layer_elementwise, slab_small_m
 
 
 def test_layer_elementwise_smoke_run(tmp_path, capsys):
@@ -44,3 +44,18 @@ def test_dense_splits_smoke_run(tmp_path):
     with pytest.raises(SystemExit) as e:
         dense_splits.main(["--rescore", str(tmp_path / "missing.json")])
     assert e.value.code == 2
+
+
+def test_extend_tiles_smoke_run(tmp_path, capsys):
+    """Every config of every point computes the first config's result, the best is the fastest; a malformed
+    config is refused (exit 2)."""
+    assert extend_tiles.main(["--out", str(tmp_path), "--smoke"]) == 0
+    rows = json.loads((tmp_path / "extend_tiles.json").read_text())["rows"]
+    assert [(r["storage"], r["G"]) for r in rows] == [("slots", 4), ("pages16", 5)]
+    for r in rows:
+        assert list(r["configs"]) == extend_tiles.SMOKE_CONFIGS
+        assert all(c["max_abs_diff_vs_first"] < 4e-3 and c["us"] > 0 for c in r["configs"].values()), r
+        assert r["configs"][r["best"]]["us"] == min(c["us"] for c in r["configs"].values())
+    with pytest.raises(SystemExit) as e:
+        extend_tiles.main(["--out", str(tmp_path), "--configs", "128x64w8"])
+    assert e.value.code == 2 and "128x64w8" in capsys.readouterr().err

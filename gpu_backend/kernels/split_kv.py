@@ -17,7 +17,7 @@ import triton.language as tl
 
 from . import layout as L
 from .checks import num_sms
-from .common import LOG2E, attend, finish, group_program, kv_span, slot_ids, stacked_queries, store_state
+from .common import LOG2E, attend, attend_full, finish, group_program, kv_span, slot_ids, stacked_queries, store_state
 from .grid import cdiv, next_pow2
 from granisim.costmodel import split_rule
 
@@ -67,12 +67,20 @@ def _split_kv_kernel(
     offs_d = tl.arange(0, D)
     k_base = K + h * stride_kh + offs_d[None, :]
     v_base = V + h * stride_vh + offs_d[None, :]
-    for start in range(lo, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
+    n_full = tl.maximum(hi - lo, 0) // BLOCK_N
+    for i in range(n_full):                                                       # whole tiles: no masks
+        pos = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        slots = slot_ids(MODE, B, base, pos, pos < hi, PAGE)                       # [BLOCK_N]
+        k = tl.load(k_base + slots[:, None] * stride_kt)                           # [BLOCK_N, D]
+        v = tl.load(v_base + slots[:, None] * stride_vt)
+        m_i, l_i, acc = attend_full(q, k, v, m_i, l_i, acc, qk_scale)
+    tail = lo + n_full * BLOCK_N
+    if tail < hi:
+        pos = tail + tl.arange(0, BLOCK_N)
         ok = pos < hi
-        slots = slot_ids(MODE, B, base, pos, ok, PAGE)                             # [BLOCK_N]
-        k = tl.load(k_base + slots[:, None] * stride_kt, mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
-        v = tl.load(v_base + slots[:, None] * stride_vt, mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
+        slots = slot_ids(MODE, B, base, pos, ok, PAGE)
+        k = tl.load(k_base + slots[:, None] * stride_kt, mask=ok[:, None], other=0.0)
+        v = tl.load(v_base + slots[:, None] * stride_vt, mask=ok[:, None], other=0.0)
         m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale)
     o, lse = finish(m_i, l_i, acc)
     store_state(O, LSE, OP, LSEP, o, lse, tok, qh, row_ok, s, n_q, n_rows_total, stride_ot, stride_oh, D, SPLIT)

@@ -56,6 +56,8 @@ def test_extend_tiles_smoke_run(tmp_path, capsys):
         assert list(r["configs"]) == extend_tiles.SMOKE_CONFIGS
         assert all(c["max_abs_diff_vs_first"] < 4e-3 and c["us"] > 0 for c in r["configs"].values()), r
         assert r["configs"][r["best"]]["us"] == min(c["us"] for c in r["configs"].values())
+        first = r["configs"][extend_tiles.SMOKE_CONFIGS[0]]["us"]
+        assert r["first_over_best"] == first / r["configs"][r["best"]]["us"]
     with pytest.raises(SystemExit) as e:
         extend_tiles.main(["--out", str(tmp_path), "--configs", "128x64w8"])
     assert e.value.code == 2 and "128x64w8" in capsys.readouterr().err

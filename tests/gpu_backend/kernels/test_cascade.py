@@ -76,3 +76,17 @@ def test_cascade_rejects_bad_groups():
     with pytest.raises(ValueError, match=r"prefix.length\[0\] = -1 is negative"):
         cascade_prefix_attention(q=q, k_cache=kc, v_cache=vc, group_indptr=i32([0, 1, 4]),
                                  prefix=L.Slabs(i32([0, 0]), i32([-1, 1])))
+
+
+@pytest.mark.parametrize("kind", STORAGES)
+def test_cascade_128_row_tiles_match_reference(kind):
+    """128-row tiles take whole K/V tiles unmasked (split_kv): splits of whole tiles and a tail, prefixes off the
+    tile grid, a group of two row tiles (d = 16 keeps the interpreter quick)."""
+    dtype, G, d, n_kv, rows, prefix = torch.float32, 4, 16, 1, [40, 3], [150, 77]
+    kc, vc, pre = stored(kind, prefix, n_kv, d, dtype, seed=11)
+    q = queries(sum(rows), n_kv * G, d, dtype, seed=12)
+    gp = gptr(rows)
+    ref = R.grouped(q, kc, vc, gp, pre)
+    for chunk in (64, None):
+        got = run(cascade_prefix_attention, q, kc, vc, gp, pre, block_m=128, block_n=32, num_warps=8, kv_chunk=chunk)
+        close(*got, *ref, dtype, f"{kind} chunk {chunk}")

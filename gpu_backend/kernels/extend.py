@@ -97,16 +97,31 @@ ORDERS = {"in_order": 0,        # requests in order, each one's row blocks in or
           "blocks_major": 2}    # row blocks last to first across every request and head
 
 
+def default_tiles(rows: int) -> dict:
+    """Tile, warps and pipeline depth for a launch whose longest chunk stacks ``rows`` query rows per KV head
+    (chunk tokens x G). Measured (gpu_backend/bench/extend_tiles.py, reports/kernels/README.md): from 128 rows,
+    128 x 128 tiles over 8 warps and 3 stages beat every other setting that fits at every point with a cached
+    prefix (1.1-1.4x the 64 x 64 tiles on one H100); shorter chunks keep 64 x 64 tiles, which waste less of a
+    tile's rows."""
+    if rows >= 128:
+        return dict(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+
+
 class ExtendLaunch:
     """The extend launch with its host work done once: call it per layer with (q, k_new, v_new,
     k_cache, v_cache, out, lse). No checks: `extend_attention` checks. ``order``: a key of ORDERS."""
 
     def __init__(self, *, n_q: int, n_kv: int, d: int, qo_indptr: torch.Tensor, prefix: L.KVLayout,
-                 max_qo_len: int, sm_scale: float | None = None, block_m: int = 64, block_n: int = 64,
-                 num_warps: int = 4, num_stages: int = 2, order: str = "in_order"):
+                 max_qo_len: int, sm_scale: float | None = None, block_m: int | None = None,
+                 block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                 order: str = "in_order"):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         G = n_q // n_kv
+        given = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        tiles = {**default_tiles(max_qo_len * G), **{k: v for k, v in given.items() if v is not None}}
+        block_m, block_n, num_warps, num_stages = (tiles[k] for k in given)
         mode, A, B, C, page = L.kernel_args(prefix)
         n_m, n_req = max(1, cdiv(max_qo_len * G, block_m)), qo_indptr.shape[0] - 1
         self.grid = (n_req, n_kv, n_m) if order == "blocks_major" else (n_m, n_kv, n_req)
@@ -127,11 +142,13 @@ def extend_attention(
     k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: L.KVLayout,
     sm_scale: float | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
     max_qo_len: int | None = None, check: bool = True,
-    block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2, order: str = "in_order",
+    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+    num_stages: int | None = None, order: str = "in_order",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, n_q, d], k_new/v_new [T, n_kv, d]: request i's new tokens are rows
     qo_indptr[i]:qo_indptr[i+1]; its cached prefix is sequence i of `prefix` (may be empty).
-    ``order``: the programs' start order (ORDERS; the same result in every order).
+    ``order``: the programs' start order (ORDERS; the same result in every order). Tiles not given follow
+    `default_tiles`.
     Returns o [T, n_q, d], lse [T, n_q] fp32."""
     num_slots, n_kv, d = checks.kv_cache(k_cache, v_cache)
     dev = k_cache.device

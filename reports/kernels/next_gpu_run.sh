@@ -11,7 +11,8 @@
 # 3. the dense prefix pass at every split count against the split rule's pick (bench/dense_splits);
 # 4. the fused element-wise kernels' per-layer saving (bench/layer_elementwise);
 # 5. slab prefix passes below M_sat: cascade vs dense with 64/128-row tiles (bench/slab_small_m);
-# 6. the dense grid and SDPA as graph replays (kernels_h200 --only dense).
+# 6. the dense grid and SDPA as graph replays (kernels_h200 --only dense);
+# 7. the extend kernel's tiles, with the start orders at 128 x 128 tiles (bench/extend_tiles).
 # Read-only on the GPU: no clock or power setting is changed.
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
@@ -36,4 +37,6 @@ step dense_splits 90 python3 -m gpu_backend.bench.dense_splits --out "$OUT/dense
 step layer_elementwise 40 python3 -m gpu_backend.bench.layer_elementwise --out "$OUT/layer_elementwise"
 step slab_small_m 60 python3 -m gpu_backend.bench.slab_small_m --out "$OUT/slab_small_m"
 step dense_grid 60 python3 -m gpu_backend.bench.kernels_h200 --only dense --budget-s 500 --out "$OUT/kernels"
+step extend_tiles 100 python3 -m gpu_backend.bench.extend_tiles --out "$OUT/extend_tiles" \
+  --configs 128x128w8s3,64x64w4s2,128x128w8s3:heavy_first,128x128w8s3:blocks_major,128x64w8s3:heavy_first
 echo "done in $(( $(date +%s) - start )) s"

@@ -367,4 +367,4 @@ def test_validation_prices_a_steps_transfers_as_the_simulator_does():
         assert got.duration_s == sim.duration_s and got.breakdown["host_copy"] > 0
         cols = _columns("predicted", got)
         assert cols["predicted_kv_copy"] == pytest.approx(got.breakdown["kv_copy"] + got.breakdown["host_copy"])
-    assert get_profile("h200-engine")["host.overlap"] == 0.0 and get_profile("h200")["host.overlap"] == 0.8
+    assert get_profile("h200-engine")["host.overlap"] == 0.0 and get_profile("h200")["host.overlap"] == 0.749

@@ -23,6 +23,8 @@ import torch
 
 from .rows import HostStep
 
+MEMO_SPANS = 1024  # (buffer, length) pairs whose copy views an arena keeps
+
 
 class MetaArena:
     def __init__(self, device: torch.device):
@@ -32,19 +34,23 @@ class MetaArena:
         self._dev: dict[str, torch.Tensor] = {}
         self._host: dict[str, torch.Tensor] = {}
         self._host_np: dict[str, np.ndarray] = {}  # numpy views of the pinned buffers
+        self._cap: dict[str, int] = {}  # each buffer's length (ints: `fits` runs every step)
+        # (buffer, length) -> the (device, pinned) views a copy of that length goes between: slicing a tensor costs a
+        # few us of Python a call, and the fixed-size fields of a step shape are copied at one length step after step
+        self._spans: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.memo: dict = {}  # StepShape -> what metadata.upload made of this generation's buffers
 
     @staticmethod
     def _sizes(step: HostStep) -> dict[str, int]:
-        sizes = {"small": sum(a.size for a in step.small), **{name: a.size for name, a in step.big.items()}}
+        sizes = {"small": step.small_ids, **{name: a.size for name, a in step.big.items()}}
         if step.table_entries:
             sizes["table"] = step.table_entries
         return sizes
 
     def _short(self, step: HostStep) -> dict[str, int]:
         """The buffers `step` needs that are missing or too small, with the sizes it needs."""
-        return {name: n for name, n in self._sizes(step).items()
-                if name not in self._dev or self._dev[name].numel() < n}
+        cap = self._cap
+        return {name: n for name, n in self._sizes(step).items() if cap.get(name, -1) < n}
 
     def fits(self, step: HostStep) -> bool:
         """Whether every buffer `step` needs is already large enough (no allocation in `upload`)."""
@@ -65,19 +71,27 @@ class MetaArena:
         else:
             self._host[name] = torch.zeros(cap, dtype=torch.int32, pin_memory=self.device.type == "cuda")
             self._host_np[name] = self._host[name].numpy()
+        self._cap[name] = cap
+        self._spans.clear()
         self.memo.clear()
         self.generation += 1
         self.growths += 1
 
     def _copy(self, name: str, n: int) -> None:
         """The first `n` staged ids of buffer `name` to the device (after the pinned copy is written)."""
-        if n:
-            self._dev[name][:n].copy_(self._host[name][:n], non_blocking=True)
+        if not n:
+            return
+        span = self._spans.get((name, n))
+        if span is None:
+            if len(self._spans) >= MEMO_SPANS:  # index lists' lengths vary without bound
+                self._spans.clear()
+            span = self._spans[name, n] = (self._dev[name][:n], self._host[name][:n])
+        span[0].copy_(span[1], non_blocking=True)
 
     def upload(self, step: HostStep, small_later: bool = False) -> None:
         """Copy the step's fields into the buffers (which must fit it: `reserve` first). `small_later`: the
         fixed-size fields are only staged; `copy_small` copies them, as the first node of the step's CUDA graph."""
-        n = sum(a.size for a in step.small)
+        n = step.small_ids
         np.concatenate(step.small, out=self._host_np["small"][:n])
         if not small_later:
             self._copy("small", n)

@@ -95,4 +95,4 @@ def _views(host: R.HostStep, arena: MetaArena) -> StepMeta:
         row0 += p.rows
     suffix = storage("suffix") if table is not None else L.SlotLists(next(it), arena.buffer("suffix"))
     return StepMeta(s, tokens, positions, new_slots, sample, ext_ptr, ext_prefix, decode_kv, passes, suffix, table,
-                    append, s.page_size or 1, sum(a.size for a in host.small))
+                    append, s.page_size or 1, host.small_ids)

@@ -27,6 +27,7 @@ fields are those of the reference.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import accumulate, repeat
 from typing import NamedTuple
 
@@ -111,6 +112,12 @@ class HostStep:
     big: dict[str, np.ndarray]  # variable-length int32 index lists (CSR indices, page ids)
     sample_of: dict[int, int]  # rid -> index into the sampled rows
     table_entries: int = 0  # entries the device request table needs (0: no table)
+
+    @cached_property
+    def small_ids(self) -> int:
+        """Ids of the fixed-size fields together (the arena stages them one after another): the arena's fit check
+        and its upload both read it, every step."""
+        return sum(a.size for a in self.small)
 
 
 _PATHS = ("cascade", "dense")  # the paths with a prefix pass

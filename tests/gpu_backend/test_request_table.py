@@ -191,3 +191,94 @@ def test_the_table_starts_afresh_before_freed_blocks_pile_up():
         assert t.locate(rid, 0, n, n)[1]
         t.finish()
     assert t.resets > 0 and t.end < SPARE  # the small requests' blocks alone
+
+
+class _Recorder:
+    """The engine's protocol, recording a run's plans (each step priced at 1 ms)."""
+
+    needs_layouts = True
+    max_steps_per_plan = 1
+
+    def __init__(self):
+        self.plans = []
+
+    def execute(self, plan):
+        self.plans.append(plan)
+        return StepResult(1e-3, {}, {r.rid: 1 for r in plan.requests})
+
+
+def _outcome(table: RequestTable, before, plan, num_slots: int, pad: bool, repeat: bool):
+    """`plan` built with a table that built `before` just now (and, unless `repeat`, forgot what a repeat reads):
+    ('ok', HostStep) or ('error', message)."""
+    R.build(before, num_slots, pad=True, table=table)
+    if not repeat:
+        table.repeat = None
+    try:
+        return ("ok", R.build(plan, num_slots, pad=pad, table=table))
+    except ValueError as e:
+        return ("error", str(e))
+
+
+def _requests(plan, k: int, **changes):
+    """`plan`'s requests with request k's fields changed."""
+    from dataclasses import replace
+
+    reqs = list(plan.requests)
+    reqs[k] = replace(reqs[k], **changes)
+    return tuple(reqs)
+
+
+def test_a_step_that_does_not_repeat_the_previous_one_is_built_in_full():
+    """A real repeating decode step (grouped and ungrouped requests), broken in each way `Repeat.next` checks for:
+    built after the step it would repeat, it is what the full build makes of it (the same fields, or the same
+    ValueError). Planted bugs caught, each alone (seen failing, removed): no range check of the new slots, no
+    check of the layouts' lengths, of `is_prefill`, of `num_new`, of `context_len`, of the requests' ids, of the
+    groups, of `pad`, of the plan's copies."""
+    from dataclasses import replace
+
+    from granisim.core.contract import KVCopy
+
+    setup = prepare(parse_scenario(BASE).with_changes(**CASES["granikv, dense and cascade"][0]))
+    rec = _Recorder()
+    ServingLoop(setup, rec, progress=False).run()
+    num_slots = setup.kv_budget
+    pairs = []  # (step, the next step), the next one derived from the step (rows_repeat.py)
+    table = RequestTable()
+    for before, plan in zip(rec.plans, rec.plans[1:]):
+        R.build(before, num_slots, pad=True, table=table)
+        host = R.build(plan, num_slots, pad=True, table=table)
+        if table.repeat is not None and table.repeat.host is host and plan.groups and any(
+                r.group == -1 for r in plan.requests):
+            pairs.append((before, plan))
+        table = RequestTable()
+    assert pairs
+    before, plan = pairs[len(pairs) // 2]
+    k = next(i for i, r in enumerate(plan.requests) if r.group == -1)  # an ungrouped request (a decode row)
+    r = plan.requests[k]
+    other = next(q for q in plan.requests if q.layout.num_tokens != r.layout.num_tokens)
+    broken = {
+        "slot past the buffer": _requests(plan, k, new_slots=np.array([num_slots])),
+        "negative slot": _requests(plan, k, new_slots=np.array([-1])),
+        "two slots": _requests(plan, k, new_slots=np.array([1, 2])),
+        "no input token": _requests(plan, k, input_tokens=np.zeros(0, np.int32)),
+        "layout of another length": _requests(plan, k, layout=other.layout),
+        "no layout": _requests(plan, k, layout=None),
+        "prefill": _requests(plan, k, is_prefill=True),
+        "two new tokens": _requests(plan, k, num_new=2),  # the full build raises: a layout one token short
+        "a token further": _requests(plan, k, context_len=r.context_len + 1),  # the same
+        "another request": _requests(plan, k, rid=10 ** 6),
+    }
+    plans = {name: replace(plan, requests=reqs) for name, reqs in broken.items()}
+    plans["no groups"] = replace(plan, groups=(), requests=tuple(replace(q, group=-1) for q in plan.requests))
+    plans["a KV copy"] = replace(plan, copies=(KVCopy(0, 0, 0),))
+    table = RequestTable()
+    assert _outcome(table, before, plan, num_slots, True, repeat=True)[1] is table.repeat.host  # as it is: a repeat
+    for name, p in [("as it is", plan), *plans.items(), ("exact", plan)]:
+        pad = name != "exact"
+        got = _outcome(RequestTable(), before, p, num_slots, pad, repeat=True)
+        want = _outcome(RequestTable(), before, p, num_slots, pad, repeat=False)
+        assert got[0] == want[0], (name, got, want)
+        if got[0] == "error":
+            assert got == want, name
+        else:
+            _same(got[1], want[1])

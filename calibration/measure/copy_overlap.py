@@ -39,7 +39,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,13 +47,13 @@ import numpy as np
 import torch
 
 from calibration.measure.common import stats, write_csv
+from gpu_backend.bench.host_work import code_commit
 from gpu_backend.bench.timing import graph_of
 from gpu_backend.executor.model import RandomWeights, TorchLayers, logits, rope_tables
 from gpu_backend.executor.transfers import HostKV
 from granisim.config.models import ModelShape, get_model
 from granisim.kv.host_tier import KVTransfer
 
-ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("compute", "copy", "both")
 FIELDS = ["rows", "sampled", "direction", "ratio_target", "tokens", "bytes", "reps", "gate_us", "gate_late",
           *(f"{k}_{s}_us" for k in KINDS for s in ("median", "p10", "p90")),
@@ -232,17 +231,6 @@ def measure(shape: ModelShape, points, ratios, *, device: str, dtype, max_tokens
                 print(f"   rows {n_rows:5d} {direction:7s} x{ratio:<4g} {n:6d} tokens: overlap {r['overlap']:.3f}",
                       flush=True)
     return rows
-
-
-def code_commit() -> str | None:
-    """A COMMIT file at the tree's root (a copy made by `git archive`), else git's HEAD."""
-    if (ROOT / "COMMIT").is_file():
-        return (ROOT / "COMMIT").read_text().strip()
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def meta(args, argv: list[str], shape: ModelShape, device: str) -> dict:

@@ -203,8 +203,8 @@ ENGINE_HOST_OVERLAP = {"value": 0.0, "unit": "", "source": {
     "kind": "extrapolated",
     "from": "gpu_backend/executor/transfers.py: the real engine runs a step's host-tier copies on a side stream that "
             "the compute stream waits for before the layers",
-    "how": "by construction: the engine hides none of its copies (h200 keeps 0.8 for an engine that loads KV layer "
-           "by layer beside compute); measure when the engine overlaps them"}}
+    "how": "by construction: the engine hides none of its copies (h200 keeps 0.749, measured on an H100 for a copy "
+           "stream beside the layers); measure when the engine overlaps them"}}
 ENGINE_HOST_DUPLEX = {"value": 0.0, "unit": "", "source": {
     "kind": "measured",
     "date": "2026-12-03",

@@ -4,9 +4,9 @@ on prefill chunks over long cached prefixes, as CUDA-graph replays, beside the b
     python3 -m gpu_backend.bench.extend_tiles --out DIR [--configs 64x64w4s2,128x64w8s3]
     TRITON_INTERPRET=1 python -m gpu_backend.bench.extend_tiles --out DIR --smoke     # CPU: tiny sizes
 
-Why: the extend kernel ran at 34-35% of the GEMM rate on an H200 (reports/kernels/h200.md) with 64-row tiles and
-4 warps, where the dense prefix pass, the same online softmax over the same K/V rows, reaches 52-76% with 128-row
-tiles and 8 warps. Each point is requests x chunk new tokens over an L-token cached prefix in one storage (the
+Why: with 64-row tiles and 4 warps the extend kernel ran at 34-35% of the GEMM rate on an H200 (pages of 16;
+reports/kernels/h200.md), where the dense prefix pass, the same online softmax over the same K/V rows, reaches
+52-76% with 128-row tiles and 8 warps; this run's data chose `extend.default_tiles`. Each point is requests x chunk new tokens over an L-token cached prefix in one storage (the
 engine's: slot lists for token/granikv, pages of 16 for paged16) at G query heads per KV head. Every config's
 output is checked against the first config's. Prints, per point, each config's time and TFLOP/s and the best;
 writes extend_tiles.json.
@@ -24,9 +24,11 @@ from ..kernels.extend import ORDERS, extend_attention
 from .problems import D, N_KV, Pool, i32, queries, seqs
 from .timing import bench_replays, ceilings, write_run
 
-# block_m x block_n, warps, pipeline stages, start order: the first is the engine's launch today
+# block_m x block_n, warps, pipeline stages, start order; the first (every launch before default_tiles) is the
+# reference each output is checked against
 CONFIGS = ["64x64w4s2", "64x64w4s3", "128x64w4s2", "128x64w8s2", "128x64w8s3", "128x128w8s2", "128x128w8s3",
-           "64x128w4s2", "128x64w8s3:blocks_major", "128x64w8s3:heavy_first"]
+           "64x128w4s2", "128x64w8s3:blocks_major", "128x64w8s3:heavy_first", "128x128w8s3:blocks_major",
+           "128x128w8s3:heavy_first"]
 POINTS = [  # (requests, chunk, prefix L, storage, G)
     (4, 512, 4096, "slots", 4), (4, 512, 16384, "slots", 4), (1, 2048, 16384, "slots", 4),
     (16, 128, 16384, "slots", 4), (8, 1024, 4096, "slots", 4), (1, 4096, 0, "slots", 4),

@@ -4,8 +4,11 @@
 #
 #   bash reports/kernels/next_gpu_run.sh OUT [CALL_S]
 #
-# 1. the fused element-wise kernels and the merge folded into the prefix passes' combine in bf16 in the engine (the GPU
-#    paths-agree check, with `dense_fused` and `cascade_folded`);
+# 0. every kernel test on the GPU (fp32 and the bf16 real-size ones; the extend kernel's 128 x 128 tiles and the
+#    split-KV kernel's unmasked tiles have not been checked against the reference on a GPU yet);
+# 1. the engine's GPU tests one at a time (each holds a model's weights, KV and a float64 reference): graph replays equal
+#    eager steps bit for bit, and every path in bf16, with `dense_fused` and `cascade_folded` (the fused
+#    element-wise kernels and the merge folded into the prefix passes' combine);
 # 2. the decode step with and without both (bench/engine_host --after-option fused_elementwise=True fold_merge=True:
 #    the 16K burst, B = 64);
 # 3. the dense prefix pass at every split count against the split rule's pick (bench/dense_splits);
@@ -29,7 +32,8 @@ step() {  # NAME NEEDS_S COMMAND...: run it if NEEDS_S seconds are left, its out
   tail -5 "$OUT/$name.txt"
 }
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
-step gpu_test 150 python3 -m pytest -q -s -m gpu tests/gpu_backend/test_engine_gpu.py -k paths_agree
+step kernel_tests 150 python3 -m pytest -q -p no:cacheprovider tests/gpu_backend/kernels -n 4
+step gpu_test 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu_backend/test_engine_gpu.py
 step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current \
   --after-option fused_elementwise=True fold_merge=True \
   --out "$OUT/engine_host" --reps 3 --budget-s 180

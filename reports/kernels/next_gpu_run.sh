@@ -22,15 +22,7 @@ OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
 CALL_S=${2:-540}
 source "$(dirname "$0")/../device_env.sh"
 mkdir -p "$OUT"
-start=$(date +%s)
-left() { echo $(( CALL_S - ($(date +%s) - start) )); }
-step() {  # NAME NEEDS_S COMMAND...: run it if NEEDS_S seconds are left, its output in OUT/NAME.txt
-  local name=$1 needs=$2; shift 2
-  if [ "$(left)" -lt "$needs" ]; then echo "skipped $name: $(left) s left" | tee -a "$OUT/skipped.txt"; return; fi
-  echo "== $name ($(left) s left)"
-  timeout "$(left)" "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $?" | tee -a "$OUT/exits.txt"
-  tail -5 "$OUT/$name.txt"
-}
+source "$(dirname "$0")/../gpu_steps.sh"
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
 step kernel_tests 150 python3 -m pytest -q -p no:cacheprovider tests/gpu_backend/kernels -n 4
 step gpu_test 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu_backend/test_engine_gpu.py

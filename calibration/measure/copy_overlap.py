@@ -269,6 +269,13 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shape, runs anywhere (CPU included)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    for name, value in (("--reps", args.reps), ("--max-tokens", args.max_tokens)):
+        if value < 1:
+            ap.exit(2, f"{ap.prog}: {name} must be at least 1, got {value}\n")
+    try:
+        model = get_model(args.model)
+    except ValueError as e:
+        ap.exit(2, f"{ap.prog}: --model: {e}\n")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
     if args.smoke:
@@ -278,7 +285,7 @@ def main(argv=None) -> int:
     else:
         if device != "cuda":
             ap.error("needs a GPU (or --smoke)")
-        shape = get_model(args.model)
+        shape = model
         rows = measure(shape, [(64, 64), (512, 1), (2048, 1)], (1.25, 2.0), device=device, dtype=torch.bfloat16,
                        max_tokens=args.max_tokens, reps=args.reps)
     out = Path(args.out)

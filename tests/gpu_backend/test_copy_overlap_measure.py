@@ -50,3 +50,14 @@ def test_fit_inverts_the_cost_model():
     assert got["overlap_min"] == pytest.approx(0.55)
     assert got["overlap_max"] == pytest.approx(0.9)
     assert (got["points"], got["excluded"]) == (3, 1)
+
+
+@pytest.mark.parametrize("args,needle", [(["--reps", "0"], "--reps must be at least 1, got 0"),
+                                         (["--max-tokens", "-5"], "--max-tokens must be at least 1, got -5"),
+                                         (["--model", "llama-9"], "--model: unknown model 'llama-9'")])
+def test_bad_arguments_exit_2_naming_them(tmp_path, capsys, args, needle):
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path), "--smoke", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "copy_overlap.csv").exists()

@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -45,10 +43,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import triton
 
 from calibration.measure.common import stats, write_csv
 from gpu_backend.bench.host_work import code_commit
-from gpu_backend.bench.timing import graph_of
+from gpu_backend.bench.timing import graph_of, write_run
 from gpu_backend.executor.model import RandomWeights, TorchLayers, logits, rope_tables
 from gpu_backend.executor.transfers import HostKV
 from granisim.config.models import ModelShape, get_model
@@ -233,17 +232,11 @@ def measure(shape: ModelShape, points, ratios, *, device: str, dtype, max_tokens
     return rows
 
 
-def meta(args, argv: list[str], shape: ModelShape, device: str) -> dict:
-    try:
-        import triton
-        triton_v = triton.__version__
-    except ImportError:
-        triton_v = None
+def meta(argv: list[str], shape: ModelShape, device: str) -> dict:
+    """What `write_run` records beside the GPU, torch and Python: the date, code, command, model and versions."""
     m = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": code_commit(),
          "command": "python -m calibration.measure.copy_overlap " + " ".join(argv), "model": shape.name,
-         "layers": shape.num_layers, "torch": torch.__version__, "triton": triton_v,
-         "python": platform.python_version(), "smoke": bool(args.smoke), "device": device,
-         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+         "layers": shape.num_layers, "triton": triton.__version__, "device": device}
     if device == "cuda":
         m["cuda"] = torch.version.cuda
     return m
@@ -291,9 +284,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     write_csv(out / "copy_overlap.csv", FIELDS, rows)
     f = fit(rows)
-    m = meta(args, argv, shape, device)
-    m["wall_s"] = round(time.time() - t0, 1)
-    (out / "copy_overlap.json").write_text(json.dumps({"meta": m, "fit": f, "rows": rows}, indent=1))
+    write_run(out, "copy_overlap", args.smoke, meta={**meta(argv, shape, device), "wall_s": round(time.time() - t0, 1)},
+              fit=f, rows=rows)
     print(table(rows))
     print(f"host.overlap = {f['host.overlap']:.4g} (median of {f['points']} points; min {f['overlap_min']:.4g}, "
           f"max {f['overlap_max']:.4g}; {f['excluded']} excluded: copy shorter than compute)")

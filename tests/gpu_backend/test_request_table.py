@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpu_backend.bench.host_work import engine_plans
 from gpu_backend.executor import metadata, rows as R
 from gpu_backend.executor.arena import MetaArena
 from gpu_backend.executor.request_table import RequestTable
@@ -193,20 +194,6 @@ def test_the_table_starts_afresh_before_freed_blocks_pile_up():
     assert t.resets > 0 and t.end < SPARE  # the small requests' blocks alone
 
 
-class _Recorder:
-    """The engine's protocol, recording a run's plans (each step priced at 1 ms)."""
-
-    needs_layouts = True
-    max_steps_per_plan = 1
-
-    def __init__(self):
-        self.plans = []
-
-    def execute(self, plan):
-        self.plans.append(plan)
-        return StepResult(1e-3, {}, {r.rid: 1 for r in plan.requests})
-
-
 def _outcome(table: RequestTable, before, plan, num_slots: int, pad: bool, repeat: bool):
     """`plan` built with a table that built `before` just now (and, unless `repeat`, forgot what a repeat reads):
     ('ok', HostStep) or ('error', message)."""
@@ -238,13 +225,10 @@ def test_a_step_that_does_not_repeat_the_previous_one_is_built_in_full():
 
     from granisim.core.contract import KVCopy
 
-    setup = prepare(parse_scenario(BASE).with_changes(**CASES["granikv, dense and cascade"][0]))
-    rec = _Recorder()
-    ServingLoop(setup, rec, progress=False).run()
-    num_slots = setup.kv_budget
+    all_plans, num_slots = engine_plans(parse_scenario(BASE).with_changes(**CASES["granikv, dense and cascade"][0]))
     pairs = []  # (step, the next step), the next one derived from the step (rows_repeat.py)
     table = RequestTable()
-    for before, plan in zip(rec.plans, rec.plans[1:]):
+    for before, plan in zip(all_plans, all_plans[1:]):
         R.build(before, num_slots, pad=True, table=table)
         host = R.build(plan, num_slots, pad=True, table=table)
         if table.repeat is not None and table.repeat.host is host and plan.groups and any(

@@ -37,27 +37,29 @@ def slot_ids(MODE: tl.constexpr, B, base, pos, mask, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _online_softmax(qk, v, m_i, l_i, acc):
-    """Fold one block of log2-domain scores qk [M, N] and values v [N, D] into the running state."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
+def _online_softmax(s, qk_scale, v, m_i, l_i, acc):
+    """Fold one block of raw scores s = q.k [M, N] and values v [N, D] into the running state (log2 domain).
+    The scale goes into the exponent's one multiply-add (the maximum of the raw scores, scaled, is the maximum
+    of the scaled ones: the scale is positive), and P.V accumulates straight onto the rescaled state."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l_i, acc
 
 
 @triton.jit
 def attend(q, k, v, mask, m_i, l_i, acc, qk_scale):
     """One online-softmax step. q [M, D], k/v [N, D], mask [M, N] or [1, N] (True = attend)."""
-    qk = tl.where(mask, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-    return _online_softmax(qk, v, m_i, l_i, acc)
+    s = tl.where(mask, tl.dot(q, tl.trans(k)), float("-inf"))
+    return _online_softmax(s, qk_scale, v, m_i, l_i, acc)
 
 
 @triton.jit
 def attend_full(q, k, v, m_i, l_i, acc, qk_scale):
     """`attend` for a block every row may see whole (no mask work)."""
-    return _online_softmax(tl.dot(q, tl.trans(k)) * qk_scale, v, m_i, l_i, acc)
+    return _online_softmax(tl.dot(q, tl.trans(k)), qk_scale, v, m_i, l_i, acc)
 
 
 @triton.jit

@@ -172,9 +172,10 @@ def _flatten(table: dict, where: str, source: str, prefix: str = "") -> dict:
 
 
 def _sub_fields(annotation):
-    """The fields of a section's model, also for an optional section (``FleetCfg | None``)."""
+    """The fields of a section's model, also for an optional section (``FleetCfg | None``); None for a leaf and
+    for an array of tables (``fleet.groups``, ``fleet.faults``: set as a whole list, not field by field)."""
     fields = getattr(annotation, "model_fields", None)
-    if fields is None:
+    if fields is None and type(None) in typing.get_args(annotation):
         for arg in typing.get_args(annotation):
             fields = fields or getattr(arg, "model_fields", None)
     return fields

@@ -185,6 +185,11 @@ SWEEPS = {
     "grid value inf": ('[grid]\n"workload.rate" = [1.0, inf]\n', "workload.rate", "inf"),
     "grid value string for number": ('[grid]\n"workload.roles" = [1, "2"]\n', "workload.roles", "'2'"),
     "grid field unknown": ('[grid]\n"workload.rolez" = [1, 2]\n', "workload.rolez", ""),
+    # catches: a dotted name through an array of tables was taken for a field of one table (a traceback where the
+    # base has [[fleet.groups]], a message about a tuple where it has none)
+    "set into an array of tables": ('set = { "fleet.groups.replicas" = 2 }\n' + GRID
+                                    + '[[base.fleet.groups]]\nreplicas = 1\n', "'fleet.groups.replicas'", "(in set)"),
+    "grid into an array of tables": ('[grid]\n"fleet.faults.at_s" = [1.0, 2.0]\n', "'fleet.faults.at_s'", "(in grid)"),
     "name not a string": ('name = 3\n' + GRID, "name", "3"),
     "unknown sweep key": ('plots = 3\n' + GRID, "plots", ""),
 }

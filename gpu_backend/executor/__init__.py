@@ -4,13 +4,52 @@ from .executor import GpuExecutor  # noqa: F401
 from .model import RandomWeights  # noqa: F401
 
 
+INTERPRETED = ("1", "true", "on", "yes", "y")  # TRITON_INTERPRET values triton reads as on (any case)
+
+
 def check_device(device: str) -> None:
-    """ValueError in one line where ``device`` is CUDA and this machine has none."""
+    """ValueError in one line where the engine cannot run on ``device``: not a torch device, CUDA where this
+    machine has none (or not that index), a CPU without the Triton interpreter, any other kind."""
+    import os
+
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
-                         "for a tiny model)")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device!r}: not a device; use cuda, cuda:N or cpu") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--executor gpu: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 "
+                             "for a tiny model)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif dev.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET", "").lower() not in INTERPRETED:
+            raise ValueError(f"--device {device}: the engine's Triton kernels run on a CPU only in the interpreter; "
+                             f"set TRITON_INTERPRET=1 (for a tiny model)")
+    else:
+        raise ValueError(f"--device {device}: the engine runs on cuda or cpu, not {dev.type}")
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _fits_host_memory(setup, host_tokens: int) -> None:
+    """ValueError in one line where the engine on the CPU would allocate more than the machine's memory: the model's
+    weights and its KV budget (and host tier), at the simulator's bytes per weight and token (a lower bound)."""
+    model = setup.model
+    need = model.weight_bytes + (setup.kv_budget + host_tokens) * model.kv_bytes_per_token
+    have = host_memory_bytes()
+    if need > have:
+        raise ValueError(f"--device cpu: {model.name}'s weights and KV budget of {setup.kv_budget} tokens take "
+                         f"{need / 1e9:.1f} GB, more than this machine's {have / 1e9:.1f} GB of memory; the CPU "
+                         f"engine is for tiny models (model.name = 'tiny', or a small hardware.kv_budget_tokens)")
 
 
 def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
@@ -27,5 +66,9 @@ def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
     from granisim.kv.host_tier import host_tier_config
 
     tier = host_tier_config(setup.scenario, setup.model)
+    import torch
+
+    if torch.device(device).type == "cpu":  # found here, not by the kernel's OOM killer mid-allocation
+        _fits_host_memory(setup, tier.capacity_tokens if tier else 0)
     return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed,
                        host_tokens=tier.capacity_tokens if tier else 0, **options)

@@ -224,6 +224,9 @@ def validate_replica(setup, out, device: str = "cuda", source: str = "<scenario>
                      idle: bool = True) -> None:
     """``granisim validate`` of a tensor-parallel scenario (``hardware.tp`` > 1) into ``out``: ``tp`` rank
     processes, rank r on ``cuda:r`` (NCCL) or on the CPU (gloo, ``device='cpu'``)."""
+    from gpu_backend.executor import check_device
+
+    check_device(device)  # in this process: a bad --device is one line, not a traceback from every rank
     tp, host_gb = setup.scenario.hardware.tp, setup.scenario.hardware.host_kv_gb
     if host_gb:
         raise ValueError(f"{source}: field hardware.host_kv_gb = {host_gb}: the real engine's host tier runs at "

@@ -3,6 +3,7 @@ their own KV buffers and one copy of the weights; `granisim validate` reports pe
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from granisim.cli import main
 from granisim.config.scenario import parse_scenario
@@ -10,6 +11,7 @@ from granisim.core.serving_loop import ServingLoop
 from granisim.experiments.run import prepare
 from granisim.fleet.build import simulate_fleet
 from gpu_backend.executor.fleet import FleetExecutors
+from tests.granisim.cli_errors import one_line_error
 
 from gb_util import validate_on_cpu
 
@@ -84,3 +86,45 @@ def test_validate_without_a_cuda_device_makes_no_output_folder(tmp_path, monkeyp
     assert main(["validate", str(path), "--out", str(tmp_path / "out")]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+SMALL = ('[workload]\nroles = 2\nprefix_len = 24\nnum_requests = 4\nrate = 10.0\nmax_output_len = 4\n'
+         '[hardware]\nkv_budget_tokens = 512\n')
+
+
+@pytest.mark.parametrize("argv, device, cuda, env, needles", [
+    # catches: a --device torch cannot read was a RuntimeError traceback (run, validate; from every rank at tp > 1)
+    (["run", "S", "--executor", "gpu"], "nonsense", 0, "1", ["--device 'nonsense'", "cuda, cuda:N or cpu"]),
+    (["validate", "S"], "nonsense", 0, "1", ["--device 'nonsense'", "cuda, cuda:N or cpu"]),
+    (["validate", "T"], "nonsense", 0, "1", ["--device 'nonsense'", "cuda, cuda:N or cpu"]),
+    (["validate", "S"], "meta", 0, "1", ["--device meta", "cuda or cpu"]),
+    # ... a CUDA index past the machine's devices failed on the first tensor, after the weights were drawn
+    (["validate", "S"], "cuda:7", 2, "1", ["--device cuda:7", "2 CUDA device(s)", "cuda:0 to cuda:1"]),
+    # ... a CPU without the Triton interpreter failed at the first kernel ("0 active drivers")
+    (["validate", "S"], "cpu", 0, "0", ["--device cpu", "TRITON_INTERPRET=1"]),
+    (["validate", "T"], "cpu", 0, "", ["--device cpu", "TRITON_INTERPRET=1"]),
+    (["run", "F", "--executor", "gpu"], "cpu", 0, "", ["--device cpu", "TRITON_INTERPRET=1"]),
+    # ... a full-size model on a CPU allocated its weights and KV budget until the kernel's OOM killer ended the
+    # process (exit 137, no message)
+    (["validate", "L"], "cpu", 0, "1", ["--device cpu", "llama-3.1-8b", "more than this machine's 1.0 GB"]),
+    (["run", "L", "--executor", "gpu"], "cpu", 0, "1", ["--device cpu", "llama-3.1-8b", "1.0 GB"]),
+], ids=["run nonsense", "validate nonsense", "validate tp nonsense", "meta", "cuda index", "cpu no interpreter",
+        "tp cpu no interpreter", "fleet cpu no interpreter", "cpu full-size model", "run cpu full-size model"])
+def test_a_device_the_engine_cannot_use_is_one_line(tmp_path, monkeypatch, capsys, argv, device, cuda, env, needles):
+    import torch
+
+    import gpu_backend.executor as executor
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
+    monkeypatch.setattr(executor, "host_memory_bytes", lambda: 10**9)
+    monkeypatch.setenv("TRITON_INTERPRET", env)
+    text = {"S": '[model]\nname = "tiny"\n' + SMALL, "T": '[model]\nname = "tiny-tp"\n' + SMALL + "tp = 2\n",
+            "F": '[model]\nname = "tiny"\n' + SMALL + "[fleet]\nreplicas = 2\n",
+            "L": SMALL.replace("kv_budget_tokens = 512", "kv_budget_tokens = 100000")}[argv[1]]
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    rc = main([argv[0], str(path), *argv[2:], "--device", device, "--out", str(out)])
+    one_line_error(capsys, rc, *needles)
+    assert not out.exists()

@@ -233,7 +233,7 @@ def _run_ray(todo, done, workers: int, address: str) -> None:
             try:
                 ray.init(address=address, log_to_driver=False, configure_logging=False,
                          runtime_env={"py_modules": [str(Path(__file__).parent)]})
-            except (ConnectionError, RuntimeError) as err:  # one line for the CLI (exit 2)
+            except (ConnectionError, RuntimeError, ValueError) as err:  # one line naming --ray (exit 2)
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ValueError(f"--ray {address}: cannot connect to a Ray cluster ({msg})") from None
         started = True

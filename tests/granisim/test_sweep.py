@@ -167,11 +167,16 @@ value = "throughput_rps"
     assert main(["sweep", str(out.parent / "s.toml"), "--out", str(out), "--workers", "1"]) == 0
 
 
-def test_unreachable_ray_address_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("address, needle", [
+    ("127.0.0.1:1", "nothing reachable"),
+    # catches: an address Ray cannot parse was its bare ValueError, "error: Invalid address format: nonsense"
+    ("nonsense", "cannot connect to a Ray cluster (Invalid address format: nonsense)"),
+])
+def test_unreachable_ray_address_is_one_line(tmp_path, capsys, address, needle):
     path = _sweep(tmp_path, "name = 'r'\n" + BASE.format(n=4) + '[grid]\n"workload.roles" = [1]\n')
-    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--ray", "127.0.0.1:1"]) == 2
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--ray", address]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: --ray 127.0.0.1:1: nothing reachable") and "Traceback" not in "".join(err)
+    assert err[-1].startswith(f"error: --ray {address}: {needle}") and "Traceback" not in "".join(err)
 
 
 def test_a_failing_point_is_reported_and_the_rest_kept(tmp_path, monkeypatch):

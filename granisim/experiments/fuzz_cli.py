@@ -69,6 +69,17 @@ def progress_machine(machine, examples: int):
     return WithProgress, bar
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why the reproduction file ``path`` could not be written (a folder there, or a file where a folder above it
+    goes), or None."""
+    if path.is_dir():
+        return "a folder; give the reproduction file to write"
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"{above} is a file, not a folder"
+    return None
+
+
 def run_fuzz(args) -> int:
     import hypothesis
     from hypothesis.stateful import run_state_machine_as_test
@@ -81,6 +92,11 @@ def run_fuzz(args) -> int:
         return 2
     policy = fuzz.host_policy(args.allocator) if getattr(args, "host_tier", False) else args.allocator
     args.allocator = policy
+    repro = Path(args.repro or f"out/fuzz/repro_{policy}.py")
+    unwritable = _unwritable(repro)
+    if unwritable:  # found before the fuzzing, not when a failure's reproduction would be written (and lost)
+        print(f"granisim fuzz: error: --repro {repro}: {unwritable}", file=sys.stderr)
+        return 2
     model = fuzz.default_model(policy) if not args.no_model else None
     machine, bar = progress_machine(fuzz.allocator_machine(fuzz.default_factory(policy), model), args.examples)
     hypothesis.seed(args.seed)(machine)
@@ -93,7 +109,6 @@ def run_fuzz(args) -> int:
         for i, f in enumerate(failures, 1):
             print(f"\n--- failure {i} of {len(failures)} ({args.allocator}): {type(f).__name__}: {f}", file=sys.stderr)
             print("\n".join(sequence_of(f)) or "(no rule sequence attached)", file=sys.stderr)
-        repro = Path(args.repro or f"out/fuzz/repro_{args.allocator}.py")
         write_repro(repro, failures, policy=args.allocator, examples=args.examples, seed=args.seed)
         print(f"\nFUZZ FAILURE ({args.allocator}): {len(failures)} distinct failure(s); reproduction: {repro}",
               file=sys.stderr)

@@ -79,3 +79,19 @@ def test_an_out_folder_that_is_a_file_is_refused_before_anything_runs(argv, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: --out {out}: a file is there; give a folder to write into"], err
     assert out.read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["folder", "under a file"])
+def test_a_fuzz_repro_that_cannot_be_written_is_refused_before_fuzzing(where, tmp_path, capsys, monkeypatch):
+    """catches: `fuzz --repro DIR` (or a path under a file) fuzzed first and failed only when a failure's
+    reproduction was written, an IsADirectoryError after the shrinking, the reproduction lost (exit 2 in place of
+    1); with no failure found it was never noticed."""
+    from hypothesis import stateful
+
+    from tests.granisim.cli_errors import one_line_error
+
+    monkeypatch.setattr(stateful, "run_state_machine_as_test", lambda *a, **k: pytest.fail("fuzzed"))
+    (tmp_path / "f").write_text("mine")
+    repro = tmp_path if where == "folder" else tmp_path / "f" / "repro.py"
+    rc = main(["fuzz", "--allocator", "token", "--examples", "5", "--repro", str(repro)])
+    one_line_error(capsys, rc, f"--repro {repro}", "a folder" if where == "folder" else f"{tmp_path / 'f'} is a file")

@@ -30,6 +30,7 @@ from granisim.experiments.paper_claims import BEYOND, PAPER, Results, claims, cl
 from granisim.experiments.sweep import PointsFailed, failure_lines, run_sweep
 from granisim.experiments.sweep_file import sweep_from_dict
 from granisim.config.files import one_line, out_folder
+from granisim.experiments.compare import parse_names
 
 def _coeffs(profile: str) -> str:
     p = get_profile(profile)
@@ -273,6 +274,7 @@ def paper_cli(args) -> int:
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     if not profiles:
         raise ValueError(f"--profiles {args.profiles!r}: give at least one profile, e.g. a100-80gb,h200")
+    parse_names("--profiles", args.profiles, "a100-80gb,h200")  # one named twice would be reported twice
     for prof in profiles:  # every point of an unknown profile would fail, after the sweep has run
         try:
             get_profile(prof)

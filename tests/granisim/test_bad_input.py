@@ -376,3 +376,14 @@ def test_bad_calibrate_or_paper_input(tmp_path, capsys, edit, argv, needles):
 
     one_line_error(capsys, main([sub(a) for a in argv]), *map(sub, needles))
     assert not (tmp_path / "o").exists()  # the paper ran nothing
+
+
+def test_paper_with_a_profile_named_twice_runs_nothing(tmp_path, capsys, monkeypatch):
+    """catches: `paper --profiles h200,h200` swept h200 twice into one folder and wrote its section twice, where
+    `--policies` and `--routers` refuse a name given twice."""
+    import granisim.experiments.paper as paper
+
+    monkeypatch.setattr(paper, "run_paper", lambda *a, **k: pytest.fail("ran"))
+    rc = main(["paper", "--profiles", "h200,a100-80gb,h200", "--out", str(tmp_path / "o")])
+    one_line_error(capsys, rc, "--profiles h200,a100-80gb,h200", "h200 given twice")
+    assert not (tmp_path / "o").exists()

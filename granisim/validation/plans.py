@@ -85,16 +85,23 @@ class MeasuredReplay:
         return StepResult(float(r.measured_s), {k: float(r[f"measured_{k}"]) for k in BREAKDOWN_KEYS})
 
 
-def rebuild_plans(scenario_path: Path, steps: pd.DataFrame) -> list:
+def rebuild_plans(scenario_path: Path, steps: pd.DataFrame, steps_source: str = "steps") -> list:
     """A validation run's plans (as ``validate`` stores them) rebuilt on the CPU from its ``steps.parquet``: the
     scenario is served again with every step lasting what it measured, so the scheduler (and a fleet's router)
     makes the same decisions. Every rebuilt plan is checked against its measured step (:class:`PlanMismatch`
     when the schedule differs). A fleet run's steps carry ``replica`` and ``incarnation`` columns; runs with
-    faults (a replica's second incarnation) are not supported."""
+    faults (a replica's second incarnation) are not supported. ``steps_source`` names the frame in errors."""
     from granisim.config.scenario import load_scenario
+    from granisim.core.metrics import BREAKDOWN_KEYS
     from granisim.validation.validate import PairedExecutor
 
     scenario = load_scenario(scenario_path)
+    need = ["batch", "tokens", "measured_s", *(f"measured_{k}" for k in BREAKDOWN_KEYS)]
+    need += ["replica", "incarnation"] if scenario.fleet is not None else []
+    missing = [c for c in need if c not in steps.columns]
+    if missing:  # e.g. a `granisim run` folder's steps, which the cost model priced: nothing measured to replay
+        raise ValueError(f"{steps_source}: not the steps of a `granisim validate` run of {scenario_path} (no column "
+                         f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
     if scenario.fleet is None:
         from granisim.core.serving_loop import ServingLoop
         from granisim.experiments.run import prepare
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {f}: no such file", file=sys.stderr)
             return 2
     try:
-        plans = rebuild_plans(toml, pd.read_parquet(args.run / "steps.parquet"))
+        plans = rebuild_plans(toml, pd.read_parquet(args.run / "steps.parquet"), str(args.run / "steps.parquet"))
     except PlanMismatch as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

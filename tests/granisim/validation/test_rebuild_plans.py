@@ -91,3 +91,21 @@ def test_host_time_between_steps_leaves_out_idling(tmp_path):
     paired.execute(plans[2])
     got = [r["host_between_s"] for r in paired.rows]
     assert np.isnan(got[0]) and got[1:] == [0.375, 0.0]
+
+
+@pytest.mark.parametrize("text", [TOML, FLEET], ids=["single", "fleet"])
+def test_a_run_folder_that_measured_nothing_is_one_line(tmp_path, capsys, text):
+    """`validation rebuild-plans` pointed at a `granisim run` folder (steps priced by the cost model, no measured
+    columns): one line naming its steps.parquet, exit 2. catches: an AttributeError traceback from inside the
+    serving loop ('Series' object has no attribute 'tokens'), for one GPU and for a fleet."""
+    from granisim.cli import main
+    from tests.granisim.cli_errors import one_line_error
+
+    run = tmp_path / "run"
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["run", str(tmp_path / "s.toml"), "--out", str(run)]) == 0
+    (run / "scenario.toml").write_text(text)
+    capsys.readouterr()
+    rc = main(["validation", "rebuild-plans", str(run)])
+    one_line_error(capsys, rc, f"{run / 'steps.parquet'}: not the steps of a `granisim validate` run", "no column")
+    assert not (run / "plans.pkl").exists()

@@ -183,3 +183,20 @@ def test_the_rate_search_blames_kind_for_the_azure_replay(tmp_path, capsys):
     assert main(["capacity", str(sc), "--slo", "ttft_p99=2s"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {sc}: field workload.kind = 'azure': capacity searches the Poisson rate"), err
+
+
+@pytest.mark.parametrize("given, want", [
+    # catches: the error named the default it had filled in as if typed, "--lo 20 / --hi 10" for `--lo 20` alone
+    (["--lo", "20"], "--lo 20 / --hi 10 (default: workload.rate 5 x 2): need 0 < lo < hi"),
+    (["--hi", "0.5"], "--lo 0.625 (default: workload.rate 5 / 8) / --hi 0.5: need 0 < lo < hi"),
+    (["--lo", "10", "--hi", "5"], "--lo 10 / --hi 5: need 0 < lo < hi"),
+])
+def test_rate_bounds_out_of_order_name_the_default_as_a_default(tmp_path, capsys, given, want):
+    from tests.granisim.cli_errors import one_line_error
+
+    sc = tmp_path / "s.toml"
+    sc.write_text("[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 5\nrate = 5.0\n")
+    rc = main(["capacity", str(sc), "--slo", "ttft_p99=2s", "--policies", "granikv", *given,
+               "--out", str(tmp_path / "o")])
+    assert one_line_error(capsys, rc).endswith(want)
+    assert not (tmp_path / "o").exists()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, parse_names, run_one, summary_table
-from granisim.config.files import OneLineParser, out_folder
+from granisim.config.files import OneLineParser, file_under_a_file, out_folder
 from granisim.config.scenario import (MAX_REPLICAS, ScenarioError, check_effective_in_runs, load_scenario,
                                       read_scenario, scenario_runs)
 from granisim.experiments.sensitivity import DEFAULT_DELTA
@@ -307,6 +307,8 @@ def cmd_calibrate(args) -> int:
     out = Path(args.out)
     if out.is_dir():  # found before the fit, not after it
         raise ValueError(f"--out {out}: a folder; give the profile JSON file to write")
+    if file_under_a_file(out):
+        raise ValueError(f"--out {out}: {file_under_a_file(out)} is a file, not a folder")
     cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds,
                     progress=True, workers=args.workers)
     print(format_errors(cal.result))

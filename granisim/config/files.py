@@ -38,3 +38,10 @@ def out_folder(given: str | Path | None, default: str | Path | None = None) -> P
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: a file is there; give a folder to write into")
     return out
+
+
+def file_under_a_file(path: str | Path) -> Path | None:
+    """The nearest existing folder-to-be above ``path`` where it is a file (so ``path`` cannot be written), else
+    None: checked before a long run whose output file would fail only at the end."""
+    above = next((p for p in Path(path).parents if p.exists()), None)
+    return above if above is not None and not above.is_dir() else None

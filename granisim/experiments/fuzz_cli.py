@@ -72,12 +72,12 @@ def progress_machine(machine, examples: int):
 def _unwritable(path: Path) -> str | None:
     """Why the reproduction file ``path`` could not be written (a folder there, or a file where a folder above it
     goes), or None."""
+    from granisim.config.files import file_under_a_file
+
     if path.is_dir():
         return "a folder; give the reproduction file to write"
-    above = next((p for p in path.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        return f"{above} is a file, not a folder"
-    return None
+    above = file_under_a_file(path)
+    return f"{above} is a file, not a folder" if above else None
 
 
 def run_fuzz(args) -> int:

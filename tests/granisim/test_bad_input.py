@@ -353,6 +353,8 @@ CALIBRATE = {
                                              ["calibrate", "fit", "R", "--out", "T/p.json"],
                                              ["R/attention.csv", "no measured rows"]),
     "fit: --out a folder (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T"], ["--out", "folder"]),
+    "fit: --out under a file (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T/p.json/q.json"],
+                                                          ["--out", "T/p.json/q.json", "p.json is a file, not a folder"]),
     "check: attention.csv empty": ({"attention.csv": ""}, ["calibrate", "check", "R"],
                                    ["R/attention.csv", "cannot read"]),
     "check: attention.csv without family (was ignored)": ({"attention.csv": "a,median_us\n1,2\n"},

@@ -1,5 +1,9 @@
 """The real engine: a model-shaped forward with seeded random weights, driven by the same
 scheduler and allocator as the simulator through the executor protocol."""
+import os
+
+import torch
+
 from .executor import GpuExecutor  # noqa: F401
 from .model import RandomWeights  # noqa: F401
 
@@ -10,10 +14,6 @@ INTERPRETED = ("1", "true", "on", "yes", "y")  # TRITON_INTERPRET values triton 
 def check_device(device: str) -> None:
     """ValueError in one line where the engine cannot run on ``device``: not a torch device, CUDA where this
     machine has none (or not that index), a CPU without the Triton interpreter, any other kind."""
-    import os
-
-    import torch
-
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -35,8 +35,6 @@ def check_device(device: str) -> None:
 
 def host_memory_bytes() -> int:
     """This machine's physical memory."""
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -66,8 +64,6 @@ def for_setup(setup, device: str = "cuda", **options) -> GpuExecutor:
     from granisim.kv.host_tier import host_tier_config
 
     tier = host_tier_config(setup.scenario, setup.model)
-    import torch
-
     if torch.device(device).type == "cpu":  # found here, not by the kernel's OOM killer mid-allocation
         _fits_host_memory(setup, tier.capacity_tokens if tier else 0)
     return GpuExecutor(setup.model, setup.kv_budget, device=device, seed=setup.scenario.seed,

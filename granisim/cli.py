@@ -267,8 +267,12 @@ def _derive_profile(base: str, out: Path) -> None:
         raise ScenarioError(f"--out {out}: a profile is a .json file")
     if out.exists():
         raise ScenarioError(f"--out {out}: already exists; give a new file")
+    above = file_under_a_file(out)
+    if above:
+        raise ScenarioError(f"--out {out}: {above} is a file, not a folder")
     get_profile(base)  # a bad base: one line naming it
     doc = derived(base, out, PROFILE_DIR, name=out.stem, notes=f"{base} with the coefficients below changed")
+    out.parent.mkdir(parents=True, exist_ok=True)  # as calibrate fit does for the profile it writes
     out.write_text(json.dumps({**doc, "coefficients": {}}, indent=2) + "\n")
     get_profile(str(out))
     print(f"wrote {out}: made from {base}; add coefficients to change (each with its source), then "
@@ -289,15 +293,21 @@ def cmd_calibrate_table(args) -> int:
 def cmd_calibrate_check(args) -> int:
     from granisim.calibration.check import error_table, format_table, overall, priced_rows
 
+    out = args.out and Path(args.out)
+    if out and out.is_dir():  # found before the pricing, not after it
+        raise ValueError(f"--out {out}: a folder; give the CSV file to write")
+    if out and file_under_a_file(out):
+        raise ValueError(f"--out {out}: {file_under_a_file(out)} is a file, not a folder")
     rows = priced_rows(Path(args.raw_dir), args.profile, args.family)
     print(f"{args.raw_dir} priced by {args.profile}: error = (predicted - measured) / measured")
     print(format_table(error_table(rows)))
     o = overall(rows)
     print(f"all {o['rows']} rows: median |error| {o['median_abs']:.1%}, p90 {o['p90_abs']:.1%}, "
           f"median signed {o['median_signed']:+.1%}")
-    if args.out:
-        rows.to_csv(args.out, index=False)
-        print(f"wrote every row with its prediction to {args.out}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        rows.to_csv(out, index=False)
+        print(f"wrote every row with its prediction to {out}")
     return 0
 
 

@@ -88,6 +88,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, args, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("where", ["folder", "under a file"])
+def test_an_out_that_cannot_be_written_is_refused_before_the_pricing(where, tmp_path, monkeypatch, capsys):
+    """catches: `calibrate check --out DIR` (or a path under a file) priced every row and printed the table, then
+    failed when writing the CSV with a line naming the path but not --out (under a file: no path at all)."""
+    import granisim.calibration.check as check
+    from granisim.cli import main
+    from tests.granisim.cli_errors import one_line_error
+
+    monkeypatch.setattr(check, "priced_rows", lambda *a, **k: pytest.fail("priced"))
+    (tmp_path / "f").write_text("mine")
+    out = tmp_path if where == "folder" else tmp_path / "f" / "rows.csv"
+    rc = main(["calibrate", "check", str(RAW), "--out", str(out)])
+    one_line_error(capsys, rc, f"--out {out}", "a folder" if where == "folder" else f"{tmp_path / 'f'} is a file")
+
+
+def test_the_out_folder_is_made(tmp_path):
+    """As calibrate fit and bench do: a missing folder of --out is made (was a pandas error after the pricing)."""
+    out = tmp_path / "new" / "rows.csv"
+    r = _cli("calibrate", "check", str(QWEN), "--family", "extend", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert len(pd.read_csv(out)) > 0
+
+
 @pytest.mark.parametrize("family", ["decode", "merge", "kv_write", "extend"])
 def test_a_roofline_profile_is_one_line_and_exit_2(family):
     """catches: a100-80gb (attn.form 1, roofline attention) is a valid shipped profile, but check's formulas are

@@ -105,7 +105,7 @@ def test_every_shipped_profile_loads_with_its_base_as_it_is(name):
 
 
 def test_derive_writes_a_profile_made_from_a_shipped_one(tmp_path, capsys):
-    out = tmp_path / "mine.json"
+    out = tmp_path / "profiles" / "mine.json"  # its folder is made, as calibrate fit does
     assert main(["profile", "derive", "h200", "--out", str(out)]) == 0
     p, base = load_profile(out), get_profile("h200")
     assert p.base == "h200" and dict(p.coefficients) == dict(base.coefficients)
@@ -120,6 +120,8 @@ def test_derive_writes_a_profile_made_from_a_shipped_one(tmp_path, capsys):
     (["derive", "h200", "--out", "EXISTS.json"], "already exists"),
     (["derive", "nope", "--out", "p.json"], "unknown profile"),
     (["derive", "h200", "--out", "p.txt"], "a profile is a .json file"),
+    # was `EXISTS.json/p.json: Not a directory`, without --out
+    (["derive", "h200", "--out", "EXISTS.json/p.json"], "--out EXISTS.json/p.json: EXISTS.json is a file"),
     (["derive", "h200"], "--out goes with derive alone"),
     (["show", "h200", "--out", "p.json"], "--out goes with derive alone"),
 ])

@@ -33,10 +33,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 def out_folder(given: str | Path | None, default: str | Path | None = None) -> Path:
     """The folder a command writes into (``--out``, else ``default``); a file there is refused (ValueError, one
-    line) before anything runs, not when the outputs are written."""
+    line) before anything runs, not when the outputs are written; so is a file where a folder above it goes."""
     out = Path(given or default)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: a file is there; give a folder to write into")
+    above = file_under_a_file(out)
+    if above:
+        raise ValueError(f"--out {out}: {above} is a file, not a folder")
     return out
 
 

@@ -81,6 +81,25 @@ def test_an_out_folder_that_is_a_file_is_refused_before_anything_runs(argv, tmp_
     assert out.read_text() == "mine"
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "scenarios/multi_agent_16k.toml"],
+    ["compare", "scenarios/multi_agent_16k.toml"],
+    ["capacity", "scenarios/fleet_16roles.toml", "--slo", "ttft_p99=2s", "--rate", "20"],
+    ["paper"],
+])
+def test_an_out_folder_under_a_file_is_refused_before_anything_runs(argv, tmp_path, capsys, monkeypatch):
+    """catches: `run --out FILE/sub` simulated the whole scenario, then failed writing its outputs ('Not a
+    directory', without --out)."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    (tmp_path / "a_file").write_text("mine")
+    out = tmp_path / "a_file" / "sub"
+    argv = [a if not a.endswith(".toml") else str(root / a) for a in argv]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --out {out}: {tmp_path / 'a_file'} is a file, not a folder"], err
+
+
 @pytest.mark.parametrize("where", ["folder", "under a file"])
 def test_a_fuzz_repro_that_cannot_be_written_is_refused_before_fuzzing(where, tmp_path, capsys, monkeypatch):
     """catches: `fuzz --repro DIR` (or a path under a file) fuzzed first and failed only when a failure's

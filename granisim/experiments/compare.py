@@ -13,10 +13,13 @@ DEMO_POLICIES = "granikv,token,paged16"
 
 
 def parse_names(option: str, text: str, example: str) -> list[str]:
-    """A comma-separated option's names, in order: at least one, none given twice (each names one run)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
+    """A comma-separated option's names, in order: at least one, none empty (a stray comma is a typo, not a name
+    to drop), none given twice (each names one run)."""
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
         raise ScenarioError(f"{option}: give at least one name, e.g. {example}")
+    if not all(names):
+        raise ScenarioError(f"{option} {text!r}: an empty name (a stray comma); give names like {example}")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ScenarioError(f"{option} {text}: {', '.join(twice)} given twice; name each once")

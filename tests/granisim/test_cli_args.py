@@ -56,6 +56,26 @@ def test_an_empty_name_list_is_refused_not_replaced_by_the_default(argv, option,
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv, option, value", [
+    (["compare", "S", "--policies", "granikv,"], "--policies", "'granikv,'"),  # was: granikv alone, silently
+    (["compare", "S", "--routers", "round_robin,,cache_aware"], "--routers", "'round_robin,,cache_aware'"),
+    (["capacity", "S", "--slo", "ttft_p99=2s", "--policies", ",token"], "--policies", "',token'"),
+    (["capacity", "S", "--slo", "ttft_p99=2s", "--rate", "2", "--routers", "cache_aware, "], "--routers",
+     "'cache_aware, '"),
+    (["paper", "--profiles", "h200,"], "--profiles", "'h200,'"),
+])
+def test_an_empty_name_in_a_name_list_is_refused_not_dropped(argv, option, value, tmp_path, capsys):
+    """catches: `--policies granikv,` ran granikv alone: the empty name after the comma (most likely a typo, a name
+    left out) was dropped without a word."""
+    sc = tmp_path / "f.toml"
+    sc.write_text('name = "f"\n[workload]\nroles = 2\nprefix_len = 256\nnum_requests = 4\n[fleet]\nreplicas = 2\n')
+    out = tmp_path / "o"
+    assert main([str(sc) if a == "S" else a for a in argv] + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {option} {value}: an empty name (a stray comma)"), err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("argv", [
     ["run", "scenarios/multi_agent_16k.toml"],
     ["compare", "scenarios/multi_agent_16k.toml"],

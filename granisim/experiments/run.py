@@ -16,7 +16,7 @@ from granisim.config.models import ModelShape, get_model, kv_budget_tokens
 from granisim.config.replica import replica_m_sat, replica_shard
 from granisim.config.scenario import Scenario, ScenarioError
 from granisim.core.heap import SIMULATION, fewer_collections, release_free_heap
-from granisim.core.workload import load_lengths, load_trace
+from granisim.core.workload import LENGTHS_TRACES, load_lengths, load_trace
 from granisim.kv.host_tier import host_tier_config
 
 
@@ -68,7 +68,9 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
     try:
         trace = load_trace(wl.trace)
     except OSError as err:
-        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {unreadable(err)}") from None
+        hint = (f"file not found ({wl.trace!r} is a shipped lengths trace, without arrival times: "
+                f"workload.lengths_trace = {wl.trace!r})" if wl.trace in LENGTHS_TRACES else "file not found")
+        raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {unreadable(err, hint)}") from None
     except ValueError as err:
         raise ScenarioError(f"{source}: field workload.trace = {wl.trace!r}: {err}") from None
     if (wl.kind == "azure" or wl.arrivals == "trace") and wl.num_requests > len(trace):

@@ -134,6 +134,16 @@ def test_bad_trace(tmp_path, capsys, csv, needles):
                     if n == 0 else "workload.num_requests", str(trace) if n == 0 else "", *needles)
 
 
+def test_a_shipped_lengths_trace_named_as_a_trace_says_where_it_goes(tmp_path, capsys, monkeypatch):
+    """catches: `workload.trace = 'arxiv'` said only "file not found", though arxiv is a shipped name that
+    workload.lengths_trace takes."""
+    monkeypatch.chdir(tmp_path)  # no file named arxiv here
+    path = tmp_path / "s.toml"
+    path.write_text("[workload]\nkind = 'azure'\ntrace = 'arxiv'\nnum_requests = 5\n")
+    one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path),
+                   "workload.trace = 'arxiv'", "file not found", "workload.lengths_trace = 'arxiv'")
+
+
 def test_a_valid_trace_replays_every_row_unchanged(tmp_path, capsys):
     """The checks do not touch good data: a 3-row trace gives 3 requests with its own lengths (no clamp)."""
     trace = tmp_path / "t.csv"

@@ -245,6 +245,13 @@ class Scenario(_Strict):
     workload: WorkloadCfg = WorkloadCfg()
     fleet: FleetCfg | None = None  # absent: one replica, the single-GPU loop
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip():  # it names the output folder (out/NAME)
+            raise ValueError("blank; give a non-empty name")
+        return v
+
     @model_validator(mode="after")
     def _host_tier_usable(self):
         """A tier of HOT slabs alone needs every replica's policy to keep HOT slabs: the scenario's own, unless

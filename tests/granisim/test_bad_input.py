@@ -33,6 +33,7 @@ SCENARIOS = {
     "zero max_batch_tokens": ("[scheduler]\nmax_batch_tokens = 0\n", "scheduler.max_batch_tokens", "0"),
     "negative seed": ("seed = -1\n", "seed", "-1"),
     "empty name": ("name = ''\n", "name", "''"),
+    "blank name (was an output folder named by spaces)": ("name = '   '\n", "name", "'   '"),
     "paged0": ("[policy]\nname = 'paged0'\n", "policy.name", "'paged0'"),
     "unknown policy": ("[policy]\nname = 'vllm'\n", "policy.name", "'vllm'"),
     "unknown literal": ("[workload]\nkind = 'chat'\n", "workload.kind", "'chat'"),

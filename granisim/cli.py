@@ -457,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--allocator", choices=["granikv", "granikv-adaptive", "paged", "token"], default="granikv")
     f.add_argument("--examples", type=POS_INT, default=1000, help="examples (rule sequences) to try")
     f.add_argument("--max-steps", "--steps", dest="max_steps", type=POS_INT, default=30, help="rules per example")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=_number(int, 0, False), default=0,
+                   help="hypothesis' seed, >= 0 (its random.Random ignores the sign: -1 would repeat 1)")
     f.add_argument("--repro", help="reproduction test file to write on failure (default out/fuzz/repro_POLICY.py)")
     f.add_argument("--no-model", action="store_true", help="check invariants only, not the reference model")
     f.add_argument("--host-tier", action="store_true",

@@ -119,21 +119,10 @@ def run_fuzz(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``granisim fuzz`` with ``--host-tier`` (also runnable as ``python -m granisim.experiments.fuzz_cli``)."""
-    import argparse
+    """``granisim fuzz`` (also runnable as ``python -m granisim.experiments.fuzz_cli``, with the same options)."""
+    from granisim.cli import main as cli_main
 
-    from granisim.experiments.fuzz import HOST_POLICIES, POLICIES
-
-    ap = argparse.ArgumentParser(prog="python -m granisim.experiments.fuzz_cli",
-                                 description="property-based fuzzing of an allocator policy")
-    ap.add_argument("--allocator", choices=[*POLICIES, *HOST_POLICIES], default="granikv")
-    ap.add_argument("--host-tier", action="store_true", help="with the host KV tier on (policy <allocator>-host)")
-    ap.add_argument("--examples", type=int, default=1000, help="examples (rule sequences) to try")
-    ap.add_argument("--max-steps", "--steps", dest="max_steps", type=int, default=30, help="rules per example")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repro", help="reproduction test file to write on failure (default out/fuzz/repro_POLICY.py)")
-    ap.add_argument("--no-model", action="store_true", help="check invariants only, not the reference model")
-    return run_fuzz(ap.parse_args(argv))
+    return cli_main(["fuzz", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -204,7 +204,10 @@ def plot_compare(summaries: dict[str, dict], reqs: dict[str, pd.DataFrame], out:
         latency_axis(ax, *[reqs[n].loc[reqs[n].status == "completed", col].to_numpy() for n in names])
         ax.set_xlabel(lab)
         ax.set_ylabel("fraction of completed requests")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        else:  # no policy completed a request: say so rather than draw an empty legend
+            ax.text(0.5, 0.5, "no completed requests", ha="center", va="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     save_figure(fig, out / "compare.png")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, parse_names, run_one, summary_table
-from granisim.config.files import OneLineParser, file_under_a_file, out_folder
+from granisim.config.files import OneLineParser, out_file, out_folder
 from granisim.config.scenario import (MAX_REPLICAS, ScenarioError, check_effective_in_runs, load_scenario,
                                       read_scenario, scenario_runs)
 from granisim.experiments.sensitivity import DEFAULT_DELTA
@@ -267,9 +267,7 @@ def _derive_profile(base: str, out: Path) -> None:
         raise ScenarioError(f"--out {out}: a profile is a .json file")
     if out.exists():
         raise ScenarioError(f"--out {out}: already exists; give a new file")
-    above = file_under_a_file(out)
-    if above:
-        raise ScenarioError(f"--out {out}: {above} is a file, not a folder")
+    out_file(out)
     get_profile(base)  # a bad base: one line naming it
     doc = derived(base, out, PROFILE_DIR, name=out.stem, notes=f"{base} with the coefficients below changed")
     out.parent.mkdir(parents=True, exist_ok=True)  # as calibrate fit does for the profile it writes
@@ -293,11 +291,7 @@ def cmd_calibrate_table(args) -> int:
 def cmd_calibrate_check(args) -> int:
     from granisim.calibration.check import error_table, format_table, overall, priced_rows
 
-    out = args.out and Path(args.out)
-    if out and out.is_dir():  # found before the pricing, not after it
-        raise ValueError(f"--out {out}: a folder; give the CSV file to write")
-    if out and file_under_a_file(out):
-        raise ValueError(f"--out {out}: {file_under_a_file(out)} is a file, not a folder")
+    out = args.out and out_file(args.out, what="the CSV file to write")  # before the pricing, not after it
     rows = priced_rows(Path(args.raw_dir), args.profile, args.family)
     print(f"{args.raw_dir} priced by {args.profile}: error = (predicted - measured) / measured")
     print(format_table(error_table(rows)))
@@ -314,11 +308,7 @@ def cmd_calibrate_check(args) -> int:
 def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
-    out = Path(args.out)
-    if out.is_dir():  # found before the fit, not after it
-        raise ValueError(f"--out {out}: a folder; give the profile JSON file to write")
-    if file_under_a_file(out):
-        raise ValueError(f"--out {out}: {file_under_a_file(out)} is a file, not a folder")
+    out = out_file(args.out, what="the profile JSON file to write")  # before the fit, not after it
     cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds,
                     progress=True, workers=args.workers)
     print(format_errors(cal.result))

@@ -43,8 +43,20 @@ def out_folder(given: str | Path | None, default: str | Path | None = None) -> P
     return out
 
 
+def out_file(given: str | Path, option: str = "--out", what: str = "the file to write") -> Path:
+    """A file a command writes (``option``): a folder there, or a file where a folder above it goes, is refused
+    (ValueError, one line) before the work whose result it would hold, not when the result is written."""
+    out = Path(given)
+    if out.is_dir():
+        raise ValueError(f"{option} {out}: a folder; give {what}")
+    above = file_under_a_file(out)
+    if above:
+        raise ValueError(f"{option} {out}: {above} is a file, not a folder")
+    return out
+
+
 def file_under_a_file(path: str | Path) -> Path | None:
     """The nearest existing folder-to-be above ``path`` where it is a file (so ``path`` cannot be written), else
-    None: checked before a long run whose output file would fail only at the end."""
+    None."""
     above = next((p for p in Path(path).parents if p.exists()), None)
     return above if above is not None and not above.is_dir() else None

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from granisim.config.files import out_file
+
 REPRO_HEADER = '''"""Reproduction written by `granisim fuzz --allocator {policy} --examples {examples} --seed {seed}`.
 
 Each test replays one shrunk failing rule sequence. Run: pytest {path}  (or: python {path})
@@ -69,17 +71,6 @@ def progress_machine(machine, examples: int):
     return WithProgress, bar
 
 
-def _unwritable(path: Path) -> str | None:
-    """Why the reproduction file ``path`` could not be written (a folder there, or a file where a folder above it
-    goes), or None."""
-    from granisim.config.files import file_under_a_file
-
-    if path.is_dir():
-        return "a folder; give the reproduction file to write"
-    above = file_under_a_file(path)
-    return f"{above} is a file, not a folder" if above else None
-
-
 def run_fuzz(args) -> int:
     import hypothesis
     from hypothesis.stateful import run_state_machine_as_test
@@ -92,10 +83,10 @@ def run_fuzz(args) -> int:
         return 2
     policy = fuzz.host_policy(args.allocator) if getattr(args, "host_tier", False) else args.allocator
     args.allocator = policy
-    repro = Path(args.repro or f"out/fuzz/repro_{policy}.py")
-    unwritable = _unwritable(repro)
-    if unwritable:  # found before the fuzzing, not when a failure's reproduction would be written (and lost)
-        print(f"granisim fuzz: error: --repro {repro}: {unwritable}", file=sys.stderr)
+    try:  # found before the fuzzing, not when a failure's reproduction would be written (and lost)
+        repro = out_file(args.repro or f"out/fuzz/repro_{policy}.py", "--repro", "the reproduction file to write")
+    except ValueError as err:
+        print(f"granisim fuzz: error: {err}", file=sys.stderr)
         return 2
     model = fuzz.default_model(policy) if not args.no_model else None
     machine, bar = progress_machine(fuzz.allocator_machine(fuzz.default_factory(policy), model), args.examples)

@@ -4,8 +4,7 @@
 #
 #   bash reports/kernels/next_gpu_run.sh OUT [CALL_S]
 #
-# 0. every kernel test on the GPU (fp32 and the bf16 real-size ones; the extend kernel's 128 x 128 tiles and the
-#    split-KV kernel's unmasked tiles have not been checked against the reference on a GPU yet);
+# 0. every kernel test on the GPU (fp32 and the bf16 real-size ones);
 # 1. the engine's GPU tests one at a time (each holds a model's weights, KV and a float64 reference): graph replays equal
 #    eager steps bit for bit, and every path in bf16, with `dense_fused` and `cascade_folded` (the fused
 #    element-wise kernels and the merge folded into the prefix passes' combine);

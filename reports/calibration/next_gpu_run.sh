@@ -15,12 +15,8 @@
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
 CALL_S=${2:-560}
-source "$(dirname "$0")/../device_env.sh"
-mkdir -p "$OUT"
 source "$(dirname "$0")/../gpu_steps.sh"
-nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
-step kernel_tests 150 python3 -m pytest -q -p no:cacheprovider tests/gpu_backend/kernels -n 4
-step engine_tests 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu_backend/test_engine_gpu.py
+gpu_tests
 step calibration 150 python3 -m calibration.measure --gpu h200 --model llama-3.1-8b --out "$OUT/calib" \
   --budget-s 120
 if [ "$(left)" -gt 200 ]; then

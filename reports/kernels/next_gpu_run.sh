@@ -19,12 +19,8 @@
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
 CALL_S=${2:-540}
-source "$(dirname "$0")/../device_env.sh"
-mkdir -p "$OUT"
 source "$(dirname "$0")/../gpu_steps.sh"
-nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/gpu.txt"
-step kernel_tests 150 python3 -m pytest -q -p no:cacheprovider tests/gpu_backend/kernels -n 4
-step gpu_test 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu_backend/test_engine_gpu.py
+gpu_tests
 step engine_host 200 python3 -m gpu_backend.bench.engine_host --before current \
   --after-option fused_elementwise=True fold_merge=True \
   --out "$OUT/engine_host" --reps 3 --budget-s 180

@@ -8,8 +8,8 @@ Why: with 64-row tiles and 4 warps the extend kernel ran at 34-35% of the GEMM r
 reports/kernels/h200.md), where the dense prefix pass, the same online softmax over the same K/V rows, reaches
 52-76% with 128-row tiles and 8 warps; this run's data chose `extend.default_tiles`. Each point is requests x
 chunk new tokens over an L-token cached prefix in one storage (the engine's: slot lists for token/granikv, pages
-of 16 for paged16) at G query heads per KV head. Every config's output is checked against the first config's. Prints, per point, each config's time and TFLOP/s and the best;
-writes extend_tiles.json.
+of 16 for paged16) at G query heads per KV head. Every config's output is checked against the first config's.
+Prints, per point, each config's time and TFLOP/s and the best; writes extend_tiles.json.
 """
 from __future__ import annotations
 

@@ -3,12 +3,10 @@ scheduler and allocator as the simulator through the executor protocol."""
 import os
 
 import torch
+import triton
 
 from .executor import GpuExecutor  # noqa: F401
 from .model import RandomWeights  # noqa: F401
-
-
-INTERPRETED = ("1", "true", "on", "yes", "y")  # TRITON_INTERPRET values triton reads as on (any case)
 
 
 def check_device(device: str) -> None:
@@ -26,7 +24,7 @@ def check_device(device: str) -> None:
             raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                              f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     elif dev.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET", "").lower() not in INTERPRETED:
+        if not triton.knobs.runtime.interpret:  # TRITON_INTERPRET, as triton reads it
             raise ValueError(f"--device {device}: the engine's Triton kernels run on a CPU only in the interpreter; "
                              f"set TRITON_INTERPRET=1 (for a tiny model)")
     else:

@@ -201,12 +201,13 @@ def capacity(scenario: Scenario, policies: list[str], slo: dict[str, float], out
              hi: float | None = None, rel_tol: float = 0.02, max_probes: int = 24,
              workers: int | None = None) -> list[CapacityResult]:
     rate = scenario.workload.rate
-    bounds = [f"{opt} {v:g}" if v else f"{opt} {d:g} (default: workload.rate {rate:g} {how})"
-              for opt, v, d, how in (("--lo", lo, rate / 8, "/ 8"), ("--hi", hi, rate * 2, "x 2"))]
+    given_lo, given_hi = lo, hi
     lo = lo or rate / 8
     hi = hi or rate * 2
     if not 0 < lo < hi:  # a default is named as one: the user may have given only the other bound
-        raise ScenarioError(f"{bounds[0]} / {bounds[1]}: need 0 < lo < hi")
+        lo_s = f"--lo {lo:g}" + ("" if given_lo else f" (default: workload.rate {rate:g} / 8)")
+        hi_s = f"--hi {hi:g}" + ("" if given_hi else f" (default: workload.rate {rate:g} x 2)")
+        raise ScenarioError(f"{lo_s} / {hi_s}: need 0 < lo < hi")
     blob = json.dumps(scenario.model_dump(mode="json"))
     jobs = [(blob, pol, slo, lo, hi, rel_tol, max_probes, out) for pol in policies]
     workers = min(workers or len(jobs), len(jobs))

@@ -77,10 +77,6 @@ def run_fuzz(args) -> int:
 
     from granisim.experiments import fuzz
 
-    if args.examples < 1 or args.max_steps < 1:
-        print(f"granisim fuzz: --examples and --max-steps must be >= 1, got {args.examples} and {args.max_steps}",
-              file=sys.stderr)
-        return 2
     policy = fuzz.host_policy(args.allocator) if getattr(args, "host_tier", False) else args.allocator
     args.allocator = policy
     try:  # found before the fuzzing, not when a failure's reproduction would be written (and lost)

@@ -4,6 +4,7 @@
 # (one file: a device call brings back only a few files).
 #
 #   bash reports/calibration/next_gpu_run.sh OUT [CALL_S]      # then copy OUT.tgz where the call returns files
+#   TESTS=0 bash reports/calibration/next_gpu_run.sh OUT        # kernels unchanged since their last GPU check: skip 1.
 #
 # 1. every kernel test on the GPU, then the engine's GPU tests one at a time (each holds a model's weights, KV and a
 #    float64 reference);
@@ -16,7 +17,7 @@ set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [CALL_S]}
 CALL_S=${2:-560}
 source "$(dirname "$0")/../gpu_steps.sh"
-gpu_tests
+[ "${TESTS:-1}" = 0 ] || gpu_tests
 step calibration 150 python3 -m calibration.measure --gpu h200 --model llama-3.1-8b --out "$OUT/calib" \
   --budget-s 120
 if [ "$(left)" -gt 200 ]; then

@@ -1,4 +1,4 @@
-"""Regenerate the measured H200 profile and the what-if profiles derived from it.
+"""Regenerate the measured H200 and H100 profiles and the what-if profile derived from the H200's.
 
     python -m granisim.calibration.shipped [RAW_DIR]     # default calibration/raw/h200
 
@@ -7,7 +7,10 @@
    then adds the measurements of calibration/raw/h200_more/: Qwen-2.5-14B's own linear table and the shard
    GEMMs of Llama-3.1-70B and Qwen-2.5-72B (granisim.calibration.more_table), and the MoE grouped GEMMs
    (granisim.calibration.moe_fit);
-2. derives granisim/config/profiles/h100-sxm.json and b200.json from it by datasheet ratios.
+2. fits calibration/raw/h100/measure (the same measurement on an H100) into granisim/config/profiles/h100-sxm.json
+   and its tables, with the tp and MoE coefficients extrapolated as for the others;
+3. derives granisim/config/profiles/b200.json from h200 by datasheet ratios.
+Coefficients other runs measured (the host tier's link and overlap) stay as they were in each file.
 
 a100-80gb is untouched (``python -m granisim.calibration.published`` makes it from published sources).
 """
@@ -36,6 +39,10 @@ COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out 
 
 
 MORE = ROOT / "calibration" / "raw" / "h200_more"
+H100 = ROOT / "calibration" / "raw" / "h100" / "measure"
+H100_COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out RAW on an H100 (--gpu only labels "
+                "the run; calibration/raw/h100/measure); granisim calibrate fit RAW --out h100-sxm.json --name h100-sxm "
+                "(python -m granisim.calibration.shipped)")
 
 
 def add_more(profile: Path) -> None:
@@ -47,25 +54,49 @@ def add_more(profile: Path) -> None:
     write_grouped(profile, raw, fit_grouped(raw, prof.bf16_flops, prof.hbm_bandwidth)[0])
 
 
+def keep_others(path: Path, before: dict) -> None:
+    """Put back the coefficients the file had and the refit did not write: those other runs own (the host
+    tier's link and overlap: calibration.measure.host_link and copy_overlap), each with its own source."""
+    doc = json.loads(path.read_text())
+    gone = {k: v for k, v in before.get("coefficients", {}).items() if k not in doc["coefficients"]}
+    if gone:
+        doc["coefficients"].update(gone)
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def fit_into(raw: Path, shipped: Path, name: str, command: str):
+    """Fit the raw run ``raw`` into the profile ``shipped`` (its tables into DATA_DIR, its figures and fit summary
+    into reports/calibration/), then add the tp all-reduce curve and MoE coefficients (extrapolated)."""
+    with tempfile.TemporaryDirectory() as tmp:  # the profile's tables are written beside it and into DATA_DIR
+        out = Path(tmp) / f"{name}.json"
+        cal = calibrate(raw, out, name=name, command=command, extra_table_dirs=[DATA_DIR])
+        print(f"{name}:\n{format_errors(cal.result)}")
+        write_figures(cal, ROOT / "reports" / "calibration", name)
+        shutil.copyfile(out, shipped)
+    add_parallel(shipped)
+    return cal
+
+
 def main(raw_dir: str = "calibration/raw/h200") -> None:
     shipped = PROFILE_DIR / "h200.json"
-    with tempfile.TemporaryDirectory() as tmp:  # the profile's tables are written beside it and into DATA_DIR
-        out = Path(tmp) / "h200.json"
-        cal = calibrate(ROOT / raw_dir, out, name="h200", command=COMMAND, extra_table_dirs=[DATA_DIR])
-        print(format_errors(cal.result))
-        write_figures(cal, ROOT / "reports" / "calibration", "h200")
-        shutil.copyfile(out, shipped)
-    add_parallel(shipped)  # the tp all-reduce curve (extrapolated) and MoE grouped-GEMM coefficients
-    add_more(shipped)  # ... the latter replaced by their measurement
+    before = {t: json.loads((PROFILE_DIR / f"{t}.json").read_text()) for t in ("h200", "h100-sxm", "b200")
+              if (PROFILE_DIR / f"{t}.json").is_file()}
+    cal = fit_into(ROOT / raw_dir, shipped, "h200", COMMAND)
+    add_more(shipped)  # ... the MoE grouped-GEMM coefficients replaced by their measurement
+    keep_others(shipped, before.get("h200", {}))
+    h100 = PROFILE_DIR / "h100-sxm.json"
+    fit_into(H100, h100, "h100-sxm", H100_COMMAND)
+    keep_others(h100, before.get("h100-sxm", {}))
+    b200 = PROFILE_DIR / "b200.json"
+    b200.write_text(json.dumps(derive(cal.doc, "b200", source_name="h200 (granisim/config/profiles/h200.json)"),
+                               indent=2) + "\n")
+    add_parallel(b200)
+    keep_others(b200, before.get("b200", {}))
     model = get_model("llama-3.1-8b")
-    for target in ("h100-sxm", "b200"):
-        doc = derive(cal.doc, target, source_name="h200 (granisim/config/profiles/h200.json)")
-        path = PROFILE_DIR / f"{target}.json"
-        path.write_text(json.dumps(doc, indent=2) + "\n")
-        add_parallel(path)
+    for path in (h100, b200):
         prof = load_profile(path)
         xs = {lp: m_sat_threshold(prof, model, lp) for lp in (1024, 4096, 16384, 32768)}
-        print(f"{target}: m_sat {prof.m_sat}; formula best threshold by L_p {xs}")
+        print(f"{prof.name}: m_sat {prof.m_sat}; formula best threshold by L_p {xs}")
     prof = load_profile(shipped)
     print(f"h200: m_sat {prof.m_sat}; per L_p measured {cal.msat['per_L_measured']}; profile crossover "
           f"{cal.msat['per_L_model']}")
@@ -75,8 +106,8 @@ def cli(argv: list[str] | None = None) -> int:
     from granisim.config.files import OneLineParser
 
     ap = OneLineParser(prog="python -m granisim.calibration.shipped",
-                       description="Refit the shipped h200 profile from a raw calibration run and derive h100-sxm "
-                                   "and b200 from it (rewrites granisim/config/profiles/, granisim/config/data/ "
+                       description="Refit the shipped h200 profile from a raw calibration run, h100-sxm from the H100 run "
+                                   "and derive b200 from h200 (rewrites granisim/config/profiles/, granisim/config/data/ "
                                    "and reports/calibration/).")
     ap.add_argument("raw_dir", nargs="?", default="calibration/raw/h200",
                     help="raw run folder, relative to the checkout (default calibration/raw/h200)")

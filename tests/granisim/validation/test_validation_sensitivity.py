@@ -5,8 +5,8 @@ from granisim.validation import sensitivity as vs
 
 
 def test_a_saturated_workload_moves_its_throughput_with_the_steps():
-    """multi_agent_16k on Qwen-2.5-14B runs a queue: its throughput follows step time almost 1:1."""
-    s = vs.unit_sensitivity("multi_agent_16k", "granikv", "qwen-2.5-14b", "h200-engine", 0.03)
+    """multi_agent_16k on Qwen-2.5-14B under token runs a queue: its throughput follows step time almost 1:1."""
+    s = vs.unit_sensitivity("multi_agent_16k", "token", "qwen-2.5-14b", "h200-engine", 0.03)
     faster, slower = s["throughput_rps"]
     assert 0.02 < faster < 0.04 and -0.04 < slower < -0.02
     assert set(s) == set(vs.METRICS)

@@ -9,7 +9,8 @@
 #       unless the longest one ($LONGEST_S, default 180 s) still fits.
 # Priority order: the sustained-load benchmark, then each of $MODELS (default: llama-3.1-8b qwen-2.5-14b) under each
 # of $POLICIES (default: granikv token paged16), every workload each, or those named in $ONLY (space-separated
-# VALIDATION names; reports/validation/README.md, "Next GPU run").
+# VALIDATION names; reports/validation/README.md, "Next GPU run"). $PROFILE (default h200) sizes the units' KV pools and
+# policies: h100-sxm on an H100 (an H200's pool does not fit an 80 GB card).
 # Read-only on the GPU: the clock/power log only queries nvidia-smi; no clock or power setting is changed.
 set -u
 OUT=${1:?usage: next_gpu_run.sh OUT [DONE] [CALL_S]}
@@ -33,7 +34,7 @@ for model in ${MODELS:-llama-3.1-8b qwen-2.5-14b}; do
     if [ "$b" -le 0 ]; then echo "call budget used; run again with DONE holding this call's JSON files"; exit 0; fi
     set -o pipefail
     python3 -m granisim.validation.gpu_runs validate --out "$OUT" ${DONE:+--done "$DONE"} --budget-s "$b" \
-      --models "$model" --policies "$policy" ${ONLY:+--only $ONLY} --log-gpu 2>&1 | tee "$OUT/last_pass.log" || exit 1
+      --models "$model" --policies "$policy" ${ONLY:+--only $ONLY} --profile "${PROFILE:-h200}" --log-gpu 2>&1 | tee "$OUT/last_pass.log" || exit 1
     if grep -q "budget reached" "$OUT/last_pass.log"; then
       echo "call budget used; run again with DONE holding this call's JSON files"; exit 0
     fi

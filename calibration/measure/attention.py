@@ -11,7 +11,7 @@ from gpu_backend.kernels.cascade import block_m_for, cascade_prefix_attention
 from gpu_backend.kernels.decode import decode_attention
 from gpu_backend.kernels import dense as _dense_mod
 from gpu_backend.kernels.dense import dense_prefix_attention
-from gpu_backend.kernels.extend import ORDERS, extend_attention
+from gpu_backend.kernels.extend import ORDERS, default_tiles, extend_attention
 
 from gpu_backend.kernels import layout as L
 
@@ -307,9 +307,12 @@ def _extend_points(run, pts, section: str, csv_name: str, ragged: bool = False, 
                                                       max_qo_len=ql, **({"order": order} if order else {})))
         t = time_calls(fns, min_reps=3)
         fl = 4 * d * n_q * sum(x * c + x * (x + 1) / 2 for x in qls)
+        tiles = default_tiles(ql * G)  # what the launch ran: its longest chunk picks the tile
+        bm = tiles["block_m"]
         r = dict(family="extend", kernel="extend", storage=st, page_size=PAGE.get(st, 1), G=G, n_q=n_q, n_kv=n_kv, d=d,
-                 B=nr, L=c, M_eff=ql * G, n_req=nr, q_len=ql if not ragged else round(T / nr), T=T, block_m=64,
-                 block_n=64, num_warps=4, n_splits=1, chunk=c, programs=triton.cdiv(ql * G, 64) * n_kv * nr,
+                 B=nr, L=c, M_eff=ql * G, n_req=nr, q_len=ql if not ragged else round(T / nr), T=T, block_m=bm,
+                 block_n=tiles["block_n"], num_warps=tiles["num_warps"], n_splits=1, chunk=c,
+                 programs=sum(triton.cdiv(x * G, bm) for x in qls) * n_kv,
                  launches=1, bytes=kvbytes + T * n_kv * d * 2 * 2 + 2 * q.numel() * 2, flops=fl, **t)
         if ragged:
             r["q_lens"] = ";".join(map(str, qls))

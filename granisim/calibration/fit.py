@@ -59,7 +59,7 @@ RAW_FAMILY = {"prefill": "extend"}  # cost-model family -> raw family column
 # Kernel facts of gpu_backend at the measured commit. A raw row is priced with the splits its launch recorded
 # (n_splits, chunk: raw.predict_attention), so a later change of a split rule leaves the fit as it was;
 # split_check reports how many recorded splits today's rule still gives.
-KERNEL_RULES = {"attn.prefill.m_tile": 64, "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
+KERNEL_RULES = {"attn.prefill.m_tile": 128, "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
                 "attn.cascade.min_m_tile": 16, "attn.cascade.ctas_per_sm": 1, "attn.cascade.gather_ctas_per_sm": 2,
                 "attn.cascade.min_split_tokens": 256, "attn.cascade.max_splits": 64, "attn.cascade.launches": 2,
                 "attn.cascade.balance_chunk": 1024, "attn.cascade.balance_skew": 2,

@@ -23,7 +23,9 @@ token per layer; every family is least-squares fittable from microbenchmarks):
     ``rows x hidden x vocab`` GEMM (roofline, family ``lm_head``), ``rows`` = one per request.
 ``attn_prefill``
     prefill / extend, causal over context + chunk, one kernel: rows ``num_new * G`` per KV head
-    padded to ``attn.prefill.m_tile``; ``F = 4 d n_q (q c + q (q+1) / 2) * pad``,
+    padded to the launch's tile (form 2: ``attn.prefill.m_tile`` once its longest chunk stacks that many
+    rows, else 64, as the extend kernel picks; form 1: ``attn.prefill.m_tile``);
+    ``F = 4 d n_q (q c + q (q+1) / 2) * pad``,
     ``B = c kvb / storage_eff + q kvb + Q/O``; ``t = launch + max(F/(P e_f), B/(BW e_m))``.
     Prefill requests take no part in prefix passes (their shared part is read here, at the
     group's storage efficiency).

@@ -23,6 +23,7 @@ from .step import StepPricing
 # (engine.fit_layers). Not linear (its offsets by step size also carry the fitted model's GEMM shapes: scaled,
 # Qwen-2.5-14B's per-step error grew) nor lm_head (once a step).
 PER_LAYER_KEYS = ("attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
+PREFILL_SMALL_TILE = 64  # rows (and KV tokens) of a prefill tile below attn.prefill.m_tile rows: gpu_backend.kernels.extend
 
 
 def _gemm_dims(m: ModelShape) -> np.ndarray:
@@ -284,16 +285,26 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         return v
 
     # -- prefill ----------------------------------------------------------------------------------
+    def prefill_tile(self, longest):
+        """Row (and KV) tile of a prefill launch whose longest chunk is ``longest`` tokens: ``attn.prefill.m_tile``
+        once that chunk stacks as many rows per KV head, else the small tile (gpu_backend.kernels.extend
+        default_tiles; arrays broadcast)."""
+        if self.form != 2:
+            return self.pf_mt
+        return np.where(np.asarray(longest) * self.G >= self.pf_mt, self.pf_mt, min(self.pf_mt, PREFILL_SMALL_TILE))
+
     def prefill_time(self, reqs, inv_priv: float, ginv: list, correct: bool = True) -> float:
         f = bts = pb = praw = 0.0
         tiles = nreq = T = ctx = 0
+        mt = int(self.prefill_tile(max((r.num_new for r in reqs), default=0)))
         for r in reqs:
             q, c = r.num_new, r.context_len
             if q <= 0:
                 continue
             s = r.shared_len if r.group >= 0 else 0
             inv_s = ginv[r.group] if s else 0.0
-            nt, fi, bi, pbi, prawi = self._prefill_terms(q, c, max(c, 1), (c - s) * inv_priv + s * inv_s, math.ceil)
+            nt, fi, bi, pbi, prawi = self._prefill_terms(q, c, max(c, 1), (c - s) * inv_priv + s * inv_s, math.ceil,
+                                                         mt)
             nreq += 1
             T += q
             ctx += c
@@ -304,7 +315,7 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
             praw += prawi
         if self.form == 2:
             return float(self._prefill_kernel2(f, pb / max(praw, 1e-30), praw, tiles, T, ctx / nreq if nreq else 0,
-                                               correct and nreq))
+                                               correct and nreq, mt))
         return max(f * self.pf_a, bts * self.pf_b) + self.pf_launch
 
     def prefill_time_uniform(self, q, c, n_req, inv_priv: float, correct: bool = True):
@@ -313,27 +324,30 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         if self.form != 2:
             raise ValueError(f"prefill_time_uniform: attn.form {self.form} (form 2 only)")
         q, c, n = (np.asarray(x, float) for x in (q, c, n_req))
-        nt, f, _, pb, praw = self._prefill_terms(q, c, np.maximum(c, 1.0), c * inv_priv, np.ceil)
-        return self._prefill_kernel2(n * f, pb / praw, n * praw, n * nt, n * q, c, correct)
+        mt = self.prefill_tile(q)
+        nt, f, _, pb, praw = self._prefill_terms(q, c, np.maximum(c, 1.0), c * inv_priv, np.ceil, mt)
+        return self._prefill_kernel2(n * f, pb / praw, n * praw, n * nt, n * q, c, correct, mt)
 
-    def _prefill_terms(self, q, c, c_or_1, kv_eff, ceil):
+    def _prefill_terms(self, q, c, c_or_1, kv_eff, ceil, mt):
         """One prefill request of ``q`` new tokens over ``c`` context tokens (``c_or_1``: max(c, 1); ``kv_eff``:
-        its context tokens weighted by their storage's inverse efficiency): (row tiles, FLOPs, bytes, KV its
-        programs stream weighted and raw). Python numbers or arrays (``ceil``: math.ceil or np.ceil)."""
+        its context tokens weighted by their storage's inverse efficiency) in a launch of ``mt``-row tiles (its KV
+        tiles as long): (row tiles, FLOPs, bytes, KV its programs stream weighted and raw). Python numbers or
+        arrays (``ceil``: math.ceil or np.ceil)."""
         rows = q * self.G
-        nt = ceil(rows / self.pf_mt)
-        pad = nt * self.pf_mt / rows
+        nt = ceil(rows / mt)
+        pad = nt * mt / rows
         f = 4.0 * self.d * self.n_q * (q * c + q * (q + 1) / 2.0) * pad
         bts = self.kvb * (kv_eff + q) + 2.0 * q * self.n_q * self.d * self.b
-        # KV each of its programs streams: the prefix in whole 64-token tiles, half the chunk on average
-        pc = ceil(c / 64.0) * 64.0
+        # KV each of its programs streams: the prefix in whole KV tiles, half the chunk on average
+        pc = ceil(c / mt) * mt
         return nt, f, bts, nt * (pc * kv_eff / c_or_1 + q / 2.0), nt * (pc + q / 2.0)
 
-    def _prefill_kernel2(self, f, inv_eff, praw, tiles, T, ctx_mean, correct):
-        """Seconds (all layers) of the form-2 prefill kernel over ``tiles`` row tiles (arrays broadcast)."""
+    def _prefill_kernel2(self, f, inv_eff, praw, tiles, T, ctx_mean, correct, mt):
+        """Seconds (all layers) of the form-2 prefill kernel over ``tiles`` row tiles of ``mt`` rows (arrays
+        broadcast)."""
         N = tiles * self.n_kv
         t = self.kernel_time2("prefill", N, f / N, praw * 2.0 * self.d * self.b / tiles, inv_eff=inv_eff,
-                              first_bytes=64.0 * 2.0 * self.d * self.b)
+                              first_bytes=mt * 2.0 * self.d * self.b)
         if correct and self.corr:
             t = t * self._corr("prefill", self._priv_class, np.log2(T), np.log2(ctx_mean + 1.0))
         return self.layers * t

@@ -355,3 +355,29 @@ def test_uniform_prefill_rows_equal_the_request_loop(profile, priv):
         want = [t.prefill_time([SimpleNamespace(num_new=int(a), context_len=int(b), shared_len=0, group=-1)] * int(k),
                                inv, [], correct=correct) for a, b, k in zip(q, c, n)]
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_prefill_tile_follows_the_extend_kernels_rule():
+    """Form 2 prices a prefill launch in the tiles the extend kernel picks: attn.prefill.m_tile rows (and KV tokens)
+    once its longest chunk stacks that many rows per KV head, 64 below (gpu_backend.kernels.extend.default_tiles);
+    a short chunk launched with a long one runs the long one's tiles."""
+    from types import SimpleNamespace
+
+    from granisim.costmodel.tables import CostTables
+
+    extend = pytest.importorskip("gpu_backend.kernels.extend")
+    t = CostTables(H200, LLAMA, use_table=False)
+    assert t.pf_mt == 128 and t.G == 4
+    for q in (1, 15, 16, 31, 32, 33, 100, 4096):
+        assert t.prefill_tile(q) == extend.default_tiles(q * t.G)["block_m"], q
+    req = lambda q: SimpleNamespace(num_new=q, context_len=4096, shared_len=0, group=-1)  # noqa: E731
+    # 8 rows per KV head: alone in 64-row tiles (one per request), beside a 64-token chunk in 128-row tiles
+    alone = t.prefill_time([req(2)] * 8, 1.0, [], correct=False)
+    assert alone == pytest.approx(t.prefill_time_uniform(2, 4096, 8, 1.0, correct=False))
+    asked = []
+    t.prefill_tile = lambda longest: asked.append(longest) or CostTables.prefill_tile(t, longest)
+    mixed = t.prefill_time([req(2)] * 8 + [req(64)], 1.0, [], correct=False)
+    assert asked == [64] and mixed != alone
+    small = CostTables(H200, LLAMA, use_table=False)
+    small.pf_mt = 64  # a profile whose kernel has one tile (e.g. a100-80gb's form-1 prefill has no rule)
+    assert small.prefill_tile(4096) == 64

@@ -82,7 +82,7 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
     before = {t: json.loads((PROFILE_DIR / f"{t}.json").read_text()) for t in ("h200", "h100-sxm", "b200")
               if (PROFILE_DIR / f"{t}.json").is_file()}
     cal = fit_into(ROOT / raw_dir, shipped, "h200", COMMAND)
-    add_more(shipped)  # ... the MoE grouped-GEMM coefficients replaced by their measurement
+    add_more(shipped)  # other models' tables; the MoE grouped GEMMs replaced by their measurement
     keep_others(shipped, before.get("h200", {}))
     h100 = PROFILE_DIR / "h100-sxm.json"
     fit_into(H100, h100, "h100-sxm", H100_COMMAND)

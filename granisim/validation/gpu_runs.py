@@ -71,7 +71,8 @@ def burst_scenario(pol: str, lp: int, k: int, requests: int, profile: str):
 
 
 # The paper's setting on the real engine (issue: kernels at the floor): Poisson arrivals above granikv's capacity,
-# ShareGPT-like outputs, 4 roles. Rates: 1.5x the simulated granikv capacity on h200 at each prefix length;
+# ShareGPT-like outputs, 4 roles. Rates: 1.5x the simulated granikv capacity on h200 at each prefix length when the
+# setting was fixed (2026-12-04 kernels), kept so that runs compare across kernel changes;
 # output_scale 1.184 makes the bundled Azure trace's outputs average 249 tokens (ShareGPT's mean is about 250).
 PAPER_RATES = {16384: 9.7, 4096: 15.7}
 PAPER = {"roles": 4, "num_requests": 200, "output_scale": 1.184, "max_output_len": 2048}

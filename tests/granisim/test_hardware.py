@@ -89,7 +89,7 @@ def test_measured_and_derived_sources():
         assert p.linear_table is not None and p.linear_table.source.kind == "measured"
         assert p.kernel_table is not None and len(p.kernel_table.rows["family"]) > 100
         for k, c in p.coefficients.items():
-            if k in unmeasured or k.startswith("host."):
+            if k in unmeasured:
                 continue
             e = c.source.extra
             assert c.source.date and c.source.command and gpu in e["gpu"] and e["commit"] and "triton" in e["versions"]

@@ -151,6 +151,10 @@ def write_profile(doc: dict, raw: Raw, res: FitResult, out: str | Path, extra_di
     return out
 
 
+# the prefill pass re-reads its K/V through L2 (coefficients.py): derived at the source's rate in bytes/s x SMs
+L2_STREAMS = ("attn.prefill.mem_eff",)
+
+
 def derive(doc: dict, target: str, *, source_name: str) -> dict:
     """A what-if profile for ``target`` (a DATASHEETS key) from a measured profile ``doc`` of GPU
     ``doc['name']`` (also in DATASHEETS): rates scaled by datasheet ratios, everything else carried."""
@@ -180,6 +184,12 @@ def derive(doc: dict, target: str, *, source_name: str) -> dict:
             how = (f"measured H200 M_sat x the ratio of tensor-core-rate/bandwidth ridges, "
                    f"({ds['flops'] / 1e12:g}T/{ds['bw'] / 1e12:g}TB/s) / ({base['flops'] / 1e12:g}T/"
                    f"{base['bw'] / 1e12:g}TB/s) = {ridge:.3f}")
+        elif k in L2_STREAMS:
+            v = v * rs / rb
+            how = (f"the measured H200 rate in bytes/s x the SM ratio {rs:.3f} (expressed against this GPU's "
+                   f"bandwidth: x{rs:.3f}/{rb:.4f}): a launch's query tiles re-read each head's K/V from L2, whose "
+                   "rate follows the SMs, not HBM (an H100 ran the H200's extend rows at 0.97-1.01x its time with "
+                   "0.73x the bandwidth; reports/calibration/README.md section 7)")
         elif k.startswith("overhead.") or k.endswith("launch_s") or k.endswith("program_s"):
             how = "same as the measured H200: host work, launch and per-program latencies do not follow datasheet rates"
         elif c["unit"] in ("rows", "CTAs", "tokens", "kernels", "splits", ""):
@@ -196,7 +206,8 @@ def derive(doc: dict, target: str, *, source_name: str) -> dict:
         "gpu": ds["gpu"],
         "notes": (f"What-if profile derived from the measured {doc['name']} profile ({source_name}) by datasheet "
                   f"ratios: HBM bandwidth x{rb:.4f}, bf16 tensor-core rate x{rf:.4f}, SMs {ds['sms']} "
-                  f"(x{rs:.3f}), memory {ds['mem_gib']} GB; every efficiency, latency and kernel rule carried over "
+                  f"(x{rs:.3f}), memory {ds['mem_gib']} GB; the prefill pass's K/V re-read rate x the SM ratio "
+                  "(served from L2); every other efficiency, latency and kernel rule carried over "
                   "unchanged; formulas only (the H200 kernel table's measured corrections are not carried). "
                   f"Datasheets: {base['sheet']} / {ds['sheet']}. Re-fit on the real GPU with "
                   "`python -m calibration.measure` + `granisim calibrate fit` (README)."),

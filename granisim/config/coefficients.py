@@ -15,6 +15,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 # name -> (unit, rule). Rules: pos = finite > 0; frac = 0 < x <= 1; int = integer >= 1; nonneg = >= 0.
+# attn.prefill.mem_eff is a rate relative to hbm_bandwidth that may exceed 1: a launch's query tiles re-read each
+# head's K/V tiles, mostly from L2 (granisim.calibration.profile.derive says what follows).
 COEFFICIENTS: dict[str, tuple[str, str]] = {
     # the GPU
     "memory_bytes": ("B", "pos"),
@@ -36,7 +38,7 @@ COEFFICIENTS: dict[str, tuple[str, str]] = {
     # attention
     "attn.prefill.m_tile": ("rows", "int"),
     "attn.prefill.flop_eff": ("", "frac"),
-    "attn.prefill.mem_eff": ("", "frac"),
+    "attn.prefill.mem_eff": ("", "pos"),
     "attn.decode.m_tile": ("rows", "int"),
     "attn.decode.flop_eff": ("", "frac"),
     "attn.decode.mem_eff": ("", "frac"),

@@ -118,3 +118,18 @@ def test_a_roofline_profile_is_one_line_and_exit_2(family):
     r = _cli("calibrate", "check", str(RAW), "--profile", "a100-80gb", "--family", family)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "--profile a100-80gb: attn.form = 1" in r.stderr
+
+
+def test_a_profile_derived_from_the_h200_prices_the_measured_h100s_attention(tmp_path):
+    """The H200 profile carried to an H100 by datasheet ratios prices the H100's own microbenchmark rows: the
+    prefill pass (its K/V re-read from L2, at a rate that follows the SMs, not HBM) within 10% at the median (6.0%).
+    Planted bug caught: scaling its stream with the HBM ratio like the rest prices every extend storage +37..+51%
+    (L2_STREAMS emptied)."""
+    from granisim.calibration.profile import derive
+
+    doc = derive(json.loads((RAW.parents[2] / "granisim/config/profiles/h200.json").read_text()), "h100-sxm",
+                 source_name="h200")
+    (tmp_path / "derived.json").write_text(json.dumps(doc))
+    rows = priced_rows(RAW.parent / "h100" / "measure", str(tmp_path / "derived.json"))
+    e = rows.loc[rows["family"] == "extend", "error"].abs()
+    assert len(e) >= 70 and e.median() < 0.10, e.median()

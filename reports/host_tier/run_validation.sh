@@ -4,8 +4,9 @@
 #
 #   bash reports/host_tier/run_validation.sh OUT [CALL_S]
 #
-# Llama-3.1-8B on one H200, ROLES (default 64) agent roles with 4K-token prefixes (256K prefix tokens against a KV budget of
-# KV_TOKENS, default 160,000: prefixes are evicted and come back), NUM requests (default 450) at RATE req/s
+# Llama-3.1-8B on one H200, ROLES (default 64) agent roles with PREFIX-token prefixes (default 4096: 256K prefix tokens
+# against a KV budget of KV_TOKENS, default 160,000: prefixes are evicted and come back; a 16K-token prefix of
+# Llama-3.1-8B takes 2.1 GB of host memory), NUM requests (default 450) at RATE req/s
 # (default 12), `granisim validate` with the h200-engine profile: granikv with the tier (HOST_GB of host memory,
 # default 40: every prefix fits; HOT slabs and COLD pages to host), token with it (pages), granikv without it.
 # HOST_WRITE=reused writes back only the runs read again since they were cached (policy.host_write; default: all).
@@ -34,8 +35,8 @@ for unit in ${UNITS:-granikv_tier token_tier granikv_none}; do
     [ -n "$tier" ] && printf 'host_tier = "slabs+pages"\n'
     [ -n "$tier" ] && [ -n "${HOST_WRITE:-}" ] && printf 'host_write = "%s"\n' "$HOST_WRITE"
     [ -n "${ADMISSION:-}" ] && printf '[scheduler]\nadmission = "%s"\n' "$ADMISSION"
-    printf '[workload]\nkind = "multi_agent"\nroles = %s\nprefix_len = 4096\nnum_requests = %s\nrate = %s\n' \
-      "${ROLES:-64}" "${NUM:-450}" "${RATE:-12.0}"
+    printf '[workload]\nkind = "multi_agent"\nroles = %s\nprefix_len = %s\nnum_requests = %s\nrate = %s\n' \
+      "${ROLES:-64}" "${PREFIX:-4096}" "${NUM:-450}" "${RATE:-12.0}"
   } > "$toml"
   t=$(date +%s)
   python3 -m granisim.cli validate "$toml" --out "$OUT/$unit" > "$OUT/$unit.log" 2>&1

@@ -291,12 +291,15 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         default_tiles; arrays broadcast)."""
         if self.form != 2:
             return self.pf_mt
-        return np.where(np.asarray(longest) * self.G >= self.pf_mt, self.pf_mt, min(self.pf_mt, PREFILL_SMALL_TILE))
+        small = min(self.pf_mt, PREFILL_SMALL_TILE)
+        if np.ndim(longest) == 0:  # one launch, priced every step: no array round trip
+            return self.pf_mt if longest * self.G >= self.pf_mt else small
+        return np.where(np.asarray(longest) * self.G >= self.pf_mt, self.pf_mt, small)
 
     def prefill_time(self, reqs, inv_priv: float, ginv: list, correct: bool = True) -> float:
         f = bts = pb = praw = 0.0
         tiles = nreq = T = ctx = 0
-        mt = int(self.prefill_tile(max((r.num_new for r in reqs), default=0)))
+        mt = self.prefill_tile(max((r.num_new for r in reqs), default=0))
         for r in reqs:
             q, c = r.num_new, r.context_len
             if q <= 0:

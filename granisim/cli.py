@@ -244,16 +244,29 @@ def cmd_bench(args) -> int:
 def cmd_profile(args) -> int:
     from granisim.config.hardware import get_profile
 
-    if (args.out is not None) != (args.action == "derive"):
-        raise ScenarioError("profile derive NAME --out FILE.json: --out goes with derive alone")
+    writes = args.action in ("derive", "carry")
+    if (args.out is not None) != writes:
+        raise ScenarioError(f"profile {args.action}: --out FILE.json goes with derive and carry, and they need it")
+    if (args.onto is not None) != (args.action == "carry"):
+        raise ScenarioError("profile carry ENGINE --onto BASE --out FILE.json: --onto goes with carry, and it needs it")
     if args.action == "show":
         print(get_profile(args.name).describe())
     elif args.action == "derive":
         _derive_profile(args.name, Path(args.out))
+    elif args.action == "carry":
+        _carry_profile(args.name, args.onto, Path(args.out))
     else:
         p = get_profile(args.name)
         print(f"{args.name}: valid profile {p.name!r} ({len(p.coefficients)} coefficients)")
     return 0
+
+
+def _new_profile_file(out: Path) -> None:
+    if out.suffix != ".json":
+        raise ScenarioError(f"--out {out}: a profile is a .json file")
+    if out.exists():
+        raise ScenarioError(f"--out {out}: already exists; give a new file")
+    out_file(out)
 
 
 def _derive_profile(base: str, out: Path) -> None:
@@ -263,11 +276,7 @@ def _derive_profile(base: str, out: Path) -> None:
     from granisim.config.hardware import PROFILE_DIR, get_profile
     from granisim.config.profile_base import derived
 
-    if out.suffix != ".json":
-        raise ScenarioError(f"--out {out}: a profile is a .json file")
-    if out.exists():
-        raise ScenarioError(f"--out {out}: already exists; give a new file")
-    out_file(out)
+    _new_profile_file(out)
     get_profile(base)  # a bad base: one line naming it
     doc = derived(base, out, PROFILE_DIR, name=out.stem, notes=f"{base} with the coefficients below changed")
     out.parent.mkdir(parents=True, exist_ok=True)  # as calibrate fit does for the profile it writes
@@ -275,6 +284,37 @@ def _derive_profile(base: str, out: Path) -> None:
     get_profile(str(out))
     print(f"wrote {out}: made from {base}; add coefficients to change (each with its source), then "
           f"`granisim profile show {out}`")
+
+
+def _carry_profile(engine: str, onto: str, out: Path) -> None:
+    """Write ``engine``'s own coefficients on base ``onto`` (granisim/calibration/carry.py)."""
+    import json
+
+    from granisim.calibration.carry import REREAD, carry
+    from granisim.config.hardware import PROFILE_DIR, get_profile
+    from granisim.config.profile_base import base_file, derived
+
+    _new_profile_file(out)
+    p, new = get_profile(engine), get_profile(onto)  # a bad name or file: one line naming it
+    if p.base is None:
+        raise ScenarioError(f"{engine}: field base: value None: not made from a microbenchmark profile, nothing to "
+                            "carry (an engine profile names its base, as h200-engine does)")
+    own = json.loads(p.path.read_text())
+    extra = sorted(set(own) - {"schema", "name", "gpu", "notes", "base", "coefficients"})
+    if extra:
+        raise ScenarioError(f"{engine}: field {extra[0]}: value present: priced against {p.base}'s own figures; "
+                            "carry a profile of coefficients alone")
+    old = get_profile(base_file(p.base, p.path.parent, PROFILE_DIR))
+    coefs = carry(own.get("coefficients", {}), p.name, old, new)
+    notes = (f"{p.name}'s engine corrections (fitted on {old.name}, {old.gpu}) carried onto {new.name} "
+             f"(granisim profile carry; granisim/calibration/carry.py): an extrapolation until the engine is run "
+             f"and refit on this GPU (granisim validation refit)")
+    doc = derived(onto, out, PROFILE_DIR, name=out.stem, notes=notes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**doc, "coefficients": coefs}, indent=2) + "\n")
+    get_profile(str(out))
+    was, now = get_profile(engine)[REREAD], get_profile(str(out))[REREAD]
+    print(f"wrote {out}: {len(coefs)} coefficients of {p.name} on {new.name}; {REREAD} {was:g} -> {now:.3g}")
 
 
 def cmd_calibrate_table(args) -> int:
@@ -471,10 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--router", default="round_robin", help="sim: the fleet cases' router (round_robin, cache_aware)")
     b.set_defaults(fn=cmd_bench)
     pr = sub.add_parser("profile", help="hardware profiles")
-    pr.add_argument("action", choices=["show", "check", "derive"],
-                    help="derive: write a profile made from NAME (--out FILE.json) that holds only what you change")
+    pr.add_argument("action", choices=["show", "check", "derive", "carry"],
+                    help="derive: write a profile made from NAME (--out FILE.json) that holds only what you change; "
+                         "carry: write engine profile NAME's corrections on another GPU's profile (--onto)")
     pr.add_argument("name", help="profile name or JSON file")
-    pr.add_argument("--out", help="derive: the profile file to write")
+    pr.add_argument("--out", help="derive, carry: the profile file to write")
+    pr.add_argument("--onto", help="carry: the microbenchmark profile of the GPU to carry to (e.g. h100-sxm)")
     pr.set_defaults(fn=cmd_profile)
     cal = sub.add_parser("calibrate", help="fit a hardware profile from GPU measurements")
     cal_sub = cal.add_subparsers(dest="calibrate_cmd", required=True)

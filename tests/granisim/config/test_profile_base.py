@@ -122,8 +122,8 @@ def test_derive_writes_a_profile_made_from_a_shipped_one(tmp_path, capsys):
     (["derive", "h200", "--out", "p.txt"], "a profile is a .json file"),
     # was `EXISTS.json/p.json: Not a directory`, without --out
     (["derive", "h200", "--out", "EXISTS.json/p.json"], "--out EXISTS.json/p.json: EXISTS.json is a file"),
-    (["derive", "h200"], "--out goes with derive alone"),
-    (["show", "h200", "--out", "p.json"], "--out goes with derive alone"),
+    (["derive", "h200"], "--out FILE.json goes with derive and carry"),
+    (["show", "h200", "--out", "p.json"], "--out FILE.json goes with derive and carry"),
 ])
 def test_derive_refuses_in_one_line(tmp_path, monkeypatch, capsys, args, says):
     monkeypatch.chdir(tmp_path)

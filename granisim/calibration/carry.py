@@ -50,6 +50,9 @@ def carry(coefficients: dict, engine: str, old: HardwareProfile, new: HardwarePr
                    f"{old['sm_count']:g} -> {new['sm_count']:g}) against the decode stream it is a share of "
                    f"(hbm_bandwidth x attn.decode.mem_eff: {_stream(old) / 1e12:.3f} -> {_stream(new) / 1e12:.3f} "
                    "TB/s); at most 1 (a re-read costs no more than a first read)")
+        elif name.startswith(("overhead.", "host.")):
+            how = (f"carried unchanged from {old.name} to {new.name}: the same engine's host work and copy stream "
+                   "(the host's speed not scaled)")
         else:
             how = f"carried unchanged from {old.name} to {new.name}: the same engine's correction to its kernels' prices"
         out[name] = {"value": value, "unit": c["unit"], "source": {"kind": "extrapolated", "from": fitted, "how": how}}

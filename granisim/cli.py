@@ -328,6 +328,14 @@ def cmd_calibrate_table(args) -> int:
     return 0
 
 
+def cmd_calibrate_reread(args) -> int:
+    from granisim.calibration.reread import NAME, add_to_file
+
+    entry = add_to_file(Path(args.raw_dir), Path(args.profile))
+    print(f"wrote {NAME} = {entry['value']:g} into {args.profile} ({entry['source']['note'].split(' (')[0]})")
+    return 0
+
+
 def cmd_calibrate_check(args) -> int:
     from granisim.calibration.check import error_table, format_table, overall, priced_rows
 
@@ -536,6 +544,11 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--profile", required=True, help="profile JSON to extend (more_linear_tables)")
     ct.add_argument("--table-dir", help="where the CSV goes (default: beside the profile; or granisim/config/data)")
     ct.set_defaults(fn=cmd_calibrate_table)
+    cr = cal_sub.add_parser("reread", help="add the decode kernel's measured re-read share of a shared prefix to a "
+                            "profile (what `granisim profile carry` reads)")
+    cr.add_argument("raw_dir", help="python -m calibration.measure --only shared_decode --out RAW_DIR")
+    cr.add_argument("--profile", required=True, help="profile JSON to write it into")
+    cr.set_defaults(fn=cmd_calibrate_reread)
     cc = cal_sub.add_parser("check", help="price RAW_DIR's attention rows with a profile: errors by family, storage, G")
     cc.add_argument("raw_dir", help="python -m calibration.measure --out RAW_DIR (attention.csv, extend_shapes.csv, "
                     "extend_ragged.csv)")

@@ -6,9 +6,11 @@
    into granisim/config/data/, and writes the report figures and fit summary into reports/calibration/;
    then adds the measurements of calibration/raw/h200_more/: Qwen-2.5-14B's own linear table and the shard
    GEMMs of Llama-3.1-70B and Qwen-2.5-72B (granisim.calibration.more_table), and the MoE grouped GEMMs
-   (granisim.calibration.moe_fit);
+   (granisim.calibration.moe_fit), and the decode kernel's re-read share of a shared prefix
+   (granisim.calibration.reread, from h200_more/shared_decode_pool6m);
 2. fits calibration/raw/h100/measure (the same measurement on an H100) into granisim/config/profiles/h100-sxm.json
-   and its tables, with the tp and MoE coefficients extrapolated as for the others;
+   and its tables, with the tp and MoE coefficients extrapolated as for the others, and the kernel's re-read share
+   from calibration/raw/h100/shared_decode;
 3. derives granisim/config/profiles/b200.json from h200 by datasheet ratios.
 Coefficients other runs measured (the host tier's link and overlap) stay as they were in each file.
 
@@ -29,6 +31,7 @@ from granisim.calibration.collectives import add_to_file as add_parallel
 from granisim.calibration.moe_fit import fit_grouped, write as write_grouped
 from granisim.calibration.more_table import add_table
 from granisim.calibration.profile import derive
+from granisim.calibration.reread import add_to_file as add_kernel_reread
 from granisim.calibration.run import calibrate, format_errors, write_figures
 from granisim.costmodel import m_sat_threshold
 from granisim.config.hardware import DATA_DIR, PROFILE_DIR, load_profile
@@ -40,6 +43,7 @@ COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out 
 
 MORE = ROOT / "calibration" / "raw" / "h200_more"
 H100 = ROOT / "calibration" / "raw" / "h100" / "measure"
+H100_REREAD = ROOT / "calibration" / "raw" / "h100" / "shared_decode"
 H100_COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out RAW on an H100 (--gpu only labels "
                 "the run; calibration/raw/h100/measure); granisim calibrate fit RAW --out h100-sxm.json --name h100-sxm "
                 "(python -m granisim.calibration.shipped)")
@@ -84,9 +88,11 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
     cal = fit_into(ROOT / raw_dir, shipped, "h200", COMMAND)
     add_more(shipped)  # other models' tables; the MoE grouped GEMMs replaced by their measurement
     keep_others(shipped, before.get("h200", {}))
+    add_kernel_reread(MORE / "shared_decode_pool6m", shipped)
     h100 = PROFILE_DIR / "h100-sxm.json"
     fit_into(H100, h100, "h100-sxm", H100_COMMAND)
     keep_others(h100, before.get("h100-sxm", {}))
+    add_kernel_reread(H100_REREAD, h100)
     b200 = PROFILE_DIR / "b200.json"
     b200.write_text(json.dumps(derive(cal.doc, "b200", source_name="h200 (granisim/config/profiles/h200.json)"),
                                indent=2) + "\n")

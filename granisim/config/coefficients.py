@@ -116,6 +116,9 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # decode over a shared prefix that every member of a group re-reads in the same launch (the baselines):
     # the members after the first cost this fraction of a first read (their reads hit L2); 1 = no reuse
     "attn.decode.shared_reread": ("", "frac", 1.0),
+    # the same share for the decode kernel alone (calibration.measure shared_decode; granisim/calibration/reread.py):
+    # not priced; `granisim profile carry` reads it on both GPUs (granisim/calibration/carry.py)
+    "attn.decode.kernel_reread": ("", "frac", 1.0),
     # an eager step launches every operator from the host: its linear part takes at least this long
     "engine.eager.linear_floor_s": ("s", "nonneg", 0.0),
     # an eager step that prefills n requests runs their prefill attention slower than the same launch alone

@@ -29,9 +29,9 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from granisim.calibration.reread import KEY, reread_share
 from granisim.config.hardware import get_profile
 from granisim.config.models import get_model
 from granisim.validation.gpu_runs import split_unit
@@ -39,20 +39,6 @@ from granisim.validation.plans import load_plans
 from granisim.validation.validate import reprice
 
 BATCH_BINS = (0, 16, 32, 64, 96, 128)
-KEY = ["storage", "G", "L", "roles", "B"]
-
-
-def reread_share(raw: Path) -> pd.DataFrame:
-    """Per point of one shared_decode.csv: t_shared / t_distinct and the re-read share f it implies."""
-    df = pd.read_csv(raw / "shared_decode.csv")
-    shared = df[df.family == "decode_shared"].set_index(KEY)
-    distinct = df[df.family == "decode_distinct"].set_index(KEY)
-    j = shared[["median_us", "suffix"]].join(distinct[["median_us"]].rename(columns={"median_us": "distinct_us"}))
-    p = j.index.to_frame(index=False)
-    B, k, L, s = p.B.to_numpy(), p.roles.to_numpy(), p.L.to_numpy(), j.suffix.to_numpy()
-    ratio = (j.median_us / j.distinct_us).to_numpy()
-    f = np.where(B > k, (ratio * B * (L + s) - (k * L + B * s)) / (np.maximum(B - k, 1) * L), np.nan)
-    return p.assign(shared_us=j.median_us.to_numpy(), distinct_us=j.distinct_us.to_numpy(), ratio=ratio, f=f)
 
 
 def shared_table(dirs: list[Path]) -> dict:

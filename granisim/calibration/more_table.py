@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from granisim.config.hardware import load_profile, profile_json
+from granisim.config.hardware import load_profile, profile_json, write_checked
 from granisim.config.models import get_model, measured_shape
 from granisim.costmodel.operators import LAYER_OPS, STEP_OPS
 from granisim.costmodel.tables import carried_s
@@ -94,14 +94,7 @@ def add_table(raw_dir: Path, profile_path: Path, table_dir: Path | None = None) 
     # a profile made from another (config/profile_base.py) keeps its base's tables beside the new one
     tables = profile_json(profile_path).get("more_linear_tables", [])
     doc["more_linear_tables"] = [t for t in tables if Path(t["file"]).name != csv.name] + [entry]
-    tmp = profile_path.with_name(f".{profile_path.name}.new")  # checked before it replaces the profile
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    try:
-        load_profile(tmp)
-    except ValueError:
-        tmp.unlink()
-        raise
-    tmp.replace(profile_path)
+    write_checked(profile_path, doc)
     return csv, report
 
 

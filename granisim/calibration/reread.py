@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from granisim.config.hardware import load_profile
+from granisim.config.hardware import write_checked
 
 from .raw import measured_source, read_csv, read_meta
 
@@ -66,12 +66,5 @@ def add_to_file(raw: Path, profile_path: Path) -> dict:
     entry = kernel_share(raw)
     doc = json.loads(profile_path.read_text())
     doc.setdefault("coefficients", {})[NAME] = entry
-    tmp = profile_path.with_name(f".{profile_path.name}.new")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    try:
-        load_profile(tmp)
-    except ValueError:
-        tmp.unlink()
-        raise
-    tmp.replace(profile_path)
+    write_checked(profile_path, doc)
     return entry

@@ -59,7 +59,8 @@ from granisim.config.profile_schema import ExtrapolatedSource, ProfileModel, Pub
 # granisim.config.hardware is the profiles' public module: the catalogue and data classes are importable from here too
 __all__ = ["COEFFICIENTS", "OPTIONAL_COEFFICIENTS", "FORM2_COEFFICIENTS", "KERNEL_TABLE_COLS", "KERNEL_FAMILIES",
            "SCHEMA", "PROFILE_DIR", "DATA_DIR", "ProfileError", "Source", "Coefficient", "LinearTable", "KernelTable",
-           "HardwareProfile", "load_profile", "profile_json", "write_coefficients", "available_profiles", "get_profile"]
+           "HardwareProfile", "load_profile", "profile_json", "write_coefficients", "write_checked", "available_profiles",
+           "get_profile"]
 
 SCHEMA = "granikv-hardware-profile/1"
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -187,6 +188,20 @@ def write_coefficients(path: str | Path, entries: Mapping[str, dict]) -> None:
     doc = _read_json(path)
     doc.setdefault("coefficients", {}).update(entries)
     path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def write_checked(path: str | Path, doc: dict) -> None:
+    """Write ``doc`` as the profile file ``path`` if it loads: checked in a file beside it first, so a bad document
+    leaves the profile as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    try:
+        load_profile(tmp)
+    except ValueError:
+        tmp.unlink()
+        raise
+    tmp.replace(path)
 
 
 def load_profile(path: str | Path) -> HardwareProfile:

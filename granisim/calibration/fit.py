@@ -29,6 +29,9 @@ from .raw import Raw, hbm_ceiling, kernel_table_of, predict_attention, prepare_r
 
 # (name, lower, upper) of each fitted parameter; an efficiency is at most 1
 EFF = (1e-3, 1.0)
+# but the prefill pass's K/V stream: it re-reads each head's K/V once per query tile, mostly from L2, and may run
+# faster than HBM (calibration/profile.py L2_STREAMS; reports/calibration/README.md section 7)
+L2_EFF = (1e-3, 4.0)
 LAUNCH = (1e-7, 1e-4)
 PROGRAM = (1e-8, 1e-4)
 SAT = (0.05, 16.0)
@@ -47,7 +50,8 @@ FAMILY_PARAMS = {
     "kv_write": _wave("kv.write_", None, "kv.write_eff"),
     "kv_copy": [("kv.copy_launch_s", *LAUNCH), ("kv.copy_eff", *EFF)],
     **{p: _wave(f"attn.{p}.", f"attn.{p}.flop_eff", f"attn.{p}.mem_eff") for p in ("cascade", "dense")},
-    "prefill": _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff")
+    "prefill": [(n, *L2_EFF) if n == "attn.prefill.mem_eff" else (n, lo, hi)
+                for n, lo, hi in _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff")]
     + [("attn.prefill.page1_eff", *EFF), ("attn.prefill.page16_eff", *EFF)],
     "decode": _wave("attn.decode.", None, "attn.decode.mem_eff"),
     "storage": [("storage.page1_eff", *EFF), ("storage.page16_eff", *EFF)],

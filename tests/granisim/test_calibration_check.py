@@ -133,3 +133,20 @@ def test_a_profile_derived_from_the_h200_prices_the_measured_h100s_attention(tmp
     rows = priced_rows(RAW.parent / "h100" / "measure", str(tmp_path / "derived.json"))
     e = rows.loc[rows["family"] == "extend", "error"].abs()
     assert len(e) >= 70 and e.median() < 0.10, e.median()
+
+
+def test_the_measured_h100_prices_a_model_its_kernel_table_lacks_like_the_h200():
+    """The H100 runs the H200's extend rows at 0.97-1.01x their time; at Qwen-2.5-14B's shapes, which neither
+    kernel table holds, the two measured profiles price a long prefill's attention alike (0.98x). Planted bug
+    caught: the fit holding the prefill pass's K/V stream at HBM (an efficiency bound of 1, as every other
+    efficiency) priced it 1.60x the H200's."""
+    from granisim.config.hardware import get_profile
+    from granisim.config.models import get_model
+    from granisim.core.contract import BatchPlan, PlannedRequest
+    from granisim.costmodel import step_cost
+
+    plan = BatchPlan(step=0, policy="granikv", page_size=1, groups=(),
+                     requests=(PlannedRequest(rid=0, context_len=16384, num_new=8192, is_prefill=True),))
+    t = {p: step_cost(plan, get_profile(p), get_model("qwen-2.5-14b")).breakdown["attn_prefill"]
+         for p in ("h200", "h100-sxm")}
+    assert 0.9 < t["h100-sxm"] / t["h200"] < 1.1, t

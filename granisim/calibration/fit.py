@@ -38,11 +38,11 @@ SAT = (0.05, 16.0)
 RESIDENT = (1, 2, 4, 8, 16)  # tried one by one (programs per SM is a whole number)
 
 
-def _wave(pre, flop, mem):
+def _wave(pre, flop, mem, mem_bounds=EFF):
     names = [(pre + "launch_s", *LAUNCH), (pre + "program_s", *PROGRAM)]
     if flop:
         names.append((flop, *EFF))
-    return names + [(mem, *EFF), (pre + "sat_ctas_per_sm", *SAT)]
+    return names + [(mem, *mem_bounds), (pre + "sat_ctas_per_sm", *SAT)]
 
 
 FAMILY_PARAMS = {
@@ -50,8 +50,7 @@ FAMILY_PARAMS = {
     "kv_write": _wave("kv.write_", None, "kv.write_eff"),
     "kv_copy": [("kv.copy_launch_s", *LAUNCH), ("kv.copy_eff", *EFF)],
     **{p: _wave(f"attn.{p}.", f"attn.{p}.flop_eff", f"attn.{p}.mem_eff") for p in ("cascade", "dense")},
-    "prefill": [(n, *L2_EFF) if n == "attn.prefill.mem_eff" else (n, lo, hi)
-                for n, lo, hi in _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff")]
+    "prefill": _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff", L2_EFF)
     + [("attn.prefill.page1_eff", *EFF), ("attn.prefill.page16_eff", *EFF)],
     "decode": _wave("attn.decode.", None, "attn.decode.mem_eff"),
     "storage": [("storage.page1_eff", *EFF), ("storage.page16_eff", *EFF)],

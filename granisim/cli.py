@@ -313,8 +313,8 @@ def _carry_profile(engine: str, onto: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**doc, "coefficients": coefs}, indent=2) + "\n")
     get_profile(str(out))
-    was, now = get_profile(engine)[REREAD], get_profile(str(out))[REREAD]
-    print(f"wrote {out}: {len(coefs)} coefficients of {p.name} on {new.name}; {REREAD} {was:g} -> {now:.3g}")
+    print(f"wrote {out}: {len(coefs)} coefficients of {p.name} on {new.name}; {REREAD} {p[REREAD]:g} -> "
+          f"{get_profile(str(out))[REREAD]:.3g}")
 
 
 def cmd_calibrate_table(args) -> int:

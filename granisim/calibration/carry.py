@@ -40,7 +40,7 @@ def l2_ratio(old: HardwareProfile, new: HardwareProfile) -> float:
     return (_stream(new) / _stream(old)) * (old["sm_count"] / new["sm_count"])
 
 
-def reread_share(share: float, old: HardwareProfile, new: HardwareProfile) -> tuple[float, str]:
+def carried_reread(share: float, old: HardwareProfile, new: HardwareProfile) -> tuple[float, str]:
     """The engine's re-read share on ``new`` and how it was made."""
     measured_old, measured_new = KERNEL in old.coefficients, KERNEL in new.coefficients
     k_old = old[KERNEL] if measured_old else share
@@ -72,7 +72,7 @@ def carry(coefficients: dict, engine: str, old: HardwareProfile, new: HardwarePr
         fitted = f"{engine} (on {old.name}: {was.get('kind')}{', ' + was['date'] if was.get('date') else ''})"
         value = c["value"]
         if name == REREAD:
-            value, how = reread_share(value, old, new)
+            value, how = carried_reread(value, old, new)
         elif name.startswith(("overhead.", "host.")):
             how = (f"carried unchanged from {old.name} to {new.name}: the same engine's host work and copy stream "
                    "(the host's speed not scaled)")

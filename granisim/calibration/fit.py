@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from granisim.config.coefficients import KERNEL_MODEL_COEFFICIENTS
+from granisim.config.coefficients import KERNEL_MODEL_COEFFICIENTS, L2_STREAMS
 from granisim.config.models import ModelShape, get_model
 
 from .fit_linear import fit_linear, host_bound, host_floor, step_overhead, vidur_table
@@ -29,8 +29,7 @@ from .raw import Raw, hbm_ceiling, kernel_table_of, predict_attention, prepare_r
 
 # (name, lower, upper) of each fitted parameter; an efficiency is at most 1
 EFF = (1e-3, 1.0)
-# but the prefill pass's K/V stream: it re-reads each head's K/V once per query tile, mostly from L2, and may run
-# faster than HBM (calibration/profile.py L2_STREAMS; reports/calibration/README.md section 7)
+# but a stream served mostly from L2 (coefficients.L2_STREAMS), which may run faster than HBM
 L2_EFF = (1e-3, 4.0)
 LAUNCH = (1e-7, 1e-4)
 PROGRAM = (1e-8, 1e-4)
@@ -38,11 +37,11 @@ SAT = (0.05, 16.0)
 RESIDENT = (1, 2, 4, 8, 16)  # tried one by one (programs per SM is a whole number)
 
 
-def _wave(pre, flop, mem, mem_bounds=EFF):
+def _wave(pre, flop, mem):
     names = [(pre + "launch_s", *LAUNCH), (pre + "program_s", *PROGRAM)]
     if flop:
         names.append((flop, *EFF))
-    return names + [(mem, *mem_bounds), (pre + "sat_ctas_per_sm", *SAT)]
+    return names + [(mem, *(L2_EFF if mem in L2_STREAMS else EFF)), (pre + "sat_ctas_per_sm", *SAT)]
 
 
 FAMILY_PARAMS = {
@@ -50,7 +49,7 @@ FAMILY_PARAMS = {
     "kv_write": _wave("kv.write_", None, "kv.write_eff"),
     "kv_copy": [("kv.copy_launch_s", *LAUNCH), ("kv.copy_eff", *EFF)],
     **{p: _wave(f"attn.{p}.", f"attn.{p}.flop_eff", f"attn.{p}.mem_eff") for p in ("cascade", "dense")},
-    "prefill": _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff", L2_EFF)
+    "prefill": _wave("attn.prefill.", "attn.prefill.flop_eff", "attn.prefill.mem_eff")
     + [("attn.prefill.page1_eff", *EFF), ("attn.prefill.page16_eff", *EFF)],
     "decode": _wave("attn.decode.", None, "attn.decode.mem_eff"),
     "storage": [("storage.page1_eff", *EFF), ("storage.page16_eff", *EFF)],

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from granisim.config.coefficients import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS
+from granisim.config.coefficients import COEFFICIENTS, KERNEL_MODEL_COEFFICIENTS, L2_STREAMS
 from granisim.config.hardware import SCHEMA
 from granisim.config.models import get_model
 
@@ -149,10 +149,6 @@ def write_profile(doc: dict, raw: Raw, res: FitResult, out: str | Path, extra_di
             if Path(d).resolve() != f.parent.resolve():
                 shutil.copyfile(f, Path(d) / f.name)
     return out
-
-
-# the prefill pass re-reads its K/V through L2 (coefficients.py): derived at the source's rate in bytes/s x SMs
-L2_STREAMS = ("attn.prefill.mem_eff",)
 
 
 def derive(doc: dict, target: str, *, source_name: str) -> dict:

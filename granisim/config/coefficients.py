@@ -15,8 +15,11 @@ from types import MappingProxyType
 from typing import Mapping
 
 # name -> (unit, rule). Rules: pos = finite > 0; frac = 0 < x <= 1; int = integer >= 1; nonneg = >= 0.
-# attn.prefill.mem_eff is a rate relative to hbm_bandwidth that may exceed 1: a launch's query tiles re-read each
-# head's K/V tiles, mostly from L2 (granisim.calibration.profile.derive says what follows).
+
+# Streams served mostly from L2: rates relative to hbm_bandwidth that may exceed 1 (rule pos), fitted past HBM
+# (granisim.calibration.fit) and derived with the SMs, not HBM (granisim.calibration.profile.derive). The prefill
+# pass: a launch's query tiles re-read each head's K/V tiles.
+L2_STREAMS = ("attn.prefill.mem_eff",)
 COEFFICIENTS: dict[str, tuple[str, str]] = {
     # the GPU
     "memory_bytes": ("B", "pos"),

@@ -20,9 +20,10 @@ from .step import StepPricing
 
 
 # engine keys whose offset is a gap per launch of a per-layer kernel: it scales with the layers
-# (engine.fit_layers). Not linear (its offsets by step size also carry the fitted model's GEMM shapes: scaled,
-# Qwen-2.5-14B's per-step error grew) nor lm_head (once a step).
-PER_LAYER_KEYS = ("attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
+# (engine.fit_layers), the linear part's offsets by step size too (the engine's per-layer norms, rotary,
+# activation and their launches; on the H200 Qwen-2.5-14B's linear part was priced 1.5% low at every decode
+# size without it, within 1% with it: reports/validation/current_engine/). Not lm_head (once a step).
+PER_LAYER_KEYS = ("linear", "attn_prefill", "attn_decode", "attn_prefix", "merge", "kv_write")
 PREFILL_SMALL_TILE = 64  # rows (and KV tokens) of a prefill tile below attn.prefill.m_tile rows: gpu_backend.kernels.extend
 
 
@@ -100,7 +101,8 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         # prefill attention's factor (correction.multi_prefill_factor)
         self.pf_multi = (p["engine.eager.attn_prefill.multi_gain"], p["engine.eager.attn_prefill.multi_cached"])
         knots = [n for n in LINEAR_KNOTS if f"engine.linear.offset_t{n}_s" in p.coefficients]
-        self.linear_knots = (np.log2(knots), np.array([p[f"engine.linear.offset_t{n}_s"] for n in knots])) \
+        self.linear_knots = (np.log2(knots), np.array([p[f"engine.linear.offset_t{n}_s"] for n in knots])
+                             * per_layer["linear"]) \
             if knots else None
         self._memo_lin_off: dict[int, float] = {}
         self.fam = {f: (p[f"linear.{f}.launch_s"],

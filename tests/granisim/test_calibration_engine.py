@@ -106,23 +106,27 @@ def test_the_decode_offset_is_paid_per_launch():
 def test_per_layer_offsets_scale_with_the_layers_they_were_fitted_on():
     """The offsets of per-layer kernels (a gap per launch, one launch per layer) fitted on a 32-layer model are
     charged 48/32 times on a 48-layer one (engine.fit_layers; measured on the H200: Qwen-2.5-14B's kv_write
-    and merge took 1.50x Llama-3.1-8B's); the linear and lm_head offsets and the fitted model's own prices
-    stay as fitted, and ``fit`` records the layers. Planted bug: ignoring fit_layers fails the 48-layer check."""
+    and merge took 1.50x Llama-3.1-8B's), the linear part's (its flat offset and its offsets by step size)
+    too; the lm_head offset (once a step) and the fitted model's own prices stay as fitted, and ``fit``
+    records the layers. Planted bug: ignoring fit_layers fails the 48-layer check."""
     rng = np.random.default_rng(3)
     assert fit([_steps(rng, 50, 64, lambda p: p)], GRAPH_MAX_TOKENS, layers=32)["engine.fit_layers"] == 32
     prof = get_profile("h200")
     vals = {**{f"engine.{k}.offset_s": 1e-4 for k in ("kv_write", "linear", "lm_head")},
             **{f"engine.{k}.scale": 1.0 for k in ("kv_write", "linear", "lm_head")}}
-    plain = with_engine(prof, vals, Source("measured"))
-    scaled = with_engine(prof, {**vals, "engine.fit_layers": 32.0}, Source("measured"))
+    knots = {"engine.linear.offset_t1_s": 2e-4, "engine.linear.offset_t2_s": 3e-4}
     plan = BatchPlan(step=0, policy="token", page_size=1,
                      requests=(PlannedRequest(rid=0, context_len=100, num_new=1, is_prefill=False),))
-    for name, layers in (("llama-3.1-8b", 32), ("qwen-2.5-14b", 48)):
-        model = get_model(name)
-        assert model.num_layers == layers
-        a, b = step_cost(plan, plain, model).breakdown, step_cost(plan, scaled, model).breakdown
-        assert b["kv_write"] - a["kv_write"] == pytest.approx(1e-4 * (layers / 32 - 1), abs=1e-12)
-        assert (b["linear"], b["lm_head"]) == (a["linear"], a["lm_head"])
+    for extra, linear_offset in (({}, 1e-4), (knots, 2e-4)):  # the flat offset; the 1-token knot
+        plain = with_engine(prof, {**vals, **extra}, Source("measured"))
+        scaled = with_engine(prof, {**vals, **extra, "engine.fit_layers": 32.0}, Source("measured"))
+        for name, layers in (("llama-3.1-8b", 32), ("qwen-2.5-14b", 48)):
+            model = get_model(name)
+            assert model.num_layers == layers
+            a, b = step_cost(plan, plain, model).breakdown, step_cost(plan, scaled, model).breakdown
+            assert b["kv_write"] - a["kv_write"] == pytest.approx(1e-4 * (layers / 32 - 1), abs=1e-12)
+            assert b["linear"] - a["linear"] == pytest.approx(linear_offset * (layers / 32 - 1), abs=1e-12)
+            assert b["lm_head"] == a["lm_head"]
 
 
 def test_host_bound_eager_attention_is_fitted_to_its_mean():

@@ -336,6 +336,14 @@ def cmd_calibrate_reread(args) -> int:
     return 0
 
 
+def cmd_calibrate_skew(args) -> int:
+    from granisim.calibration.skew import NAME, add_to_file
+
+    entry = add_to_file(Path(args.run_json), Path(args.profile), args.date, args.commit, args.versions)
+    print(f"wrote {NAME} = {entry['value']:g} into {args.profile} ({entry['source']['note'].split('; ', 1)[1]})")
+    return 0
+
+
 def cmd_calibrate_check(args) -> int:
     from granisim.calibration.check import error_table, format_table, overall, priced_rows
 
@@ -549,6 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("raw_dir", help="python -m calibration.measure --only shared_decode --out RAW_DIR")
     cr.add_argument("--profile", required=True, help="profile JSON to write it into")
     cr.set_defaults(fn=cmd_calibrate_reread)
+    cs = cal_sub.add_parser("skew", help="add how much slower a skewed, split decode batch streams its KV (the "
+                            "split-balance benchmark) to a profile")
+    cs.add_argument("run_json", help="python3 -m gpu_backend.bench.split_balance --out DIR (DIR/split_balance.json)")
+    cs.add_argument("--profile", required=True, help="profile JSON to write it into")
+    cs.add_argument("--date", help="when the benchmark ran (recorded in the source; else the JSON's own)")
+    cs.add_argument("--commit", help="the code it ran (recorded in the source; else the JSON's own)")
+    cs.add_argument("--versions", help="torch / triton versions it ran (recorded in the source; else the JSON's own)")
+    cs.set_defaults(fn=cmd_calibrate_skew)
     cc = cal_sub.add_parser("check", help="price RAW_DIR's attention rows with a profile: errors by family, storage, G")
     cc.add_argument("raw_dir", help="python -m calibration.measure --out RAW_DIR (attention.csv, extend_shapes.csv, "
                     "extend_ragged.csv)")

@@ -22,9 +22,13 @@ import argparse
 import json
 import os
 import statistics
+from datetime import datetime, timezone
 
 import numpy as np
 import torch
+import triton
+
+from granisim.calibration.skew import trace_lengths
 
 from ..kernels import layout as L
 from ..kernels import split_kv
@@ -40,13 +44,6 @@ CAPS = {"none": lambda longest, mean: 0,
         "mean": lambda longest, mean: max(split_kv.BALANCE_CHUNK, mean or 0),
         "2xmean": lambda longest, mean: max(split_kv.BALANCE_CHUNK, 2 * (mean or 0)),
         "shipped": SHIPPED}
-
-
-def trace_lengths(n: int, seed: int) -> np.ndarray:
-    from granisim.core.workload import load_trace
-
-    lens = load_trace()["num_prefill_tokens"].to_numpy()
-    return np.random.default_rng(seed).choice(lens, n).astype(np.int64)
 
 
 def slot_lists(pool: Pool, lens, shared: int) -> tuple[L.SlotLists, int]:
@@ -113,7 +110,9 @@ def main() -> None:
               flush=True)
     ratios = {c: statistics.median(r[f"cap_{c}_us"] / r["cap_none_us"] for r in rows) for c in CAPS}
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "caps": list(CAPS), "rows": rows, "median_ratio_vs_no_cap": ratios}
+           "torch": torch.__version__, "triton": triton.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "commit": os.environ.get("COMMIT", "unknown"), "caps": list(CAPS), "rows": rows,
+           "median_ratio_vs_no_cap": ratios}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "split_balance.json"), "w") as f:
         json.dump(res, f, indent=1)

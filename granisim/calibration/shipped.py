@@ -6,8 +6,9 @@
    into granisim/config/data/, and writes the report figures and fit summary into reports/calibration/;
    then adds the measurements of calibration/raw/h200_more/: Qwen-2.5-14B's own linear table and the shard
    GEMMs of Llama-3.1-70B and Qwen-2.5-72B (granisim.calibration.more_table), and the MoE grouped GEMMs
-   (granisim.calibration.moe_fit), and the decode kernel's re-read share of a shared prefix
-   (granisim.calibration.reread, from h200_more/shared_decode_pool6m);
+   (granisim.calibration.moe_fit), the decode kernel's re-read share of a shared prefix
+   (granisim.calibration.reread, from h200_more/shared_decode_pool6m), and how much slower a skewed decode batch
+   streams (granisim.calibration.skew, from reports/kernels/split_balance/split_balance_run3.json);
 2. fits calibration/raw/h100/measure (the same measurement on an H100) into granisim/config/profiles/h100-sxm.json
    and its tables, with the tp and MoE coefficients extrapolated as for the others, and the kernel's re-read share
    from calibration/raw/h100/shared_decode;
@@ -33,6 +34,7 @@ from granisim.calibration.more_table import add_table
 from granisim.calibration.profile import derive
 from granisim.calibration.reread import add_to_file as add_kernel_reread
 from granisim.calibration.run import calibrate, format_errors, write_figures
+from granisim.calibration.skew import add_to_file as add_skew_stream
 from granisim.costmodel import m_sat_threshold
 from granisim.config.hardware import DATA_DIR, PROFILE_DIR, load_profile
 from granisim.config.models import get_model
@@ -42,6 +44,10 @@ COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out 
 
 
 MORE = ROOT / "calibration" / "raw" / "h200_more"
+# the split-balance benchmark on the H200, 2026-11-29, code 5e12dbd (reports/kernels/split_balance/README.md)
+SPLIT_BALANCE = ROOT / "reports" / "kernels" / "split_balance" / "split_balance_run3.json"
+# its date, code and versions (reports/kernels/split_balance/README.md; the JSON of that run records the torch only)
+SPLIT_BALANCE_RUN = ("2026-11-29", "5e12dbd", "torch 2.11.0+cu130, triton 3.6.0")
 H100 = ROOT / "calibration" / "raw" / "h100" / "measure"
 H100_REREAD = ROOT / "calibration" / "raw" / "h100" / "shared_decode"
 H100_COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out RAW on an H100 (--gpu only labels "
@@ -89,6 +95,7 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
     add_more(shipped)  # other models' tables; the MoE grouped GEMMs replaced by their measurement
     keep_others(shipped, before.get("h200", {}))
     add_kernel_reread(MORE / "shared_decode_pool6m", shipped)
+    add_skew_stream(SPLIT_BALANCE, shipped, *SPLIT_BALANCE_RUN)
     h100 = PROFILE_DIR / "h100-sxm.json"
     fit_into(H100, h100, "h100-sxm", H100_COMMAND)
     keep_others(h100, before.get("h100-sxm", {}))

@@ -143,7 +143,10 @@ KERNEL_MODEL_COEFFICIENTS = {
     # no split longer than max(balance_chunk, the mean); balance_chunk 0 = none (kernels before it;
     # optional so that profiles fitted to them stay valid)
     "attn.cascade.balance_chunk": ("tokens", "int", 0),
-    "attn.cascade.balance_skew": ("", "pos", 2.0)}
+    "attn.cascade.balance_skew": ("", "pos", 2.0),
+    # such a batch's programs (split chunks of very mixed lengths) stream the KV they share the GPU's bandwidth
+    # for this many times slower than equal programs do (granisim/calibration/skew.py); 1 = as fast
+    "attn.decode.skew_stream": ("", "pos", 1.0)}
 # Tensor parallelism and mixture of experts (granisim/costmodel/parallel.py). A profile without them prices
 # tp = 1 and dense models as before; a tp > 1 scenario needs its tp's all-reduce pair.
 TP_DEGREES = (2, 4, 8)

@@ -34,6 +34,7 @@ class KernelForms:
         self.max_splits = p["attn.cascade.max_splits"]
         self.balance_chunk = p["attn.cascade.balance_chunk"]
         self.balance_skew = p["attn.cascade.balance_skew"]
+        self.skew_stream = p["attn.decode.skew_stream"]
         self.dense_max_splits = int(p["attn.dense.max_splits"])
         self.merge_eff_bw = self.BW * p["attn.merge.mem_eff"]
         self.dec_tile = float(min(128, max(p["attn.decode.m_tile"], 1 << max(0, math.ceil(math.log2(self.G))))))
@@ -108,7 +109,7 @@ class KernelForms:
         return np.where(have, rn, n), np.where(have, c, chunk)
 
     def kernel_time2(self, fam, programs, flops_prog, bytes_prog, launches=1.0, partial_bytes=0.0, inv_eff=1.0,
-                     first_bytes=0.0, longest_bytes=None):
+                     first_bytes=0.0, longest_bytes=None, stream=1.0):
         """Seconds (one layer) of one kernel of family ``fam`` (wave model; arrays broadcast).
 
         ``programs`` programs, each doing ``flops_prog`` / ``bytes_prog``. An SM runs
@@ -118,7 +119,8 @@ class KernelForms:
         where ``e = 1 / inv_eff`` is the storage's gather efficiency: a gather slows one program's stream
         (dependent index loads: latency), not the GPU's bandwidth once enough programs share it; a
         program's first KV tile (``first_bytes``) arrives while its prologue runs; no wave ends before its
-        longest program (``longest_bytes``, default ``bytes_prog``) has streamed at that one-program rate.
+        longest program (``longest_bytes``, default ``bytes_prog``) has streamed at that one-program rate;
+        ``stream`` times the shared stream's time (programs of very mixed lengths share the bandwidth less well).
         A program's fixed work (``program_s``) does not overlap with other programs' on its SM.
         ``t = launches * launch_s + program_s * max(1, programs / sm_count) + waves * max(compute, stream)
         + partial_bytes / merge rate``.
@@ -132,7 +134,8 @@ class KernelForms:
         # one program streams at most BW * em / (sms * sat) (its first KV tile arrives during the prologue);
         # together they share BW * em
         one = bytes_prog if longest_bytes is None else np.maximum(bytes_prog, longest_bytes)
-        mem = np.maximum((one - first_bytes) * self.sms * sat * inv_eff, bytes_prog * conc) / (self.BW * em)
+        shared = bytes_prog * conc * stream
+        mem = np.maximum((one - first_bytes) * self.sms * sat * inv_eff, shared) / (self.BW * em)
         # the per-program fixed work is issue-bound: one SM retires programs' prologues one after another
         over = prog * np.maximum(1.0, N / self.sms)
         return launches * launch + over + waves * np.maximum(comp, mem) + partial_bytes / self.merge_eff_bw
@@ -168,7 +171,7 @@ class KernelForms:
         longest_bytes = raw / N / np.maximum(per, 1e-9) * np.ceil(longest / 64.0) * 64.0
         t = self.kernel_time2("decode", N, flops, raw / N * pad, np.where(split, 2.0, 1.0), partial,
                               inv_eff=nbytes / np.maximum(raw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b,
-                              longest_bytes=longest_bytes)
+                              longest_bytes=longest_bytes, stream=np.where(skewed, self.skew_stream, 1.0))
         if self.corr:
             t = t * self._corr("decode", "slab" if not np.any(gather) else self._priv_class,
                                np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))

@@ -110,7 +110,8 @@ def main() -> None:
               flush=True)
     ratios = {c: statistics.median(r[f"cap_{c}_us"] / r["cap_none_us"] for r in rows) for c in CAPS}
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "triton": triton.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("COMMIT", "unknown"), "caps": list(CAPS), "rows": rows,
            "median_ratio_vs_no_cap": ratios}
     os.makedirs(args.out, exist_ok=True)

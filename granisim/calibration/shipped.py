@@ -44,9 +44,9 @@ COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out 
 
 
 MORE = ROOT / "calibration" / "raw" / "h200_more"
-# the split-balance benchmark on the H200, 2026-11-29, code 5e12dbd (reports/kernels/split_balance/README.md)
+# the split-balance benchmark's run 3 on the H200, and its date, code and versions (its JSON records the torch only;
+# reports/kernels/split_balance/README.md)
 SPLIT_BALANCE = ROOT / "reports" / "kernels" / "split_balance" / "split_balance_run3.json"
-# its date, code and versions (reports/kernels/split_balance/README.md; the JSON of that run records the torch only)
 SPLIT_BALANCE_RUN = ("2026-11-29", "5e12dbd", "torch 2.11.0+cu130, triton 3.6.0")
 H100 = ROOT / "calibration" / "raw" / "h100" / "measure"
 H100_REREAD = ROOT / "calibration" / "raw" / "h100" / "shared_decode"

@@ -129,36 +129,29 @@ def fit(path: Path, profile) -> tuple[float, dict]:
 
 def add_to_file(path: Path, profile_path: Path, date: str | None = None, commit: str | None = None,
                 versions: str | None = None) -> dict:
-    """Write the factor into the profile file (checked before it replaces it); returns the entry."""
+    """Write the factor into the profile file (checked before it replaces it); returns the entry. ``date``,
+    ``commit`` and ``versions`` default to the run's own fields."""
     profile_path, path = Path(profile_path), Path(path)
-    if path.is_absolute() and path.is_relative_to(ROOT):
-        path = path.relative_to(ROOT)  # the source names the repository's file, not this checkout's
     profile = load_profile(profile_path)
-    try:
-        device = json.loads(path.read_text()).get("device")
-    except (OSError, ValueError, AttributeError):
-        device = None  # points() says what is wrong with the file
-    if device and device != profile.gpu:
-        raise _fail(path, "device", device, f"the benchmark ran on another GPU than {profile_path} describes "
+    value, e = fit(path, profile)  # says what is wrong with the file, if anything
+    run = json.loads(path.read_text())
+    if run.get("device") and run["device"] != profile.gpu:
+        raise _fail(path, "device", run["device"], f"the benchmark ran on another GPU than {profile_path} describes "
                     f"({profile.gpu})")
-    value, e = fit(path, profile)
+    shown = path.relative_to(ROOT) if path.is_absolute() and path.is_relative_to(ROOT) else path
     before, after = e["at_1"], e[f"at_{value:g}"]
-    note = (f"fitted (granisim/calibration/skew.py) on {e['points']} skewed, split suffix launches of the split-balance "
-            f"benchmark ({path}); priced with factor 1 their error was median {before['median']:+.1%} "
+    note = (f"fitted (granisim/calibration/skew.py) on {e['points']} skewed, split suffix launches of the "
+            f"split-balance benchmark ({shown}); priced with factor 1 their error was median {before['median']:+.1%} "
             f"({before['min']:+.1%}..{before['max']:+.1%}), with {value:g} median {after['median']:+.1%} "
             f"({after['min']:+.1%}..{after['max']:+.1%})")
-    run = json.loads(Path(path).read_text())
-    date, commit = date or run.get("date"), commit or run.get("commit")
+    source = {"kind": "measured", "gpu": run.get("device", "unknown"),
+              "command": f"python3 -m gpu_backend.bench.split_balance --out DIR; granisim calibrate skew {shown} "
+                         f"--profile {profile_path.name}", "note": note}
     versions = versions or ", ".join(f"{k} {run[k]}" for k in ("torch", "triton") if run.get(k))
+    for key, v in (("date", date or run.get("date")), ("commit", commit or run.get("commit")), ("versions", versions)):
+        if v:
+            source[key] = v
     doc = json.loads(profile_path.read_text())
-    source = {"kind": "measured", "gpu": run.get("device", "unknown"), "command": f"python3 -m gpu_backend.bench.split_balance --out DIR; granisim "
-                                             f"calibrate skew {path} --profile {profile_path.name}", "note": note}
-    if date:
-        source["date"] = date
-    if commit:
-        source["commit"] = commit
-    if versions:
-        source["versions"] = versions
     doc.setdefault("coefficients", {})[NAME] = {"value": value, "unit": "", "source": source}
     write_checked(profile_path, doc)
     return doc["coefficients"][NAME]

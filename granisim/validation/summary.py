@@ -12,7 +12,7 @@ error on the same plan; no single measured/predicted value), the end-to-end metr
 (throughput, TTFT/TPOT p50/p99) and, where the run has them, the latency percentiles
 ``{ttft,tpot,e2e}_p{50,90,99}`` (:func:`granisim.validation.validate.percentile_errors`).
 ``mape`` holds, per policy, model and metric, the mean error over workloads and machines (held-out
-workloads included, and flagged in their records). With ``--reports`` the records come instead from
+workloads included, and flagged in their records), ``mape_by_workload`` the same per workload (over machines). With ``--reports`` the records come instead from
 ``granisim validation report --check-profile PROFILE`` outputs: the predictions of PROFILE as it stands (re-priced
 and re-simulated on a CPU), so a run measured under one profile is judged by another (variant
 ``profile:NAME``). No GPU needed.
@@ -120,14 +120,17 @@ def records(raw: Path) -> list[dict]:
     return out
 
 
-def mape(recs: list[dict]) -> list[dict]:
-    """Mean error per policy, model, variant and metric over workloads and machines."""
+def mape(recs: list[dict], by: tuple[str, ...] = ("policy", "model", "variant", "metric")) -> list[dict]:
+    """Mean error per group of the fields ``by`` (default: per policy, model, variant and metric, over workloads
+    and machines; with ``workload`` in ``by`` per workload, over machines: BLIS's convention)."""
     groups: dict[tuple, list[float]] = {}
     for r in recs:
         if r["error"] is not None and not math.isnan(r["error"]):
-            groups.setdefault((r["policy"], r["model"], r["variant"], r["metric"]), []).append(r["error"])
-    return [{"policy": p, "model": m, "variant": v, "metric": k, "n": len(e), "mape": sum(e) / len(e)}
-            for (p, m, v, k), e in sorted(groups.items())]
+            groups.setdefault(tuple(r[k] for k in by), []).append(r["error"])
+    return [{**dict(zip(by, key)), "n": len(e), "mape": sum(e) / len(e)} for key, e in sorted(groups.items())]
+
+
+BY_WORKLOAD = ("workload", "policy", "model", "variant", "metric")
 
 
 TABLE_METRICS = ("step_median", "throughput_rps", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
         if not recs:
             _fail(f"{args.raw}: no validation_*.json with end-to-end results under it")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(records_json(recs, targets=TARGETS, mape=mape(recs)))
+    args.out.write_text(records_json(recs, targets=TARGETS, mape=mape(recs),
+                                     mape_by_workload=mape(recs, BY_WORKLOAD)))
     if args.table:
         args.table.write_text(tables(recs))
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}

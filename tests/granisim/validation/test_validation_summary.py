@@ -25,7 +25,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_mape_is_the_mean_over_workloads_and_machines(tmp_path):
-    """Planted bug: the MAPE taken as the middle value (0.03) instead of the mean (0.05) fails."""
+    """Over workloads and machines, and per workload over machines (BLIS's convention). Planted bug: the MAPE
+    taken as the middle value (0.03) instead of the mean (0.05) fails."""
     for machine, w, err in (("m1", "azure_replay", 0.02), ("m2", "azure_replay", 0.10), ("m1", "control_short", 0.03)):
         d = tmp_path / machine / "h200_run"
         d.mkdir(parents=True, exist_ok=True)
@@ -36,6 +37,8 @@ def test_mape_is_the_mean_over_workloads_and_machines(tmp_path):
     (row,) = [m for m in doc["mape"] if m["metric"] == "tpot_p50_s"]
     assert (row["policy"], row["model"], row["n"]) == ("token", "llama-3.1-8b", 3)
     assert row["mape"] == pytest.approx(0.05)
+    by_w = {m["workload"]: (m["n"], m["mape"]) for m in doc["mape_by_workload"] if m["metric"] == "tpot_p50_s"}
+    assert by_w == {"azure_replay": (2, pytest.approx(0.06)), "control_short": (1, pytest.approx(0.03))}
     met = {(r["machine"], r["workload"]): r["met"] for r in doc["records"] if r["metric"] == "tpot_p50_s"}
     assert met == {("m1", "azure_replay"): True, ("m2", "azure_replay"): False, ("m1", "control_short"): True}
 

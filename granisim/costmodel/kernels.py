@@ -171,7 +171,8 @@ class KernelForms:
         longest_bytes = raw / N / np.maximum(per, 1e-9) * np.ceil(longest / 64.0) * 64.0
         t = self.kernel_time2("decode", N, flops, raw / N * pad, np.where(split, 2.0, 1.0), partial,
                               inv_eff=nbytes / np.maximum(raw, 1e-30), first_bytes=64.0 * 2.0 * self.d * self.b,
-                              longest_bytes=longest_bytes, stream=np.where(skewed, self.skew_stream, 1.0))
+                              longest_bytes=longest_bytes,
+                              stream=np.where(skewed, self.skew_stream, 1.0) if self.skew_stream != 1.0 else 1.0)
         if self.corr:
             t = t * self._corr("decode", "slab" if not np.any(gather) else self._priv_class,
                                np.log2(np.maximum(n_dec, 1)), np.log2(np.maximum(tok / np.maximum(n_dec, 1), 1.0)))

@@ -10,7 +10,7 @@ factor for such batches that prices these launches best: the smallest median |lo
 the rows at the caps the engine's rule can choose (``attn.cascade.balance_chunk`` tokens or more), on a grid of
 0.005; equal-length rows are not affected by it.
 
-    granisim calibrate skew SPLIT_BALANCE.json --profile PROFILE.json [--date D] [--commit C]
+    granisim calibrate skew SPLIT_BALANCE.json --profile PROFILE.json [--date D] [--commit C] [--versions V]
 """
 
 from __future__ import annotations

@@ -104,15 +104,13 @@ def _cap(name: str, longest: int, mean: int, t: CostTables) -> float | None:
 def priced_us(pts: list[dict], t: CostTables, factor: float) -> np.ndarray:
     """One layer's decode launch time (us) of each point, its shared stream ``factor`` x slower."""
     t.skew_stream = factor
-    out = []
-    for p in pts:
-        B, tok = p["B"], p["tokens"]
-        qo = B * 2.0 * t.n_q * t.d * t.b
-        inv = 1.0 / t.storage_eff("paged", 1)  # slot lists
-        s = t.decode_time2(tok, B, p["longest"], tok * t.kvb * inv + qo, gather=True, raw_bytes=tok * t.kvb + qo,
-                           splits=(np.array(float(p["n_splits"])), np.array(float(p["chunk"]))))
-        out.append(float(s) / t.layers * 1e6)
-    return np.array(out)
+    col = {k: np.array([float(p[k]) for p in pts]) for k in ("B", "tokens", "longest", "n_splits", "chunk")}
+    B, tok = col["B"], col["tokens"]
+    qo = B * 2.0 * t.n_q * t.d * t.b
+    inv = 1.0 / t.storage_eff("paged", 1)  # slot lists
+    s = t.decode_time2(tok, B, col["longest"], tok * t.kvb * inv + qo, gather=True, raw_bytes=tok * t.kvb + qo,
+                       splits=(col["n_splits"], col["chunk"]))
+    return np.asarray(s, float) / t.layers * 1e6
 
 
 def fit(path: Path, profile) -> tuple[float, dict]:

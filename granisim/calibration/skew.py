@@ -145,8 +145,11 @@ def add_to_file(path: Path, profile_path: Path, date: str | None = None, commit:
     source = {"kind": "measured", "gpu": run.get("device", "unknown"),
               "command": f"python3 -m gpu_backend.bench.split_balance --out DIR; granisim calibrate skew {shown} "
                          f"--profile {profile_path.name}", "note": note}
+    date = date or run.get("date")
+    if not date:
+        raise _fail(path, "date", None, "the run's JSON does not say when it ran: give --date")
     versions = versions or ", ".join(f"{k} {run[k]}" for k in ("torch", "triton") if run.get(k))
-    for key, v in (("date", date or run.get("date")), ("commit", commit or run.get("commit")), ("versions", versions)):
+    for key, v in (("date", date), ("commit", commit or run.get("commit")), ("versions", versions)):
         if v:
             source[key] = v
     doc = json.loads(profile_path.read_text())

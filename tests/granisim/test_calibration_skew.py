@@ -72,8 +72,9 @@ def test_the_shipped_factor_prices_the_benchmark_it_was_fitted_on():
 
 
 def test_calibrate_skew_writes_the_factor_and_refuses_other_files(tmp_path, capsys):
-    """Into a profile of the GPU the benchmark ran on; a file without skewed suffix rows, or a run on another
-    GPU, is refused in one line (exit 2) and the profile left as it was."""
+    """Into a profile of the GPU the benchmark ran on; a file without skewed suffix rows, a run on another GPU,
+    or one that does not say when it ran (without --date) is refused in one line (exit 2), the profile left as
+    it was."""
     out = tmp_path / "mine.json"
     assert main(["profile", "derive", "h200", "--out", str(out)]) == 0
     before = out.read_text()
@@ -81,7 +82,7 @@ def test_calibrate_skew_writes_the_factor_and_refuses_other_files(tmp_path, caps
     other.write_text(json.dumps({"rows": [{"case": "uniform B=16 L=4096", "cap_none_us": 75.0}]}))
     h100 = tmp_path / "h100.json"
     h100.write_text(json.dumps({**json.loads(RUN.read_text()), "device": "NVIDIA H100 80GB HBM3"}))
-    for bad, says in ((other, "field rows"), (h100, "field device")):
+    for bad, says in ((other, "field rows"), (h100, "field device"), (RUN, "give --date")):
         assert main(["calibrate", "skew", str(bad), "--profile", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and says in err and str(bad) in err, err

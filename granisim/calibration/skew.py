@@ -156,3 +156,21 @@ def add_to_file(path: Path, profile_path: Path, date: str | None = None, commit:
     doc.setdefault("coefficients", {})[NAME] = {"value": value, "unit": "", "source": source}
     write_checked(profile_path, doc)
     return doc["coefficients"][NAME]
+
+
+def extrapolate_into(profile_path: Path, measured_path: Path) -> dict:
+    """Write ``measured_path``'s factor into ``profile_path`` as extrapolated (a GPU without its own split-balance
+    run: the same kernel and split rule, so the same factor until measured); returns the entry."""
+    profile_path, measured_path = Path(profile_path), Path(measured_path)
+    src = load_profile(measured_path)
+    if src.coefficients[NAME].source.kind != "measured":
+        raise _fail(measured_path, f"coefficients.{NAME}.source.kind", src.coefficients[NAME].source.kind,
+                    "carry a measured factor only")
+    value = src[NAME]
+    doc = json.loads(profile_path.read_text())
+    doc.setdefault("coefficients", {})[NAME] = {"value": value, "unit": "", "source": {
+        "kind": "extrapolated", "from": f"{src.name}'s {NAME} ({value:g}, the split-balance benchmark on the {src.gpu})",
+        "how": "the same factor: the same decode kernel and split rule; not measured on this GPU (python3 -m "
+               "gpu_backend.bench.split_balance, then granisim calibrate skew)"}}
+    write_checked(profile_path, doc)
+    return doc["coefficients"][NAME]

@@ -91,3 +91,18 @@ def test_calibrate_skew_writes_the_factor_and_refuses_other_files(tmp_path, caps
     entry = json.loads(out.read_text())["coefficients"][NAME]
     assert entry["source"]["kind"] == "measured" and entry["source"]["date"] == "2026-11-29"
     assert load_profile(out)[NAME] == entry["value"] == get_profile("h200")[NAME]
+
+
+def test_a_gpu_without_its_own_run_carries_the_measured_factor(tmp_path):
+    """h100-sxm has no split-balance run: it carries h200's factor, marked extrapolated, and a factor that is itself
+    carried is not carried again."""
+    from granisim.calibration.skew import extrapolate_into
+
+    h100 = get_profile("h100-sxm")
+    assert h100[NAME] == get_profile("h200")[NAME] and h100.coefficients[NAME].source.kind == "extrapolated"
+    out = tmp_path / "mine.json"
+    assert main(["profile", "derive", "a100-80gb", "--out", str(out)]) == 0
+    entry = extrapolate_into(out, PROFILE_DIR / "h200.json")
+    assert load_profile(out)[NAME] == entry["value"] and "h200" in entry["source"]["from"]
+    with pytest.raises(ValueError, match="carry a measured factor only"):
+        extrapolate_into(out, PROFILE_DIR / "h100-sxm.json")

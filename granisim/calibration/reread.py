@@ -14,13 +14,12 @@ source. The cost model does not price it: ``granisim profile carry`` reads it on
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from granisim.config.hardware import write_checked
+from granisim.config.hardware import write_coefficients
 
 from .raw import measured_source, read_csv, read_meta
 
@@ -62,9 +61,6 @@ def kernel_share(raw: Path) -> dict:
 
 def add_to_file(raw: Path, profile_path: Path) -> dict:
     """Write the share into the profile file (checked before it replaces it); returns the entry."""
-    profile_path = Path(profile_path)
     entry = kernel_share(raw)
-    doc = json.loads(profile_path.read_text())
-    doc.setdefault("coefficients", {})[NAME] = entry
-    write_checked(profile_path, doc)
+    write_coefficients(profile_path, {NAME: entry})
     return entry

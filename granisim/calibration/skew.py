@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from granisim.config.hardware import load_profile, write_checked
+from granisim.config.hardware import load_profile, write_coefficients
 from granisim.config.models import get_model
 from granisim.costmodel import split_rule
 from granisim.costmodel.tables import CostTables
@@ -76,9 +76,7 @@ def points(path: Path, tables: CostTables, seed: int = 0) -> list[dict]:
             cap = _cap(c[1], longest, mean, tables)
             if cap is None or cap < tables.balance_chunk:
                 continue  # no cap, or one the engine's rule never chooses
-            n, chunk = split_rule.kv_splits(tables.n_kv * B, longest, 64.0, target=tables.gather_ctas_per_sm
-                                            * tables.sms, round_up=True, min_chunk=tables.min_split,
-                                            max_splits=tables.max_splits, max_chunk=cap)
+            n, chunk = tables.split_rule(tables.n_kv * B, longest, 64.0, gather=True, cap=cap)
             if n > 1 and longest > tables.balance_skew * mean:
                 out.append({"case": row["case"], "cap": c[1], "B": B, "tokens": int(lens.sum()), "longest": longest,
                             "n_splits": int(n), "chunk": int(chunk), "measured_us": float(us)})
@@ -152,10 +150,9 @@ def add_to_file(path: Path, profile_path: Path, date: str | None = None, commit:
     for key, v in (("date", date), ("commit", commit or run.get("commit")), ("versions", versions)):
         if v:
             source[key] = v
-    doc = json.loads(profile_path.read_text())
-    doc.setdefault("coefficients", {})[NAME] = {"value": value, "unit": "", "source": source}
-    write_checked(profile_path, doc)
-    return doc["coefficients"][NAME]
+    entry = {"value": value, "unit": "", "source": source}
+    write_coefficients(profile_path, {NAME: entry})
+    return entry
 
 
 def extrapolate_into(profile_path: Path, measured_path: Path) -> dict:
@@ -167,10 +164,9 @@ def extrapolate_into(profile_path: Path, measured_path: Path) -> dict:
         raise _fail(measured_path, f"coefficients.{NAME}.source.kind", src.coefficients[NAME].source.kind,
                     "carry a measured factor only")
     value = src[NAME]
-    doc = json.loads(profile_path.read_text())
-    doc.setdefault("coefficients", {})[NAME] = {"value": value, "unit": "", "source": {
+    entry = {"value": value, "unit": "", "source": {
         "kind": "extrapolated", "from": f"{src.name}'s {NAME} ({value:g}, the split-balance benchmark on the {src.gpu})",
         "how": "the same factor: the same decode kernel and split rule; not measured on this GPU (python3 -m "
                "gpu_backend.bench.split_balance, then granisim calibrate skew)"}}
-    write_checked(profile_path, doc)
-    return doc["coefficients"][NAME]
+    write_coefficients(profile_path, {NAME: entry})
+    return entry

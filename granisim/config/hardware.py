@@ -183,11 +183,12 @@ def profile_json(path: str | Path) -> dict:
 
 def write_coefficients(path: str | Path, entries: Mapping[str, dict]) -> None:
     """Set coefficients (``{name: {"value", "unit", "source"}}``) in the profile file at ``path``, as its own: in a
-    profile made from another they go on top of the base's (config/profile_base.py)."""
+    profile made from another they go on top of the base's (config/profile_base.py). Checked like
+    :func:`write_checked`: a bad entry leaves the file as it was."""
     path = Path(path)
     doc = _read_json(path)
     doc.setdefault("coefficients", {}).update(entries)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_checked(path, doc)
 
 
 def write_checked(path: str | Path, doc: dict) -> None:

@@ -64,16 +64,18 @@ class KernelForms:
                            p["attn.cascade.m_tile"])
         return np.full_like(np.asarray(m, float), p["attn.dense.m_tile"])
 
-    def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None):
+    def split_rule(self, base, kv_len, block_n, gather=False, mean_len=None, cap=None):
         """(n_splits, chunk) of the split-KV launchers (:func:`granisim.costmodel.split_rule.kv_splits`, the
         rule gpu_backend.kernels.split_kv calls): about ``ctas_per_sm`` programs per SM rounded down (slabs,
         128-row tiles), or ``gather_ctas_per_sm`` rounded up (gathered storage with row tiles <= 64:
         ``gather`` True); given the batch's ``mean_len``, a skewed batch is cut into splits of at most
-        ``max(balance_chunk, mean_len)``. Arrays broadcast."""
-        cap = 0.0
-        if self.balance_chunk and mean_len is not None:
-            cap = split_rule.balance_cap(kv_len, mean_len, balance_chunk=self.balance_chunk,
-                                         balance_skew=self.balance_skew)
+        ``max(balance_chunk, mean_len)``; ``cap`` instead sets that longest split (a launch run at a fixed cap).
+        Arrays broadcast."""
+        if cap is None:
+            cap = 0.0
+            if self.balance_chunk and mean_len is not None:
+                cap = split_rule.balance_cap(kv_len, mean_len, balance_chunk=self.balance_chunk,
+                                             balance_skew=self.balance_skew)
         target = np.where(gather, self.gather_ctas_per_sm * self.sms, self.ctas_per_sm * self.sms)
         return split_rule.kv_splits(base, kv_len, block_n, target=target, round_up=gather, min_chunk=self.min_split,
                                     max_splits=self.max_splits, max_chunk=cap)

@@ -100,7 +100,8 @@ def _cap(name: str, longest: int, mean: int, t: CostTables) -> float | None:
 
 
 def priced_us(pts: list[dict], t: CostTables, factor: float) -> np.ndarray:
-    """One layer's decode launch time (us) of each point, its shared stream ``factor`` x slower."""
+    """One layer's decode launch time (us) of each point, its shared stream ``factor`` x slower (the factor is
+    left set on ``t``)."""
     t.skew_stream = factor
     col = {k: np.array([float(p[k]) for p in pts]) for k in ("B", "tokens", "longest", "n_splits", "chunk")}
     B, tok = col["B"], col["tokens"]

@@ -54,14 +54,18 @@ FAMILY_PARAMS = {
     "decode": _wave("attn.decode.", None, "attn.decode.mem_eff"),
     "storage": [("storage.page1_eff", *EFF), ("storage.page16_eff", *EFF)],
 }
-DISCRETE = {**{p: f"attn.{p}.resident_ctas_per_sm" for p in ("merge", "cascade", "dense", "prefill", "decode")},
+DISCRETE = {**{p: f"attn.{p}.resident_ctas_per_sm" for p in ("merge", "cascade", "dense", "decode")},
             "kv_write": "kv.write_resident_ctas_per_sm"}
 RAW_FAMILY = {"prefill": "extend"}  # cost-model family -> raw family column
 
 # Kernel facts of gpu_backend at the measured commit. A raw row is priced with the splits its launch recorded
 # (n_splits, chunk: raw.predict_attention), so a later change of a split rule leaves the fit as it was;
-# split_check reports how many recorded splits today's rule still gives.
-KERNEL_RULES = {"attn.prefill.m_tile": 128, "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
+# split_check reports how many recorded splits today's rule still gives. The prefill kernel's 128-row tiles (8 warps,
+# 3 stages of 128-token K and V tiles beside the Q tile: about 224 KB of shared memory, gpu_backend.kernels.extend
+# default_tiles) leave room for one program per SM; the rows of a power-of-two grid cannot tell 1 from 2, Qwen-2.5-14B's
+# 160-program prefills can (1.8-1.9x the time of 128 programs: calibration/raw/h100/qwen-2.5-14b_extend).
+KERNEL_RULES = {"attn.prefill.m_tile": 128, "attn.prefill.resident_ctas_per_sm": 1,
+                "attn.decode.m_tile": 16, "attn.cascade.m_tile": 128,
                 "attn.cascade.min_m_tile": 16, "attn.cascade.ctas_per_sm": 1, "attn.cascade.gather_ctas_per_sm": 2,
                 "attn.cascade.min_split_tokens": 256, "attn.cascade.max_splits": 64, "attn.cascade.launches": 2,
                 "attn.cascade.balance_chunk": 1024, "attn.cascade.balance_skew": 2,

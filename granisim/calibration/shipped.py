@@ -11,7 +11,8 @@
    streams (granisim.calibration.skew, from reports/kernels/split_balance/split_balance_run3.json);
 2. fits calibration/raw/h100/measure (the same measurement on an H100) into granisim/config/profiles/h100-sxm.json
    and its tables, with the tp and MoE coefficients extrapolated as for the others, the kernel's re-read share
-   from calibration/raw/h100/shared_decode, and the skewed decode's factor carried from the H200's;
+   from calibration/raw/h100/shared_decode, and the skewed decode's factor from the split-balance benchmark's H100 run
+   (reports/kernels/split_balance/split_balance_h100.json);
 3. derives granisim/config/profiles/b200.json from h200 by datasheet ratios.
 Coefficients other runs measured (the host tier's link and overlap) stay as they were in each file.
 
@@ -34,7 +35,7 @@ from granisim.calibration.more_table import add_table
 from granisim.calibration.profile import derive
 from granisim.calibration.reread import add_to_file as add_kernel_reread
 from granisim.calibration.run import calibrate, format_errors, write_figures
-from granisim.calibration.skew import add_to_file as add_skew_stream, extrapolate_into as carry_skew_stream
+from granisim.calibration.skew import add_to_file as add_skew_stream
 from granisim.costmodel import m_sat_threshold
 from granisim.config.hardware import DATA_DIR, PROFILE_DIR, load_profile
 from granisim.config.models import get_model
@@ -50,6 +51,7 @@ SPLIT_BALANCE = ROOT / "reports" / "kernels" / "split_balance" / "split_balance_
 SPLIT_BALANCE_RUN = ("2026-11-29", "5e12dbd", "torch 2.11.0+cu130, triton 3.6.0")
 H100 = ROOT / "calibration" / "raw" / "h100" / "measure"
 H100_REREAD = ROOT / "calibration" / "raw" / "h100" / "shared_decode"
+SPLIT_BALANCE_H100 = ROOT / "reports" / "kernels" / "split_balance" / "split_balance_h100.json"
 H100_COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out RAW on an H100 (--gpu only labels "
                 "the run; calibration/raw/h100/measure); granisim calibrate fit RAW --out h100-sxm.json --name h100-sxm "
                 "(python -m granisim.calibration.shipped)")
@@ -100,7 +102,7 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
     fit_into(H100, h100, "h100-sxm", H100_COMMAND)
     keep_others(h100, before.get("h100-sxm", {}))
     add_kernel_reread(H100_REREAD, h100)
-    carry_skew_stream(h100, shipped)  # no split-balance run on the H100 yet
+    add_skew_stream(SPLIT_BALANCE_H100, h100)  # the run's JSON records its date, commit and versions
     b200 = PROFILE_DIR / "b200.json"
     b200.write_text(json.dumps(derive(cal.doc, "b200", source_name="h200 (granisim/config/profiles/h200.json)"),
                                indent=2) + "\n")

@@ -155,19 +155,3 @@ def add_to_file(path: Path, profile_path: Path, date: str | None = None, commit:
     write_coefficients(profile_path, {NAME: entry})
     return entry
 
-
-def extrapolate_into(profile_path: Path, measured_path: Path) -> dict:
-    """Write ``measured_path``'s factor into ``profile_path`` as extrapolated (a GPU without its own split-balance
-    run: the same kernel and split rule, so the same factor until measured); returns the entry."""
-    profile_path, measured_path = Path(profile_path), Path(measured_path)
-    src = load_profile(measured_path)
-    if src.coefficients[NAME].source.kind != "measured":
-        raise _fail(measured_path, f"coefficients.{NAME}.source.kind", src.coefficients[NAME].source.kind,
-                    "carry a measured factor only")
-    value = src[NAME]
-    entry = {"value": value, "unit": "", "source": {
-        "kind": "extrapolated", "from": f"{src.name}'s {NAME} ({value:g}, the split-balance benchmark on the {src.gpu})",
-        "how": "the same factor: the same decode kernel and split rule; not measured on this GPU (python3 -m "
-               "gpu_backend.bench.split_balance, then granisim calibrate skew)"}}
-    write_coefficients(profile_path, {NAME: entry})
-    return entry

@@ -36,7 +36,7 @@ TRUTH.update({
     "attn.decode.launch_s": 3e-6, "attn.decode.program_s": 8e-7, "attn.decode.mem_eff": 0.9,
     "attn.decode.sat_ctas_per_sm": 2.0, "attn.decode.resident_ctas_per_sm": 2,
     "attn.prefill.launch_s": 5e-6, "attn.prefill.program_s": 1e-6, "attn.prefill.flop_eff": 0.4,
-    "attn.prefill.mem_eff": 0.7, "attn.prefill.sat_ctas_per_sm": 2.5, "attn.prefill.resident_ctas_per_sm": 2,
+    "attn.prefill.mem_eff": 0.7, "attn.prefill.sat_ctas_per_sm": 2.5, "attn.prefill.resident_ctas_per_sm": 1,
     "attn.prefill.page1_eff": 0.5, "attn.prefill.page16_eff": 0.8,
     "storage.page1_eff": 0.6, "storage.page16_eff": 0.8, "overhead.step_s": 1e-4,
     **{f"linear.{f}.launch_s": 4e-6 for f in ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "lm_head")},

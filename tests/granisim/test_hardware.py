@@ -77,12 +77,11 @@ def test_measured_and_derived_sources():
 
     # measured on one GPU each (the H200's MoE grouped GEMMs too), except the tp all-reduce curve (it needs several
     # GPUs), M_sat per tp, the H100's grouped GEMMs and the host link (measured on neither; its copy/compute
-    # overlap measured on an H100 only: calibration/raw/h100/copy_overlap), and the H100's skewed-decode factor
-    # (carried from the H200's split-balance run)
+    # overlap measured on an H100 only: calibration/raw/h100/copy_overlap)
     grouped = {k for k in PARALLEL_COEFFICIENTS if k.startswith("linear.moe_")}
     link = {"host.copy_launch_s", "host.link_bandwidth", "host.page_copy_s"}
     for n, gpu, unmeasured in (("h200", "H200", (set(PARALLEL_COEFFICIENTS) - grouped) | {"host.overlap"}),
-                               ("h100-sxm", "H100", set(PARALLEL_COEFFICIENTS) | link | {"attn.decode.skew_stream"})):
+                               ("h100-sxm", "H100", set(PARALLEL_COEFFICIENTS) | link)):
         p = get_profile(n)
         assert {c.source.kind for k, c in p.coefficients.items() if k not in unmeasured} == {"measured"}, n
         assert {p.coefficients[k].source.kind for k in unmeasured if k in p.coefficients} <= {"extrapolated"}, n

@@ -10,8 +10,9 @@
    (granisim.calibration.reread, from h200_more/shared_decode_pool6m), and how much slower a skewed decode batch
    streams (granisim.calibration.skew, from reports/kernels/split_balance/split_balance_run3.json);
 2. fits calibration/raw/h100/measure (the same measurement on an H100) into granisim/config/profiles/h100-sxm.json
-   and its tables, with the tp and MoE coefficients extrapolated as for the others, the kernel's re-read share
-   from calibration/raw/h100/shared_decode, and the skewed decode's factor from the split-balance benchmark's H100 run
+   and its tables, with the tp and MoE coefficients extrapolated as for the others, Qwen-2.5-14B's own linear
+   table (calibration/raw/h100/qwen-2.5-14b_linear), the kernel's re-read share from
+   calibration/raw/h100/shared_decode, and the skewed decode's factor from the split-balance benchmark's H100 run
    (reports/kernels/split_balance/split_balance_h100.json);
 3. derives granisim/config/profiles/b200.json from h200 by datasheet ratios.
 Coefficients other runs measured (the host tier's link and overlap) stay as they were in each file.
@@ -51,6 +52,7 @@ SPLIT_BALANCE = ROOT / "reports" / "kernels" / "split_balance" / "split_balance_
 SPLIT_BALANCE_RUN = ("2026-11-29", "5e12dbd", "torch 2.11.0+cu130, triton 3.6.0")
 H100 = ROOT / "calibration" / "raw" / "h100" / "measure"
 H100_REREAD = ROOT / "calibration" / "raw" / "h100" / "shared_decode"
+H100_QWEN_LINEAR = ROOT / "calibration" / "raw" / "h100" / "qwen-2.5-14b_linear"
 SPLIT_BALANCE_H100 = ROOT / "reports" / "kernels" / "split_balance" / "split_balance_h100.json"
 H100_COMMAND = ("python -m calibration.measure --gpu h200 --model llama-3.1-8b --out RAW on an H100 (--gpu only labels "
                 "the run; calibration/raw/h100/measure); granisim calibrate fit RAW --out h100-sxm.json --name h100-sxm "
@@ -101,6 +103,7 @@ def main(raw_dir: str = "calibration/raw/h200") -> None:
     h100 = PROFILE_DIR / "h100-sxm.json"
     fit_into(H100, h100, "h100-sxm", H100_COMMAND)
     keep_others(h100, before.get("h100-sxm", {}))
+    add_table(H100_QWEN_LINEAR, h100, DATA_DIR)
     add_kernel_reread(H100_REREAD, h100)
     add_skew_stream(SPLIT_BALANCE_H100, h100)  # the run's JSON records its date, commit and versions
     b200 = PROFILE_DIR / "b200.json"

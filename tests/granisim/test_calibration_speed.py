@@ -71,3 +71,12 @@ def test_refit_matches_every_other_shipped_coefficient(refit):
             off += 1
             diffs.append(f"{k}: {a:.6g} vs shipped {b:.6g}")
     assert compared >= 20 and not diffs, diffs
+
+
+def test_a_refit_does_not_claim_a_factor_other_runs_measure(refit):
+    """The skewed decode's factor comes from the split-balance benchmark (granisim calibrate skew), not from a
+    calibration run: a refit leaves it out rather than writing the start profile's value as measured by itself (a
+    derived b200 then carried the H200's factor with the calibration run's date)."""
+    _, coefs = refit
+    assert "attn.decode.skew_stream" not in coefs
+    assert get_profile("h200").coefficients["attn.decode.skew_stream"].source.date == "2026-11-29"

@@ -272,11 +272,6 @@ class KernelForms:
                 reqs = [SimpleNamespace(num_new=q, context_len=int(Lk), shared_len=0, group=-1)] * nr
                 f = t.prefill_time(reqs, t.prefill_inv_eff(sto, ps), [], correct=False)
                 key, x, y = ("prefill", cls), np.log2(q * nr), np.log2(Lk + 1.0)
-                if Lk == 0:  # no cached context: storage does not matter, and the gathered classes start here too
-                    for other in ("slots", "pages16"):
-                        if other != cls:
-                            pts.setdefault(("prefill", other), []).append(
-                                (x, y, np.log(rows["median_us"][i] * 1e-6 / float(f))))
             elif fam == "merge":
                 f = t.merge_time2(int(T) * t.n_q, correct=False)
                 key, x, y = ("merge", ""), np.log2(T * t.n_q), None
@@ -285,7 +280,11 @@ class KernelForms:
                 key, x, y = ("kv_write", ""), np.log2(T), None
             else:
                 continue
-            pts.setdefault(key, []).append((x, y, np.log(rows["median_us"][i] * 1e-6 / float(f))))
+            point = (x, y, np.log(rows["median_us"][i] * 1e-6 / float(f)))
+            pts.setdefault(key, []).append(point)
+            if fam == "extend" and Lk == 0:  # no cached context: storage does not matter, every class starts here
+                for other in {"slots", "pages16"} - {cls}:
+                    pts.setdefault(("prefill", other), []).append(point)
         out = {}
         for key, v in pts.items():
             x = [p[0] for p in v]

@@ -19,8 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from granisim.validation.clock_term import policy_models, units_folder
-from granisim.validation.summary import (BY_WORKLOAD, TARGETS, mape, records_json, report_records, run_checks,
-                                         tables)
+from granisim.validation.summary import report_records, run_checks, summary_json, tables
 from granisim.config.files import OneLineParser, one_line
 
 
@@ -104,8 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     if not reports:
         raise ValueError(f"{args.out}: no report could be written")
     recs = report_records(reports)
-    (args.out / "summary.json").write_text(records_json(recs, targets=TARGETS, mape=mape(recs),
-                                                        mape_by_workload=mape(recs, BY_WORKLOAD)))
+    (args.out / "summary.json").write_text(summary_json(recs))
     table = tables(recs)
     (args.out / "summary.md").write_text(table)
     print(table.strip().splitlines()[-1])

@@ -221,6 +221,11 @@ def records_json(records: list[dict], **fields) -> str:
     return f'{head}{"," if fields else ""}"records":[\n{rows}\n]}}\n'
 
 
+def summary_json(recs: list[dict]) -> str:
+    """The validation summary file: the records with the targets and their mean errors, overall and per workload."""
+    return records_json(recs, targets=TARGETS, mape=mape(recs), mape_by_workload=mape(recs, BY_WORKLOAD))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = OneLineParser(prog="granisim validation summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("raw", type=Path, nargs="?", help="folder of validation runs (searched recursively)")
@@ -242,8 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         if not recs:
             _fail(f"{args.raw}: no validation_*.json with end-to-end results under it")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(records_json(recs, targets=TARGETS, mape=mape(recs),
-                                     mape_by_workload=mape(recs, BY_WORKLOAD)))
+    args.out.write_text(summary_json(recs))
     if args.table:
         args.table.write_text(tables(recs))
     units = {(r["workload"], r["policy"], r["model"], r["machine"], r["variant"]) for r in recs}

@@ -1,0 +1,229 @@
+"""Prefill attention alone against the same launches between a layer's GEMMs, as a step runs them.
+
+    python -m gpu_backend.bench.attention_after_gemm --out OUT [--models llama-3.1-8b qwen-2.5-14b]
+        [--cases 512:0 2048:0 4096:0 8192:0 8192:8192] [--rounds 3] [--smoke]
+
+Inside the engine's long-prompt steps the extend attention takes 10-15% longer than the same kernel timed
+alone (``granisim validation step-parts``: 8K-token steps), while the steps' GEMMs take what their tables
+say. The GPU's power controller is a candidate: a step's GEMMs hold it at its power cap, and the attention
+launched right after them runs at the clock the GEMMs left. This benchmark times, per model and case (new
+tokens T over a cached context L, one request), every layer's attention launch with CUDA events in two modes,
+alternated ``--rounds`` times:
+
+- ``alone``: the model's layers' attention launches back to back, each behind a short low-power spin
+  (``torch.cuda._sleep``) that keeps the queue fed without heating the GPU;
+- ``in_layer``: each layer as a step runs it: the QKV projection, the attention, the output projection
+  and the MLP's GEMMs on T rows (random bf16 weights of the model's shapes), only the attention timed
+  (and the layer's GEMMs, separately).
+
+Per mode the median over the layers past the first four (the first ones inherit the mode before), and a
+read-only ``nvidia-smi`` log (every 100 ms; nothing is ever set) gives the SM clock and power of each mode.
+Writes OUT/attention_after_gemm.json and .md: attention alone and in-layer (us), their ratio (median and
+range over the rounds), the layer's GEMMs (us), and each mode's clock. ``--smoke``: tiny shapes, seconds
+(also on a CPU with TRITON_INTERPRET=1, wall clock).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import datetime
+from pathlib import Path
+
+SKIP = 4  # layers at the start of a pass that inherit the mode before
+DEFAULT_CASES = ("512:0", "2048:0", "4096:0", "8192:0", "8192:8192")
+
+
+def _case(text: str) -> tuple[int, int]:
+    try:
+        t, ctx = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"case {text!r}: give NEW_TOKENS:CONTEXT, e.g. 8192:0") from None
+    if t < 1 or ctx < 0:
+        raise argparse.ArgumentTypeError(f"case {text!r}: new tokens must be >= 1 and context >= 0")
+    return t, ctx
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from granisim.config.models import MODELS
+
+    ap = argparse.ArgumentParser(prog="python -m gpu_backend.bench.attention_after_gemm",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", nargs="+", default=["llama-3.1-8b", "qwen-2.5-14b"], choices=sorted(MODELS))
+    ap.add_argument("--cases", nargs="+", type=_case, default=[_case(c) for c in DEFAULT_CASES],
+                    help="NEW_TOKENS:CONTEXT of one request (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-log", action="store_true", help="no nvidia-smi log")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, seconds in all (CPU too)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds: value {args.rounds}: must be >= 1")
+    return args
+
+
+class Layer:
+    """One layer's operands on T rows: random bf16 weights of the model's shapes, the attention's inputs over a
+    cached context (a slab of ``ctx`` slots)."""
+
+    def __init__(self, shape, t: int, ctx: int, smoke: bool):
+        import torch
+
+        from ..kernels import layout as L
+        from .problems import Pool, dev, i32, queries
+
+        h, nq, nkv, d, inter = shape.hidden, shape.n_q_heads, shape.n_kv_heads, shape.head_dim, shape.intermediate
+        if smoke:
+            h, nq, nkv, d, inter = 64, 4, 2, 16, 128
+        self.pool = Pool(ctx + 16, n_kv=nkv, d=d)
+        dt = self.pool.dtype
+        g = torch.Generator(device=dev()).manual_seed(2)
+
+        def rnd(*s):
+            return torch.randn(*s, generator=g, device=dev(), dtype=dt) * 0.02
+
+        self.x = rnd(t, h)
+        self.w_qkv, self.w_o = rnd(h, (nq + 2 * nkv) * d), rnd(nq * d, h)
+        self.w_up, self.w_down = rnd(h, 2 * inter), rnd(inter, h)
+        self.q = queries(t, nq, dt, d=d)
+        self.kn = torch.randn(t, nkv, d, generator=g, device=dev(), dtype=dt)
+        self.prefix = L.Slabs(i32([8]), i32([ctx]))
+        self.indptr = i32([0, t])
+        self.t = t
+
+    def attention(self):
+        from ..kernels.extend import extend_attention
+
+        return extend_attention(q=self.q, k_new=self.kn, v_new=self.kn, qo_indptr=self.indptr, k_cache=self.pool.k,
+                                v_cache=self.pool.v, prefix=self.prefix, max_qo_len=self.t, check=False)
+
+    def qkv(self):
+        return self.x @ self.w_qkv
+
+    def rest(self, o):
+        import torch.nn.functional as F
+
+        y = o.reshape(self.t, -1) @ self.w_o
+        gu = y @ self.w_up
+        a = F.silu(gu[:, : gu.shape[1] // 2]) * gu[:, gu.shape[1] // 2:]
+        return a @ self.w_down
+
+
+def _timed_pass(layer: Layer, n_layers: int, mode: str) -> tuple[list[float], list[float]]:
+    """(attention us per layer, GEMMs us per layer) of one pass over ``n_layers`` layers in ``mode``."""
+    import torch
+
+    if not torch.cuda.is_available():  # CPU smoke: wall clock per launch
+        attn, gemm = [], []
+        for _ in range(n_layers):
+            t0 = time.perf_counter()
+            o, _ = layer.attention()
+            attn.append((time.perf_counter() - t0) * 1e6)
+            if mode == "in_layer":
+                t1 = time.perf_counter()
+                layer.rest(o)
+                layer.qkv()
+                gemm.append((time.perf_counter() - t1) * 1e6)
+        return attn, gemm
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(n_layers)]
+    for e in ev:
+        if mode == "in_layer":
+            e[2].record()
+            layer.qkv()
+            e[3].record()
+        else:
+            torch.cuda._sleep(20_000)  # ~10 us of spinning at low power: the queue stays ahead of the host
+        e[0].record()
+        o, _ = layer.attention()
+        e[1].record()
+        if mode == "in_layer":
+            layer.rest(o)
+    torch.cuda.synchronize()
+    attn = [e[0].elapsed_time(e[1]) * 1e3 for e in ev]
+    gemm = [e[2].elapsed_time(e[3]) * 1e3 for e in ev] if mode == "in_layer" else []
+    return attn, gemm
+
+
+def run(args) -> dict:
+    from granisim.config.models import get_model
+    from granisim.validation.gpu_log import GpuLog, log_summary, read_gpu_log
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_path = args.out / "gpu_log.csv"
+    cases = [(min(t, 64), min(c, 64)) for t, c in args.cases] if args.smoke else args.cases
+    rows, spans = [], []
+    with GpuLog(log_path, enabled=not args.no_log and not args.smoke) as log:
+        for name in args.models:
+            shape = get_model(name)
+            n_layers = 6 if args.smoke else shape.num_layers
+            for t, ctx in cases:
+                layer = Layer(shape, t, ctx, args.smoke)
+                for mode in ("alone", "in_layer"):  # first launches (Triton builds, cuBLAS heuristics) untimed
+                    _timed_pass(layer, 2, mode)
+                for r in range(args.rounds):
+                    for mode in ("alone", "in_layer"):
+                        a = datetime.now()
+                        attn, gemm = _timed_pass(layer, n_layers, mode)
+                        spans.append((name, t, ctx, mode, a, datetime.now()))
+                        keep = attn[SKIP:] if len(attn) > SKIP else attn
+                        rows.append({"model": name, "tokens": t, "context": ctx, "mode": mode, "round": r,
+                                     "attn_us": statistics.median(keep),
+                                     "gemm_us": statistics.median(gemm[SKIP:] or gemm) if gemm else None})
+                del layer
+    clocks = []
+    if log_path.exists() and log_path.stat().st_size:
+        df = read_gpu_log(log_path)
+        for name, t, ctx, mode, a, b in spans:
+            s = log_summary(df, a, b)
+            if s.get("samples"):
+                clocks.append({"model": name, "tokens": t, "context": ctx, "mode": mode,
+                               "sm_mhz_p50": s["sm_mhz_p50"], "power_w_p50": s["power_w_p50"]})
+    return {"date": datetime.now().isoformat(timespec="seconds"), "args": {k: str(v) for k, v in vars(args).items()},
+            "rows": rows, "clocks": clocks, "log_note": log.note, "table": table(rows, clocks)}
+
+
+def table(rows: list[dict], clocks: list[dict]) -> list[dict]:
+    """Per model and case: attention alone and in-layer (medians over rounds), their ratio per round (median,
+    min, max), the layer's GEMMs, and each mode's median SM clock where logged (pure)."""
+    out = []
+    keys = sorted({(r["model"], r["tokens"], r["context"]) for r in rows}, key=lambda k: (k[0], k[1], k[2]))
+    for m, t, c in keys:
+        mine = [r for r in rows if (r["model"], r["tokens"], r["context"]) == (m, t, c)]
+        alone = {r["round"]: r["attn_us"] for r in mine if r["mode"] == "alone"}
+        inl = {r["round"]: r["attn_us"] for r in mine if r["mode"] == "in_layer"}
+        ratios = [inl[k] / alone[k] for k in sorted(alone) if k in inl and alone[k] > 0]
+        row = {"model": m, "tokens": t, "context": c, "rounds": len(ratios),
+               "alone_us": statistics.median(alone.values()), "in_layer_us": statistics.median(inl.values()),
+               "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+               "gemm_us": statistics.median(r["gemm_us"] for r in mine if r["gemm_us"] is not None)}
+        for mode in ("alone", "in_layer"):
+            mhz = [k["sm_mhz_p50"] for k in clocks if (k["model"], k["tokens"], k["context"], k["mode"]) == (m, t, c, mode)]
+            row[f"{mode}_mhz"] = statistics.median(mhz) if mhz else None
+        out.append(row)
+    return out
+
+
+def markdown(res: dict) -> str:
+    lines = ["| model | new tokens | context | attention alone (us) | between the GEMMs (us) | ratio (min-max) | "
+             "QKV projection (us) | SM clock alone / between (MHz) |", "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+    for r in res["table"]:
+        mhz = (f"{r['alone_mhz']:.0f} / {r['in_layer_mhz']:.0f}" if r["alone_mhz"] and r["in_layer_mhz"] else "-")
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['context']} | {r['alone_us']:.1f} | {r['in_layer_us']:.1f} | "
+                     f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | {r['gemm_us']:.1f} | {mhz} |")
+    if res["log_note"]:
+        lines += ["", f"No clock log: {res['log_note']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    res = run(args)
+    (args.out / "attention_after_gemm.json").write_text(json.dumps(res, indent=1) + "\n")
+    (args.out / "attention_after_gemm.md").write_text(markdown(res))
+    print(markdown(res), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,7 +14,9 @@ constants. ``--only PREFIX ...`` (e.g. ``engine.eager.linear``) refits just the 
 is ``--keep-from`` with those replaced by the pooled fit's values, everything else as it was. The factor on eager
 steps that prefill several requests (``engine.eager.attn_prefill.multi_gain`` / ``multi_cached``:
 `fit_multi_prefill`) is fitted only when ``--only`` names it, on the eager prefill correction the profile will carry
-(``--keep-from``'s), and may pool several ``--model``s (it is a ratio). The host terms (``overhead.*``) are not fitted
+(``--keep-from``'s), and may pool several ``--model``s (it is a ratio); so is the factor on the prefill and prefix
+attention of steps with prefill work by the step's tokens (``engine.attn_in_step_per_ktok``: `fit_attn_in_step`, on
+``--keep-from``'s prices without it). The host terms (``overhead.*``) are not fitted
 across runs of two engine host paths (ids listed each step, or read through the request table: `host_paths`).
 Nothing here needs a GPU; a bad folder or a run without units is one line and exit 2.
 """
@@ -39,6 +41,7 @@ from granisim.config.files import OneLineParser
 
 
 MULTI = "engine.eager.attn_prefill.multi"  # the prefix of the factor's coefficients (gain, cached share)
+IN_STEP = "engine.attn_in_step_per_ktok"  # attention between a step's GEMMs, per 1000 tokens of the step
 
 
 def pooled_frames(runs: list[Path], model: str, base, keep) -> tuple[list[pd.DataFrame], list[str], int]:
@@ -126,6 +129,40 @@ def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target
     return fit_multi_prefill(pd.concat(frames, ignore_index=True), limits.pop()), names
 
 
+def fit_attn_in_step(steps: pd.DataFrame) -> float:
+    """``engine.attn_in_step_per_ktok`` from re-priced steps priced without it: over the steps with prefill work
+    (``prefill_requests`` > 0) whose prefill and prefix attention both sides measured, measured = price * (1 + s *
+    tokens / 1000). Least squares on that attention's seconds (a step weighs what its attention costs: the long
+    steps the term is about, not the many short ones it barely moves); s >= 0 (pure)."""
+    cols = ("attn_prefill", "attn_prefix")
+    y = sum(steps[f"measured_{k}"] for k in cols).to_numpy(float)
+    p = sum(steps[f"predicted_{k}"] for k in cols).to_numpy(float)
+    m = (steps["prefill_requests"].to_numpy() > 0) & (y > 0) & (p > 0)
+    if not m.any():
+        raise ValueError(f"{IN_STEP}: no step with prefill work measured its prefill attention")
+    x = p[m] * steps["tokens"].to_numpy(float)[m] / 1000.0  # d(price) / d(s)
+    r = y[m] - p[m]  # what the factor has to add
+    return max(0.0, float((x * r).sum() / (x * x).sum()))
+
+
+def attn_in_step_values(runs: list[Path], models: list[str], target) -> tuple[dict, list[str]]:
+    """({``engine.attn_in_step_per_ktok``: its fit}, units fitted) over the runs' non-held-out units of every model
+    in ``models``, each priced by ``target`` without the term."""
+    bare = replace(target, coefficients={k: c for k, c in target.coefficients.items() if k != IN_STEP})
+    frames, names = [], []
+    for run in runs:
+        for unit, steps, plans, model in run_units(run):
+            if model not in models or held_out(unit.split("/", 1)[1]):
+                continue
+            frames.append(reprice(steps, plans, bare, get_model(model)).assign(
+                prefill_requests=[sum(r.is_prefill for r in p.requests) for p in plans]))
+            names.append(unit)
+    if not frames:
+        raise ValueError(f"no validation units of {', '.join(models)} outside the held-out workloads under "
+                         f"{', '.join(map(str, runs))}")
+    return {IN_STEP: fit_attn_in_step(pd.concat(frames, ignore_index=True))}, names
+
+
 def host_paths(runs: list[Path]) -> dict[str, list[str]]:
     """The engine host path each run's units measured, by the executor's stats in their validation JSON: "request
     table" (decode rows read through the engine's request table) or "listed ids" (every id listed each step: the
@@ -186,11 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     only = args.only or []
     check_one_host_path(runs, only)
     multi_alone = bool(only) and all(p.startswith(MULTI) for p in only)  # the factor and nothing else
-    if len(args.model) > 1 and not multi_alone:
-        raise ValueError(f"--model {' '.join(args.model)}: several models are pooled only for --only {MULTI}")
+    in_step_alone = bool(only) and all(IN_STEP.startswith(p) and p.startswith("engine.attn_") for p in only)
+    if len(args.model) > 1 and not (multi_alone or in_step_alone):
+        raise ValueError(f"--model {' '.join(args.model)}: several models are pooled only for --only {MULTI} "
+                         f"or {IN_STEP}")
     if multi_alone:
         values, units = multi_prefill_values(runs, args.model, base, keep, kept_from)
         how = "granisim.validation.refit.fit_multi_prefill"
+    elif in_step_alone:
+        values, units = attn_in_step_values(runs, args.model, kept_from)
+        how = "granisim.validation.refit.fit_attn_in_step"
     else:
         values, units = pooled_fit(runs, args.model[0], base, keep)
         how = "granisim.calibration.engine_fit"

@@ -10,7 +10,8 @@ from granisim.core.contract import BatchPlan, PlannedRequest
 
 GAIN = 0.3
 MODEL = get_model("llama-3.1-8b")
-SHIPPED = get_profile("h200-engine")
+# the shipped corrections without the factor by the step's tokens (tests/granisim/test_attn_in_step.py): this term alone
+SHIPPED = with_values(get_profile("h200-engine"), {"engine.attn_in_step_per_ktok": 0.0})
 GRAPH_MAX = int(SHIPPED["engine.graph_max_tokens"])
 # the eager prefill correction's offset a step (scale 1), for this model's layers
 OFFSET = SHIPPED["engine.eager.attn_prefill.offset_s"] * MODEL.num_layers / SHIPPED["engine.fit_layers"]

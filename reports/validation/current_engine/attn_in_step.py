@@ -1,0 +1,88 @@
+"""Prefill attention inside the engine's steps against its price, by the step's tokens, with and without the
+factor engine.attn_in_step_per_ktok.
+
+    python reports/validation/current_engine/attn_in_step.py RAW/validation/runZ3=h200-engine \\
+        RAW/validation/h100_Z4=h100-engine.json RAW/validation/h100_Z2=h100-engine.json \\
+        --out reports/validation/current_engine/attn_in_step.json
+
+Each RUN=PROFILE pair is a validation run folder and the profile that prices it (``h100-engine.json``: `granisim
+profile carry h200-engine --onto h100-sxm --out h100-engine.json`). Every step with prefill work of every unit is
+re-priced with the profile as it is and with the factor set to 0; per run, model and bin of the step's new tokens:
+the steps, and price / measured of their prefill and prefix attention summed (1: priced right; below 1: the
+engine's attention took longer than priced), and the least-squares factor of that run and model alone
+(granisim.validation.refit.fit_attn_in_step). Needs no GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from granisim.config.hardware import get_profile, with_values
+from granisim.config.models import get_model
+from granisim.validation.clock_term import run_units
+from granisim.validation.refit import IN_STEP, fit_attn_in_step
+from granisim.validation.validate import reprice
+
+BINS = (0, 512, 2048, 4096, 8191, 8192)  # 8192: a full chunk (the engine's token budget)
+PARTS = ("attn_prefill", "attn_prefix")
+
+
+def prefill_steps(run: Path, profile) -> pd.DataFrame:
+    """Steps with prefill work of every unit in ``run``: tokens, model, measured and priced attention (the profile
+    with and without the factor)."""
+    bare = with_values(profile, {IN_STEP: 0.0})
+    rows = []
+    for unit, steps, plans, model in run_units(run):
+        n_pf = [sum(r.is_prefill for r in p.requests) for p in plans]
+        a, b = (reprice(steps, plans, prof, get_model(model)) for prof in (profile, bare))
+        df = pd.DataFrame({"model": model, "tokens": a["tokens"], "prefill_requests": n_pf,
+                           **{f"measured_{k}": a[f"measured_{k}"] for k in PARTS},
+                           **{f"predicted_{k}": b[f"predicted_{k}"] for k in PARTS},
+                           "with_term": sum(a[f"predicted_{k}"] for k in PARTS)})
+        rows.append(df[df.prefill_requests > 0])
+    return pd.concat(rows, ignore_index=True)
+
+
+def table(steps: pd.DataFrame) -> list[dict]:
+    measured = sum(steps[f"measured_{k}"] for k in PARTS)
+    bare = sum(steps[f"predicted_{k}"] for k in PARTS)
+    labels = [f"{lo + 1}-{hi}" for lo, hi in zip(BINS, BINS[1:])]
+    out = []
+    for model, g in steps.groupby("model"):
+        for label, h in g.groupby(pd.cut(g.tokens, BINS, labels=labels), observed=True):
+            out.append({"model": model, "tokens": str(label), "steps": int(len(h)),
+                        "without": round(float(bare[h.index].sum() / measured[h.index].sum()), 3),
+                        "with": round(float(h.with_term.sum() / measured[h.index].sum()), 3)})
+        out.append({"model": model, "tokens": "fit", "steps": int(len(g)), "factor": round(fit_attn_in_step(g), 4)})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", help="RUN=PROFILE")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    doc = {}
+    for item in args.runs:
+        run, _, prof = item.partition("=")
+        profile = get_profile(prof)
+        doc[Path(run).name] = {"profile": Path(prof).name, "factor": profile[IN_STEP],
+                               "rows": table(prefill_steps(Path(run), profile))}
+        print(f"{Path(run).name} ({Path(prof).name}, {IN_STEP} = {profile[IN_STEP]:.4f})")
+        print("| model | step tokens | steps | price / measured without | with |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for r in doc[Path(run).name]["rows"]:
+            if r["tokens"] == "fit":
+                print(f"| {r['model']} | this run's own fit | {r['steps']} | {r['factor']:.4f} | |")
+            else:
+                print(f"| {r['model']} | {r['tokens']} | {r['steps']} | {r['without']:.3f} | {r['with']:.3f} |")
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -129,11 +129,12 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # times 1 + multi_cached * multi_gain * (n - 1) / n where every one of them prefills over cached context
     # (a prefix hit or an earlier chunk); multi_gain 0 = no such effect
     "engine.eager.attn_prefill.multi_gain": ("", "nonneg", 0.0),
-    # a step's prefill and prefix attention launches run between its GEMMs, which hold the GPU at its power cap:
-    # with prefill work over T new tokens they take 1 + attn_in_step_per_ktok * T / 1000 times their price
-    # (gpu_backend/bench/attention_after_gemm.py; granisim/validation/attn_in_step.py); 0 = no such effect
-    "engine.attn_in_step_per_ktok": ("", "nonneg", 0.0),
     "engine.eager.attn_prefill.multi_cached": ("", "share", 1.0),
+    # a step's prefill and prefix attention runs between its GEMMs, slower than alone the more tokens the step runs
+    # (reports/validation/current_engine/attn_in_step.md; the GEMMs' power cap is the candidate cause,
+    # gpu_backend/bench/attention_after_gemm.py): in a step with prefill work over T new tokens it takes
+    # 1 + attn_in_step_per_ktok * T / 1000 times its price (fitted: granisim.validation.refit); 0 = no such effect
+    "engine.attn_in_step_per_ktok": ("", "nonneg", 0.0),
     "overhead.per_request_s": ("s", "nonneg", 0.0),
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
     "overhead.per_pass_s": ("s", "nonneg", 0.0),  # host metadata of each prefix pass (group maps, storage)

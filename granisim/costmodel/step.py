@@ -246,7 +246,7 @@ class StepPricing:
                 self._in_engine(k, v, eager) for k, v in (("lm_head", lm_head), ("attn_prefill", attn_prefill),
                                                           ("merge", merge), ("kv_write", kv_write)))
             prefix = self._in_engine("attn_prefix", prefix, eager, len(passes))
-            if self.attn_ktok and pidx:  # launched between the step's GEMMs, at the clock they leave
+            if self.attn_ktok and pidx:  # between the step's GEMMs: slower than alone, the more so the longer the step
                 heat = 1.0 + self.attn_ktok * T / 1000.0
                 attn_prefill, prefix = attn_prefill * heat, prefix * heat
         if n <= 1 and self.form != 2:  # one step: the form-1 decode below, on one value (the same operations)

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from granisim.calibration.engine_fit import fit
-from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile
+from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile, with_values
 from granisim.config.models import get_model
 from granisim.costmodel import cost_tables
 from granisim.validation.clock_term import run_units, units_folder
@@ -148,7 +148,7 @@ def fit_attn_in_step(steps: pd.DataFrame) -> float:
 def attn_in_step_values(runs: list[Path], models: list[str], target) -> tuple[dict, list[str]]:
     """({``engine.attn_in_step_per_ktok``: its fit}, units fitted) over the runs' non-held-out units of every model
     in ``models``, each priced by ``target`` without the term."""
-    bare = replace(target, coefficients={k: c for k, c in target.coefficients.items() if k != IN_STEP})
+    bare = with_values(target, {IN_STEP: 0.0})
     frames, names = [], []
     for run in runs:
         for unit, steps, plans, model in run_units(run):

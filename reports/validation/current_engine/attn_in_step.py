@@ -10,7 +10,9 @@ profile carry h200-engine --onto h100-sxm --out h100-engine.json`). Every step w
 re-priced with the profile as it is and with the factor set to 0; per run, model and bin of the step's new tokens:
 the steps, and price / measured of their prefill and prefix attention summed (1: priced right; below 1: the
 engine's attention took longer than priced), and the least-squares factor of that run and model alone
-(granisim.validation.refit.fit_attn_in_step). Needs no GPU.
+(granisim.validation.refit.fit_attn_in_step); then, over all the runs, the same without the factor by bin of step
+tokens and of the cached context the prefilling requests read (their mean, weighted by their new tokens). Needs no
+GPU.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from granisim.validation.validate import reprice
 
 BINS = (0, 512, 2048, 4096, 8191, 8192)  # 8192: a full chunk (the engine's token budget)
 PARTS = ("attn_prefill", "attn_prefix")
+CONTEXT_BINS = (-1, 256, 4096, float("inf"))  # cached tokens the prefilling requests read
+CONTEXT_LABELS = ("<= 256", "257-4096", "> 4096")
 
 
 def prefill_steps(run: Path, profile) -> pd.DataFrame:
@@ -37,8 +41,10 @@ def prefill_steps(run: Path, profile) -> pd.DataFrame:
     rows = []
     for unit, steps, plans, model in run_units(run):
         n_pf = [sum(r.is_prefill for r in p.requests) for p in plans]
+        ctx = [sum(r.context_len * r.num_new for r in p.requests if r.is_prefill)
+               / max(1, sum(r.num_new for r in p.requests if r.is_prefill)) for p in plans]
         a, b = (reprice(steps, plans, prof, get_model(model)) for prof in (profile, bare))
-        df = pd.DataFrame({"model": model, "tokens": a["tokens"], "prefill_requests": n_pf,
+        df = pd.DataFrame({"model": model, "tokens": a["tokens"], "prefill_requests": n_pf, "context": ctx,
                            **{f"measured_{k}": a[f"measured_{k}"] for k in PARTS},
                            **{f"predicted_{k}": b[f"predicted_{k}"] for k in PARTS},
                            "with_term": sum(a[f"predicted_{k}"] for k in PARTS)})
@@ -60,17 +66,32 @@ def table(steps: pd.DataFrame) -> list[dict]:
     return out
 
 
+def by_context(steps: pd.DataFrame) -> list[dict]:
+    """Price (without the factor) / measured of the prefill and prefix attention per model, bin of step tokens and
+    bin of cached context (pure)."""
+    measured = sum(steps[f"measured_{k}"] for k in PARTS)
+    bare = sum(steps[f"predicted_{k}"] for k in PARTS)
+    labels = [f"{lo + 1}-{hi}" for lo, hi in zip(BINS, BINS[1:])]
+    ctx = pd.cut(steps.context, CONTEXT_BINS, labels=CONTEXT_LABELS)
+    out = []
+    for (model, tok, c), g in steps.groupby(["model", pd.cut(steps.tokens, BINS, labels=labels), ctx], observed=True):
+        out.append({"model": model, "tokens": str(tok), "context": str(c), "steps": int(len(g)),
+                    "without": round(float(bare[g.index].sum() / measured[g.index].sum()), 3)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="RUN=PROFILE")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    doc = {}
+    doc, pooled = {}, []
     for item in args.runs:
         run, _, prof = item.partition("=")
         profile = get_profile(prof)
-        doc[Path(run).name] = {"profile": Path(prof).name, "factor": profile[IN_STEP],
-                               "rows": table(prefill_steps(Path(run), profile))}
+        steps = prefill_steps(Path(run), profile)
+        pooled.append(steps)
+        doc[Path(run).name] = {"profile": Path(prof).name, "factor": profile[IN_STEP], "rows": table(steps)}
         print(f"{Path(run).name} ({Path(prof).name}, {IN_STEP} = {profile[IN_STEP]:.4f})")
         print("| model | step tokens | steps | price / measured without | with |")
         print("| --- | --- | ---: | ---: | ---: |")
@@ -79,6 +100,12 @@ def main(argv=None) -> int:
                 print(f"| {r['model']} | this run's own fit | {r['steps']} | {r['factor']:.4f} | |")
             else:
                 print(f"| {r['model']} | {r['tokens']} | {r['steps']} | {r['without']:.3f} | {r['with']:.3f} |")
+    doc["by_context"] = by_context(pd.concat(pooled, ignore_index=True))
+    print("all runs, without the factor, by cached context")
+    print("| model | step tokens | cached context | steps | price / measured |")
+    print("| --- | --- | --- | ---: | ---: |")
+    for r in doc["by_context"]:
+        print(f"| {r['model']} | {r['tokens']} | {r['context']} | {r['steps']} | {r['without']:.3f} |")
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

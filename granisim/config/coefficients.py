@@ -130,11 +130,14 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # (a prefix hit or an earlier chunk); multi_gain 0 = no such effect
     "engine.eager.attn_prefill.multi_gain": ("", "nonneg", 0.0),
     "engine.eager.attn_prefill.multi_cached": ("", "share", 1.0),
-    # a step's prefill and prefix attention runs between its GEMMs, slower than alone the more tokens the step runs
-    # (reports/validation/current_engine/attn_in_step.md; the GEMMs' power cap is the candidate cause,
-    # gpu_backend/bench/attention_after_gemm.py): in a step with prefill work over T new tokens it takes
-    # 1 + attn_in_step_per_ktok * T / 1000 times its price (fitted: granisim.validation.refit); 0 = no such effect
-    "engine.attn_in_step_per_ktok": ("", "nonneg", 0.0),
+    # a step's prefill and prefix attention between its GEMMs against its price (reports/validation/current_engine/
+    # attn_in_step.md; fitted by granisim.validation.refit): in a step with prefill work over T new tokens, the prefill
+    # attention's share over the requests' own tokens (its FLOPs' share) takes self_scale times its price, the share
+    # over cached context and the prefix passes context_scale + context_per_ktok * T / 1000 times (the GEMMs' power
+    # cap is a candidate cause of the T term: gpu_backend/bench/attention_after_gemm.py); 1, 1, 0 = priced as alone
+    "engine.attn_in_step.self_scale": ("", "pos", 1.0),
+    "engine.attn_in_step.context_scale": ("", "pos", 1.0),
+    "engine.attn_in_step.context_per_ktok": ("", "nonneg", 0.0),
     "overhead.per_request_s": ("s", "nonneg", 0.0),
     "overhead.per_kv_token_s": ("s", "nonneg", 0.0),  # host slot lists: per private KV token a step reads
     "overhead.per_pass_s": ("s", "nonneg", 0.0),  # host metadata of each prefix pass (group maps, storage)

@@ -104,6 +104,17 @@ def _kept_group_sums(cols, groups, nd: int):
     return nd + sum(nn[nd:]), nd, tok, lmax, merge_rows, tok_s, lmax_s, list(range(nd, len(nn)))
 
 
+def self_share(num_new, context_len, rows) -> float:
+    """The share of the prefill attention FLOPs of ``rows`` (indices into the columns) over the requests' own new
+    tokens (causal: q (q + 1) / 2 each) rather than their cached context (q c) (pure)."""
+    own = ctx = 0.0
+    for i in rows:
+        q = float(num_new[i])
+        own += q * (q + 1.0) / 2.0
+        ctx += q * float(context_len[i])
+    return own / (own + ctx) if own + ctx > 0 else 1.0
+
+
 class StepPricing:
     """CostTables.step (needs the table's part times: linear, prefill, prefix pass, decode, merge, ...)."""
 
@@ -246,9 +257,11 @@ class StepPricing:
                 self._in_engine(k, v, eager) for k, v in (("lm_head", lm_head), ("attn_prefill", attn_prefill),
                                                           ("merge", merge), ("kv_write", kv_write)))
             prefix = self._in_engine("attn_prefix", prefix, eager, len(passes))
-            if self.attn_ktok and pidx:  # between the step's GEMMs: slower than alone, the more so the longer the step
-                heat = 1.0 + self.attn_ktok * T / 1000.0
-                attn_prefill, prefix = attn_prefill * heat, prefix * heat
+            if self.attn_in_step and pidx:  # between the step's GEMMs (coefficients.py: engine.attn_in_step.*)
+                own, context, per_ktok = self.attn_in_step
+                context += per_ktok * T / 1000.0
+                w = self_share(cols.num_new, cols.context_len, pidx)
+                attn_prefill, prefix = attn_prefill * (w * own + (1.0 - w) * context), prefix * context
         if n <= 1 and self.form != 2:  # one step: the form-1 decode below, on one value (the same operations)
             attn_decode = 0.0
             if n_dec:

@@ -100,7 +100,9 @@ class CostTables(KernelForms, StepPricing, ParallelPricing):
         # eager steps prefilling several requests: (gain, share where all read cached context) of their
         # prefill attention's factor (correction.multi_prefill_factor)
         self.pf_multi = (p["engine.eager.attn_prefill.multi_gain"], p["engine.eager.attn_prefill.multi_cached"])
-        self.attn_ktok = p["engine.attn_in_step_per_ktok"]  # prefill attention between a step's GEMMs, per 1000 tokens
+        # prefill attention between a step's GEMMs: (self scale, context scale, context per 1000 tokens), or None
+        in_step = tuple(p[f"engine.attn_in_step.{k}"] for k in ("self_scale", "context_scale", "context_per_ktok"))
+        self.attn_in_step = in_step if in_step != (1.0, 1.0, 0.0) else None
         knots = [n for n in LINEAR_KNOTS if f"engine.linear.offset_t{n}_s" in p.coefficients]
         self.linear_knots = (np.log2(knots), np.array([p[f"engine.linear.offset_t{n}_s"] for n in knots])
                              * per_layer["linear"]) \

@@ -14,9 +14,9 @@ constants. ``--only PREFIX ...`` (e.g. ``engine.eager.linear``) refits just the 
 is ``--keep-from`` with those replaced by the pooled fit's values, everything else as it was. The factor on eager
 steps that prefill several requests (``engine.eager.attn_prefill.multi_gain`` / ``multi_cached``:
 `fit_multi_prefill`) is fitted only when ``--only`` names it, on the eager prefill correction the profile will carry
-(``--keep-from``'s), and may pool several ``--model``s (it is a ratio); so is the factor on the prefill and prefix
-attention of steps with prefill work by the step's tokens (``engine.attn_in_step_per_ktok``: `fit_attn_in_step`, on
-``--keep-from``'s prices without it). The host terms (``overhead.*``) are not fitted
+(``--keep-from``'s), and may pool several ``--model``s (it is a ratio); so are the scales of the prefill and prefix
+attention of steps with prefill work (``engine.attn_in_step.*``: `fit_attn_in_step`, on ``--keep-from``'s prices
+without them). The host terms (``overhead.*``) are not fitted
 across runs of two engine host paths (ids listed each step, or read through the request table: `host_paths`).
 Nothing here needs a GPU; a bad folder or a run without units is one line and exit 2.
 """
@@ -34,6 +34,7 @@ from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile, with_values
 from granisim.config.models import get_model
 from granisim.costmodel import cost_tables
+from granisim.costmodel.step import self_share
 from granisim.validation.clock_term import run_units, units_folder
 from granisim.validation.report import KEEP, graph_limit, held_out, kept_coefficients, write_engine_profile
 from granisim.validation.validate import reprice
@@ -41,7 +42,9 @@ from granisim.config.files import OneLineParser
 
 
 MULTI = "engine.eager.attn_prefill.multi"  # the prefix of the factor's coefficients (gain, cached share)
-IN_STEP = "engine.attn_in_step_per_ktok"  # attention between a step's GEMMs, per 1000 tokens of the step
+IN_STEP = "engine.attn_in_step"  # the prefix of the scales of attention between a step's GEMMs (self, context, per 1K)
+IN_STEP_KEYS = tuple(f"{IN_STEP}.{k}" for k in ("self_scale", "context_scale", "context_per_ktok"))
+IN_STEP_NONE = dict(zip(IN_STEP_KEYS, (1.0, 1.0, 0.0)))  # priced as alone
 
 
 def pooled_frames(runs: list[Path], model: str, base, keep) -> tuple[list[pd.DataFrame], list[str], int]:
@@ -129,38 +132,47 @@ def multi_prefill_values(runs: list[Path], models: list[str], base, keep, target
     return fit_multi_prefill(pd.concat(frames, ignore_index=True), limits.pop()), names
 
 
-def fit_attn_in_step(steps: pd.DataFrame) -> float:
-    """``engine.attn_in_step_per_ktok`` from re-priced steps priced without it: over the steps with prefill work
-    (``prefill_requests`` > 0) whose prefill and prefix attention both sides measured, measured = price * (1 + s *
-    tokens / 1000). Least squares on that attention's seconds (a step weighs what its attention costs: the long
-    steps the term is about, not the many short ones it barely moves); s >= 0 (pure)."""
-    cols = ("attn_prefill", "attn_prefix")
-    y = sum(steps[f"measured_{k}"] for k in cols).to_numpy(float)
-    p = sum(steps[f"predicted_{k}"] for k in cols).to_numpy(float)
-    m = (steps["prefill_requests"].to_numpy() > 0) & (y > 0) & (p > 0)
+def fit_attn_in_step(steps: pd.DataFrame) -> dict[str, float]:
+    """``engine.attn_in_step.*`` from re-priced steps priced without them: over the steps with prefill work
+    (``prefill_requests`` > 0) whose prefill and prefix attention both sides measured, measured = a w P + (b + s T /
+    1000) ((1 - w) P + X), with P the prefill attention's price, X the prefix passes', w its share over the requests'
+    own tokens (``self_share``) and T the step's tokens. Least squares on the seconds (a step weighs what its
+    attention costs); s >= 0 (refitted with s = 0 where it comes out negative); a, b > 0 or ValueError (pure)."""
+    y = (steps["measured_attn_prefill"] + steps["measured_attn_prefix"]).to_numpy(float)
+    pf, px = (steps[f"predicted_{k}"].to_numpy(float) for k in ("attn_prefill", "attn_prefix"))
+    m = (steps["prefill_requests"].to_numpy() > 0) & (y > 0) & (pf + px > 0)
     if not m.any():
         raise ValueError(f"{IN_STEP}: no step with prefill work measured its prefill attention")
-    x = p[m] * steps["tokens"].to_numpy(float)[m] / 1000.0  # d(price) / d(s)
-    r = y[m] - p[m]  # what the factor has to add
-    return max(0.0, float((x * r).sum() / (x * x).sum()))
+    w = steps["self_share"].to_numpy(float)[m]
+    own, context = w * pf[m], (1.0 - w) * pf[m] + px[m]
+    x = np.column_stack([own, context, context * steps["tokens"].to_numpy(float)[m] / 1000.0])
+    a, b, s = np.linalg.lstsq(x, y[m], rcond=None)[0]
+    if s < 0:
+        (a, b), s = np.linalg.lstsq(x[:, :2], y[m], rcond=None)[0], 0.0
+    if not (a > 0 and b > 0):
+        raise ValueError(f"{IN_STEP}: the fit gives self_scale {a:.3g}, context_scale {b:.3g}: not positive")
+    return dict(zip(IN_STEP_KEYS, (float(a), float(b), float(s))))
 
 
 def attn_in_step_values(runs: list[Path], models: list[str], target) -> tuple[dict, list[str]]:
-    """({``engine.attn_in_step_per_ktok``: its fit}, units fitted) over the runs' non-held-out units of every model
-    in ``models``, each priced by ``target`` without the term."""
-    bare = with_values(target, {IN_STEP: 0.0})
+    """(``fit_attn_in_step``'s values, units fitted) over the runs' non-held-out units of every model in ``models``,
+    each priced by ``target`` without the scales."""
+    bare = with_values(target, IN_STEP_NONE)
     frames, names = [], []
     for run in runs:
         for unit, steps, plans, model in run_units(run):
             if model not in models or held_out(unit.split("/", 1)[1]):
                 continue
+            pf = [[i for i, r in enumerate(p.requests) if r.is_prefill] for p in plans]
+            share = [self_share([r.num_new for r in p.requests], [r.context_len for r in p.requests], rows)
+                     for p, rows in zip(plans, pf)]
             frames.append(reprice(steps, plans, bare, get_model(model)).assign(
-                prefill_requests=[sum(r.is_prefill for r in p.requests) for p in plans]))
+                prefill_requests=[len(rows) for rows in pf], self_share=share))
             names.append(unit)
     if not frames:
         raise ValueError(f"no validation units of {', '.join(models)} outside the held-out workloads under "
                          f"{', '.join(map(str, runs))}")
-    return {IN_STEP: fit_attn_in_step(pd.concat(frames, ignore_index=True))}, names
+    return fit_attn_in_step(pd.concat(frames, ignore_index=True)), names
 
 
 def host_paths(runs: list[Path]) -> dict[str, list[str]]:
@@ -223,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     only = args.only or []
     check_one_host_path(runs, only)
     multi_alone = bool(only) and all(p.startswith(MULTI) for p in only)  # the factor and nothing else
-    in_step_alone = bool(only) and all(IN_STEP.startswith(p) and p.startswith("engine.attn_") for p in only)
+    in_step_alone = bool(only) and all(p.startswith(IN_STEP) or IN_STEP.startswith(p) and p.startswith("engine.attn_")
+                                       for p in only)
     if len(args.model) > 1 and not (multi_alone or in_step_alone):
         raise ValueError(f"--model {' '.join(args.model)}: several models are pooled only for --only {MULTI} "
                          f"or {IN_STEP}")

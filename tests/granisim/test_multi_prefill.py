@@ -6,12 +6,13 @@ from granisim.config.hardware import get_profile, with_values
 from granisim.config.models import get_model
 from granisim.costmodel import step_cost
 from granisim.costmodel.correction import multi_prefill_factor
+from granisim.validation.refit import IN_STEP_NONE
 from granisim.core.contract import BatchPlan, PlannedRequest
 
 GAIN = 0.3
 MODEL = get_model("llama-3.1-8b")
-# the shipped corrections without the factor by the step's tokens (tests/granisim/test_attn_in_step.py): this term alone
-SHIPPED = with_values(get_profile("h200-engine"), {"engine.attn_in_step_per_ktok": 0.0})
+# the shipped corrections without the in-step attention scales (tests/granisim/test_attn_in_step.py): this term alone
+SHIPPED = with_values(get_profile("h200-engine"), IN_STEP_NONE)
 GRAPH_MAX = int(SHIPPED["engine.graph_max_tokens"])
 # the eager prefill correction's offset a step (scale 1), for this model's layers
 OFFSET = SHIPPED["engine.eager.attn_prefill.offset_s"] * MODEL.num_layers / SHIPPED["engine.fit_layers"]

@@ -1,5 +1,5 @@
-"""Prefill attention inside the engine's steps against its price, by the step's tokens, with and without the
-factor engine.attn_in_step_per_ktok.
+"""Prefill attention inside the engine's steps against its price, by the step's tokens and cached context, with and
+without the scales engine.attn_in_step.*.
 
     python reports/validation/current_engine/attn_in_step.py RAW/validation/runZ3=h200-engine \\
         RAW/validation/h100_Z4=h100-engine.json RAW/validation/h100_Z2=h100-engine.json \\
@@ -7,12 +7,11 @@ factor engine.attn_in_step_per_ktok.
 
 Each RUN=PROFILE pair is a validation run folder and the profile that prices it (``h100-engine.json``: `granisim
 profile carry h200-engine --onto h100-sxm --out h100-engine.json`). Every step with prefill work of every unit is
-re-priced with the profile as it is and with the factor set to 0; per run, model and bin of the step's new tokens:
+re-priced with the profile as it is and without the scales; per run, model and bin of the step's new tokens:
 the steps, and price / measured of their prefill and prefix attention summed (1: priced right; below 1: the
-engine's attention took longer than priced), and the least-squares factor of that run and model alone
-(granisim.validation.refit.fit_attn_in_step); then, over all the runs, the same without the factor by bin of step
-tokens and of the cached context the prefilling requests read (their mean, weighted by their new tokens). Needs no
-GPU.
+engine's attention took longer than priced), and the scales fitted on that run and model alone
+(granisim.validation.refit.fit_attn_in_step); then, over all the runs, the same by bin of step tokens and of the
+cached context the prefilling requests read (their mean, weighted by their new tokens). Needs no GPU.
 """
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ import pandas as pd
 from granisim.config.hardware import get_profile, with_values
 from granisim.config.models import get_model
 from granisim.validation.clock_term import run_units
-from granisim.validation.refit import IN_STEP, fit_attn_in_step
+from granisim.costmodel.step import self_share
+from granisim.validation.refit import IN_STEP_KEYS, IN_STEP_NONE, fit_attn_in_step
 from granisim.validation.validate import reprice
 
 BINS = (0, 512, 2048, 4096, 8191, 8192)  # 8192: a full chunk (the engine's token budget)
@@ -36,15 +36,19 @@ CONTEXT_LABELS = ("<= 256", "257-4096", "> 4096")
 
 def prefill_steps(run: Path, profile) -> pd.DataFrame:
     """Steps with prefill work of every unit in ``run``: tokens, model, measured and priced attention (the profile
-    with and without the factor)."""
-    bare = with_values(profile, {IN_STEP: 0.0})
+    with and without the scales)."""
+    bare = with_values(profile, IN_STEP_NONE)
     rows = []
     for unit, steps, plans, model in run_units(run):
-        n_pf = [sum(r.is_prefill for r in p.requests) for p in plans]
+        pidx = [[i for i, r in enumerate(p.requests) if r.is_prefill] for p in plans]
+        n_pf = [len(i) for i in pidx]
+        share = [self_share([r.num_new for r in p.requests], [r.context_len for r in p.requests], i)
+                 for p, i in zip(plans, pidx)]
         ctx = [sum(r.context_len * r.num_new for r in p.requests if r.is_prefill)
                / max(1, sum(r.num_new for r in p.requests if r.is_prefill)) for p in plans]
         a, b = (reprice(steps, plans, prof, get_model(model)) for prof in (profile, bare))
         df = pd.DataFrame({"model": model, "tokens": a["tokens"], "prefill_requests": n_pf, "context": ctx,
+                           "self_share": share,
                            **{f"measured_{k}": a[f"measured_{k}"] for k in PARTS},
                            **{f"predicted_{k}": b[f"predicted_{k}"] for k in PARTS},
                            "with_term": sum(a[f"predicted_{k}"] for k in PARTS)})
@@ -62,13 +66,15 @@ def table(steps: pd.DataFrame) -> list[dict]:
             out.append({"model": model, "tokens": str(label), "steps": int(len(h)),
                         "without": round(float(bare[h.index].sum() / measured[h.index].sum()), 3),
                         "with": round(float(h.with_term.sum() / measured[h.index].sum()), 3)})
-        out.append({"model": model, "tokens": "fit", "steps": int(len(g)), "factor": round(fit_attn_in_step(g), 4)})
+        fit = fit_attn_in_step(g)
+        out.append({"model": model, "tokens": "fit", "steps": int(len(g)),
+                    "fit": {k.rsplit(".", 1)[1]: round(fit[k], 4) for k in IN_STEP_KEYS}})
     return out
 
 
 def by_context(steps: pd.DataFrame) -> list[dict]:
-    """Price (without the factor) / measured of the prefill and prefix attention per model, bin of step tokens and
-    bin of cached context (pure)."""
+    """Price / measured (without and with the scales) of the prefill and prefix attention per model, bin of step
+    tokens and bin of cached context (pure)."""
     measured = sum(steps[f"measured_{k}"] for k in PARTS)
     bare = sum(steps[f"predicted_{k}"] for k in PARTS)
     labels = [f"{lo + 1}-{hi}" for lo, hi in zip(BINS, BINS[1:])]
@@ -76,7 +82,8 @@ def by_context(steps: pd.DataFrame) -> list[dict]:
     out = []
     for (model, tok, c), g in steps.groupby(["model", pd.cut(steps.tokens, BINS, labels=labels), ctx], observed=True):
         out.append({"model": model, "tokens": str(tok), "context": str(c), "steps": int(len(g)),
-                    "without": round(float(bare[g.index].sum() / measured[g.index].sum()), 3)})
+                    "without": round(float(bare[g.index].sum() / measured[g.index].sum()), 3),
+                    "with": round(float(g.with_term.sum() / measured[g.index].sum()), 3)})
     return out
 
 
@@ -91,21 +98,24 @@ def main(argv=None) -> int:
         profile = get_profile(prof)
         steps = prefill_steps(Path(run), profile)
         pooled.append(steps)
-        doc[Path(run).name] = {"profile": Path(prof).name, "factor": profile[IN_STEP], "rows": table(steps)}
-        print(f"{Path(run).name} ({Path(prof).name}, {IN_STEP} = {profile[IN_STEP]:.4f})")
+        scales = {k.rsplit(".", 1)[1]: profile[k] for k in IN_STEP_KEYS}
+        doc[Path(run).name] = {"profile": Path(prof).name, "scales": scales, "rows": table(steps)}
+        print(f"{Path(run).name} ({Path(prof).name}: " + ", ".join(f"{k} {v:.4f}" for k, v in scales.items()) + ")")
         print("| model | step tokens | steps | price / measured without | with |")
         print("| --- | --- | ---: | ---: | ---: |")
         for r in doc[Path(run).name]["rows"]:
             if r["tokens"] == "fit":
-                print(f"| {r['model']} | this run's own fit | {r['steps']} | {r['factor']:.4f} | |")
+                print(f"| {r['model']} | this run's own fit | {r['steps']} | " + ", ".join(
+                    f"{k} {v:.4f}" for k, v in r["fit"].items()) + " | |")
             else:
                 print(f"| {r['model']} | {r['tokens']} | {r['steps']} | {r['without']:.3f} | {r['with']:.3f} |")
     doc["by_context"] = by_context(pd.concat(pooled, ignore_index=True))
-    print("all runs, without the factor, by cached context")
-    print("| model | step tokens | cached context | steps | price / measured |")
-    print("| --- | --- | --- | ---: | ---: |")
+    print("all runs, by cached context")
+    print("| model | step tokens | cached context | steps | price / measured without | with |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
     for r in doc["by_context"]:
-        print(f"| {r['model']} | {r['tokens']} | {r['context']} | {r['steps']} | {r['without']:.3f} |")
+        print(f"| {r['model']} | {r['tokens']} | {r['context']} | {r['steps']} | {r['without']:.3f} | "
+              f"{r['with']:.3f} |")
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

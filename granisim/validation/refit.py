@@ -154,6 +154,13 @@ def fit_attn_in_step(steps: pd.DataFrame) -> dict[str, float]:
     return dict(zip(IN_STEP_KEYS, (float(a), float(b), float(s))))
 
 
+def prefill_shares(plans: list) -> tuple[list[int], list[float]]:
+    """Per plan: the requests it prefills and their prefill attention's share over their own tokens (``self_share``)."""
+    rows = [[i for i, r in enumerate(p.requests) if r.is_prefill] for p in plans]
+    return [len(i) for i in rows], [self_share([r.num_new for r in p.requests], [r.context_len for r in p.requests], i)
+                                    for p, i in zip(plans, rows)]
+
+
 def attn_in_step_values(runs: list[Path], models: list[str], target) -> tuple[dict, list[str]]:
     """(``fit_attn_in_step``'s values, units fitted) over the runs' non-held-out units of every model in ``models``,
     each priced by ``target`` without the scales."""
@@ -163,11 +170,8 @@ def attn_in_step_values(runs: list[Path], models: list[str], target) -> tuple[di
         for unit, steps, plans, model in run_units(run):
             if model not in models or held_out(unit.split("/", 1)[1]):
                 continue
-            pf = [[i for i, r in enumerate(p.requests) if r.is_prefill] for p in plans]
-            share = [self_share([r.num_new for r in p.requests], [r.context_len for r in p.requests], rows)
-                     for p, rows in zip(plans, pf)]
-            frames.append(reprice(steps, plans, bare, get_model(model)).assign(
-                prefill_requests=[len(rows) for rows in pf], self_share=share))
+            n_pf, share = prefill_shares(plans)
+            frames.append(reprice(steps, plans, bare, get_model(model)).assign(prefill_requests=n_pf, self_share=share))
             names.append(unit)
     if not frames:
         raise ValueError(f"no validation units of {', '.join(models)} outside the held-out workloads under "

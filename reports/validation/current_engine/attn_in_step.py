@@ -24,8 +24,7 @@ import pandas as pd
 from granisim.config.hardware import get_profile, with_values
 from granisim.config.models import get_model
 from granisim.validation.clock_term import run_units
-from granisim.costmodel.step import self_share
-from granisim.validation.refit import IN_STEP_KEYS, IN_STEP_NONE, fit_attn_in_step
+from granisim.validation.refit import IN_STEP_KEYS, IN_STEP_NONE, fit_attn_in_step, prefill_shares
 from granisim.validation.validate import reprice
 
 BINS = (0, 512, 2048, 4096, 8191, 8192)  # 8192: a full chunk (the engine's token budget)
@@ -40,10 +39,7 @@ def prefill_steps(run: Path, profile) -> pd.DataFrame:
     bare = with_values(profile, IN_STEP_NONE)
     rows = []
     for unit, steps, plans, model in run_units(run):
-        pidx = [[i for i, r in enumerate(p.requests) if r.is_prefill] for p in plans]
-        n_pf = [len(i) for i in pidx]
-        share = [self_share([r.num_new for r in p.requests], [r.context_len for r in p.requests], i)
-                 for p, i in zip(plans, pidx)]
+        n_pf, share = prefill_shares(plans)
         ctx = [sum(r.context_len * r.num_new for r in p.requests if r.is_prefill)
                / max(1, sum(r.num_new for r in p.requests if r.is_prefill)) for p in plans]
         a, b = (reprice(steps, plans, prof, get_model(model)) for prof in (profile, bare))

@@ -14,12 +14,12 @@ alternated ``--rounds`` times:
   (``torch.cuda._sleep``) that keeps the queue fed without heating the GPU;
 - ``in_layer``: each layer as a step runs it: the QKV projection, the attention, the output projection
   and the MLP's GEMMs on T rows (random bf16 weights of the model's shapes), only the attention timed
-  (and the layer's GEMMs, separately).
+  (and, separately, the QKV projection).
 
 Per mode the median over the layers past the first four (the first ones inherit the mode before), and a
 read-only ``nvidia-smi`` log (every 100 ms; nothing is ever set) gives the SM clock and power of each mode.
 Writes OUT/attention_after_gemm.json and .md: attention alone and in-layer (us), their ratio (median and
-range over the rounds), the layer's GEMMs (us), and each mode's clock. ``--smoke``: tiny shapes, seconds
+range over the rounds), the QKV projection (us), and each mode's clock. ``--smoke``: tiny shapes, seconds
 (also on a CPU with TRITON_INTERPRET=1, wall clock).
 """
 from __future__ import annotations
@@ -121,8 +121,8 @@ def _timed_pass(layer: Layer, n_layers: int, mode: str) -> tuple[list[float], li
             o, _ = layer.attention()
             attn.append((time.perf_counter() - t0) * 1e6)
             if mode == "in_layer":
-                t1 = time.perf_counter()
                 layer.rest(o)
+                t1 = time.perf_counter()
                 layer.qkv()
                 gemm.append((time.perf_counter() - t1) * 1e6)
         return attn, gemm
@@ -185,7 +185,7 @@ def run(args) -> dict:
 
 def table(rows: list[dict], clocks: list[dict]) -> list[dict]:
     """Per model and case: attention alone and in-layer (medians over rounds), their ratio per round (median,
-    min, max), the layer's GEMMs, and each mode's median SM clock where logged (pure)."""
+    min, max), the QKV projection, and each mode's median SM clock where logged (pure)."""
     out = []
     keys = sorted({(r["model"], r["tokens"], r["context"]) for r in rows}, key=lambda k: (k[0], k[1], k[2]))
     for m, t, c in keys:

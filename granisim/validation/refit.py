@@ -239,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     only = args.only or []
     check_one_host_path(runs, only)
     multi_alone = bool(only) and all(p.startswith(MULTI) for p in only)  # the factor and nothing else
-    in_step_alone = bool(only) and all(p.startswith(IN_STEP) or IN_STEP.startswith(p) and p.startswith("engine.attn_")
-                                       for p in only)
+    in_step_alone = bool(only) and all(p.startswith(IN_STEP) for p in only)  # the scales and nothing else
     if len(args.model) > 1 and not (multi_alone or in_step_alone):
         raise ValueError(f"--model {' '.join(args.model)}: several models are pooled only for --only {MULTI} "
                          f"or {IN_STEP}")

@@ -31,11 +31,13 @@ BINS = (0, 512, 2048, 4096, 8191, 8192)  # 8192: a full chunk (the engine's toke
 PARTS = ("attn_prefill", "attn_prefix")
 CONTEXT_BINS = (-1, 256, 4096, float("inf"))  # cached tokens the prefilling requests read
 CONTEXT_LABELS = ("<= 256", "257-4096", "> 4096")
+TOKEN_LABELS = [f"{lo + 1}-{hi}" for lo, hi in zip(BINS, BINS[1:])]
 
 
 def prefill_steps(run: Path, profile) -> pd.DataFrame:
-    """Steps with prefill work of every unit in ``run``: tokens, model, measured and priced attention (the profile
-    with and without the scales)."""
+    """Steps with prefill work of every unit in ``run``: model, tokens and their bin, cached context and its bin, the
+    attention parts measured and priced without the scales, and the attention measured (``measured``), priced
+    without (``without``) and with the scales (``with``)."""
     bare = with_values(profile, IN_STEP_NONE)
     rows = []
     for unit, steps, plans, model in run_units(run):
@@ -47,21 +49,26 @@ def prefill_steps(run: Path, profile) -> pd.DataFrame:
                            "self_share": share,
                            **{f"measured_{k}": a[f"measured_{k}"] for k in PARTS},
                            **{f"predicted_{k}": b[f"predicted_{k}"] for k in PARTS},
-                           "with_term": sum(a[f"predicted_{k}"] for k in PARTS)})
+                           "measured": sum(a[f"measured_{k}"] for k in PARTS),
+                           "without": sum(b[f"predicted_{k}"] for k in PARTS),
+                           "with": sum(a[f"predicted_{k}"] for k in PARTS)})
         rows.append(df[df.prefill_requests > 0])
-    return pd.concat(rows, ignore_index=True)
+    out = pd.concat(rows, ignore_index=True)
+    return out.assign(token_bin=pd.cut(out.tokens, BINS, labels=TOKEN_LABELS),
+                      context_bin=pd.cut(out.context, CONTEXT_BINS, labels=CONTEXT_LABELS))
+
+
+def _ratios(g: pd.DataFrame) -> dict:
+    """Price / measured of a group's attention, without and with the scales (pure)."""
+    return {k: round(float(g[k].sum() / g.measured.sum()), 3) for k in ("without", "with")}
 
 
 def table(steps: pd.DataFrame) -> list[dict]:
-    measured = sum(steps[f"measured_{k}"] for k in PARTS)
-    bare = sum(steps[f"predicted_{k}"] for k in PARTS)
-    labels = [f"{lo + 1}-{hi}" for lo, hi in zip(BINS, BINS[1:])]
+    """Per model and bin of step tokens: the steps and their ratios, then the scales fitted on the model's steps."""
     out = []
     for model, g in steps.groupby("model"):
-        for label, h in g.groupby(pd.cut(g.tokens, BINS, labels=labels), observed=True):
-            out.append({"model": model, "tokens": str(label), "steps": int(len(h)),
-                        "without": round(float(bare[h.index].sum() / measured[h.index].sum()), 3),
-                        "with": round(float(h.with_term.sum() / measured[h.index].sum()), 3)})
+        for label, h in g.groupby("token_bin", observed=True):
+            out.append({"model": model, "tokens": str(label), "steps": int(len(h)), **_ratios(h)})
         fit = fit_attn_in_step(g)
         out.append({"model": model, "tokens": "fit", "steps": int(len(g)),
                     "fit": {k.rsplit(".", 1)[1]: round(fit[k], 4) for k in IN_STEP_KEYS}})
@@ -69,18 +76,9 @@ def table(steps: pd.DataFrame) -> list[dict]:
 
 
 def by_context(steps: pd.DataFrame) -> list[dict]:
-    """Price / measured (without and with the scales) of the prefill and prefix attention per model, bin of step
-    tokens and bin of cached context (pure)."""
-    measured = sum(steps[f"measured_{k}"] for k in PARTS)
-    bare = sum(steps[f"predicted_{k}"] for k in PARTS)
-    labels = [f"{lo + 1}-{hi}" for lo, hi in zip(BINS, BINS[1:])]
-    ctx = pd.cut(steps.context, CONTEXT_BINS, labels=CONTEXT_LABELS)
-    out = []
-    for (model, tok, c), g in steps.groupby(["model", pd.cut(steps.tokens, BINS, labels=labels), ctx], observed=True):
-        out.append({"model": model, "tokens": str(tok), "context": str(c), "steps": int(len(g)),
-                    "without": round(float(bare[g.index].sum() / measured[g.index].sum()), 3),
-                    "with": round(float(g.with_term.sum() / measured[g.index].sum()), 3)})
-    return out
+    """Per model, bin of step tokens and bin of cached context: the steps and their ratios (pure)."""
+    return [{"model": model, "tokens": str(tok), "context": str(c), "steps": int(len(g)), **_ratios(g)}
+            for (model, tok, c), g in steps.groupby(["model", "token_bin", "context_bin"], observed=True)]
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,7 @@ demo: $(VENV)/.sim-installed
 	$(VENV)/bin/granisim demo
 
 test: $(VENV)/.test-installed
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -11,16 +11,26 @@ tokens T over a cached context L, one request), every layer's attention launch w
 alternated ``--rounds`` times:
 
 - ``alone``: the model's layers' attention launches back to back, each behind a short low-power spin
-  (``torch.cuda._sleep``) that keeps the queue fed without heating the GPU;
+  (``torch.cuda._sleep``) that keeps the queue fed without heating the GPU (what a kernel microbenchmark
+  sees: the layer's operands stay in L2 from one launch to the next);
+- ``flushed``: as ``alone``, but each launch behind a read of a 256 MiB buffer, as the calibration's timing
+  does (``timing.flush_l2``): the attention starts with a cold, clean L2 and a cool GPU;
+- ``dirtied``: as ``flushed``, but behind a *write* of the 256 MiB buffer: L2 full of dirty lines whose
+  write-back the attention pays, as after a GEMM that wrote its output;
 - ``in_layer``: each layer as a step runs it: the QKV projection, the attention, the output projection
   and the MLP's GEMMs on T rows (random bf16 weights of the model's shapes), only the attention timed
-  (and, separately, the QKV projection).
+  (and, separately, the QKV projection);
+- ``in_layer_gap``: as ``in_layer``, with a 1 ms low-power spin between the QKV projection and the attention:
+  what the GEMMs leave that fades within a millisecond (the power controller's clock) fades here, what they
+  leave in memory (L2 contents) stays.
+
+Every mode is compared with ``flushed``, the condition the calibration times kernels in.
 
 Per mode the median over the layers past the first four (the first ones inherit the mode before), and a
 read-only ``nvidia-smi`` log (every 100 ms; nothing is ever set) gives the SM clock and power of each mode.
-Writes OUT/attention_after_gemm.json and .md: attention alone and in-layer (us), their ratio (median and
-range over the rounds), the QKV projection (us), and each mode's clock. ``--smoke``: tiny shapes, seconds
-(also on a CPU with TRITON_INTERPRET=1, wall clock).
+Writes OUT/attention_after_gemm.json and .md: the attention in each mode (us), each over ``flushed`` (median and
+range over the rounds), the QKV projection (us), and each mode's clock. ``--smoke``: tiny shapes,
+seconds (also on a CPU with TRITON_INTERPRET=1, wall clock).
 """
 from __future__ import annotations
 
@@ -32,6 +42,8 @@ from datetime import datetime
 from pathlib import Path
 
 SKIP = 4  # layers at the start of a pass that inherit the mode before
+MODES = ("flushed", "alone", "dirtied", "in_layer", "in_layer_gap")
+GAP_CYCLES = 2_000_000  # ~1 ms of spinning at up to 1980 MHz
 DEFAULT_CASES = ("512:0", "2048:0", "4096:0", "8192:0", "8192:8192")
 
 
@@ -91,6 +103,7 @@ class Layer:
         self.prefix = L.Slabs(i32([8]), i32([ctx]))
         self.indptr = i32([0, t])
         self.t = t
+        self.dirty = torch.empty(1 if smoke else 256 * 2**20 // 4, device=dev(), dtype=torch.int32)
 
     def attention(self):
         from ..kernels.extend import extend_attention
@@ -114,13 +127,15 @@ def _timed_pass(layer: Layer, n_layers: int, mode: str) -> tuple[list[float], li
     """(attention us per layer, GEMMs us per layer) of one pass over ``n_layers`` layers in ``mode``."""
     import torch
 
+    from .timing import flush_l2
+
     if not torch.cuda.is_available():  # CPU smoke: wall clock per launch
         attn, gemm = [], []
         for _ in range(n_layers):
             t0 = time.perf_counter()
             o, _ = layer.attention()
             attn.append((time.perf_counter() - t0) * 1e6)
-            if mode == "in_layer":
+            if mode.startswith("in_layer"):
                 layer.rest(o)
                 t1 = time.perf_counter()
                 layer.qkv()
@@ -128,20 +143,26 @@ def _timed_pass(layer: Layer, n_layers: int, mode: str) -> tuple[list[float], li
         return attn, gemm
     ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(n_layers)]
     for e in ev:
-        if mode == "in_layer":
+        if mode.startswith("in_layer"):
             e[2].record()
             layer.qkv()
             e[3].record()
+            if mode == "in_layer_gap":
+                torch.cuda._sleep(GAP_CYCLES)
+        elif mode == "flushed":
+            flush_l2()
+        elif mode == "dirtied":
+            layer.dirty.fill_(1)
         else:
             torch.cuda._sleep(20_000)  # ~10 us of spinning at low power: the queue stays ahead of the host
         e[0].record()
         o, _ = layer.attention()
         e[1].record()
-        if mode == "in_layer":
+        if mode.startswith("in_layer"):
             layer.rest(o)
     torch.cuda.synchronize()
     attn = [e[0].elapsed_time(e[1]) * 1e3 for e in ev]
-    gemm = [e[2].elapsed_time(e[3]) * 1e3 for e in ev] if mode == "in_layer" else []
+    gemm = [e[2].elapsed_time(e[3]) * 1e3 for e in ev] if mode.startswith("in_layer") else []
     return attn, gemm
 
 
@@ -159,10 +180,10 @@ def run(args) -> dict:
             n_layers = 6 if args.smoke else shape.num_layers
             for t, ctx in cases:
                 layer = Layer(shape, t, ctx, args.smoke)
-                for mode in ("alone", "in_layer"):  # first launches (Triton builds, cuBLAS heuristics) untimed
+                for mode in MODES:  # first launches (Triton builds, cuBLAS heuristics) untimed
                     _timed_pass(layer, 2, mode)
                 for r in range(args.rounds):
-                    for mode in ("alone", "in_layer"):
+                    for mode in MODES:
                         a = datetime.now()
                         attn, gemm = _timed_pass(layer, n_layers, mode)
                         spans.append((name, t, ctx, mode, a, datetime.now()))
@@ -184,33 +205,38 @@ def run(args) -> dict:
 
 
 def table(rows: list[dict], clocks: list[dict]) -> list[dict]:
-    """Per model and case: attention alone and in-layer (medians over rounds), their ratio per round (median,
-    min, max), the QKV projection, and each mode's median SM clock where logged (pure)."""
+    """Per model and case: each mode's attention (median over rounds), each mode over ``flushed`` per round
+    (median, min, max), the QKV projection, and each mode's median SM clock where logged (pure)."""
     out = []
     keys = sorted({(r["model"], r["tokens"], r["context"]) for r in rows}, key=lambda k: (k[0], k[1], k[2]))
     for m, t, c in keys:
         mine = [r for r in rows if (r["model"], r["tokens"], r["context"]) == (m, t, c)]
-        alone = {r["round"]: r["attn_us"] for r in mine if r["mode"] == "alone"}
-        inl = {r["round"]: r["attn_us"] for r in mine if r["mode"] == "in_layer"}
-        ratios = [inl[k] / alone[k] for k in sorted(alone) if k in inl and alone[k] > 0]
-        row = {"model": m, "tokens": t, "context": c, "rounds": len(ratios),
-               "alone_us": statistics.median(alone.values()), "in_layer_us": statistics.median(inl.values()),
-               "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        us = {mode: {r["round"]: r["attn_us"] for r in mine if r["mode"] == mode} for mode in MODES}
+        row = {"model": m, "tokens": t, "context": c, "rounds": len(us["flushed"]),
                "gemm_us": statistics.median(r["gemm_us"] for r in mine if r["gemm_us"] is not None)}
-        for mode in ("alone", "in_layer"):
+        for mode in MODES:
+            row[f"{mode}_us"] = statistics.median(us[mode].values()) if us[mode] else None
             mhz = [k["sm_mhz_p50"] for k in clocks if (k["model"], k["tokens"], k["context"], k["mode"]) == (m, t, c, mode)]
             row[f"{mode}_mhz"] = statistics.median(mhz) if mhz else None
+            ratios = [us[mode][k] / us["flushed"][k] for k in sorted(us[mode]) if us["flushed"].get(k)]
+            if mode != "flushed":
+                row[f"{mode}_ratio"] = (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
         out.append(row)
     return out
 
 
 def markdown(res: dict) -> str:
-    lines = ["| model | new tokens | context | attention alone (us) | between the GEMMs (us) | ratio (min-max) | "
-             "QKV projection (us) | SM clock alone / between (MHz) |", "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+    others = [m for m in MODES if m != "flushed"]
+    lines = ["| model | new tokens | context | after an L2 flush (us) | "
+             + " | ".join(f"{m} (us; / flushed, min-max)" for m in others)
+             + " | QKV projection (us) | SM clock per mode (MHz) |",
+             "| --- | ---: | ---: | ---: | " + " | ".join("---" for _ in others) + " | ---: | --- |"]
     for r in res["table"]:
-        mhz = (f"{r['alone_mhz']:.0f} / {r['in_layer_mhz']:.0f}" if r["alone_mhz"] and r["in_layer_mhz"] else "-")
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['context']} | {r['alone_us']:.1f} | {r['in_layer_us']:.1f} | "
-                     f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | {r['gemm_us']:.1f} | {mhz} |")
+        cells = [f"{r[f'{m}_us']:.1f} ({r[f'{m}_ratio'][0]:.3f}, {r[f'{m}_ratio'][1]:.3f}-{r[f'{m}_ratio'][2]:.3f})"
+                 if r[f"{m}_ratio"] else "-" for m in others]
+        mhz = " / ".join(f"{r[f'{m}_mhz']:.0f}" if r[f"{m}_mhz"] else "-" for m in MODES)
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['context']} | {r['flushed_us']:.1f} | " + " | ".join(cells)
+                     + f" | {r['gemm_us']:.1f} | {mhz} |")
     if res["log_note"]:
         lines += ["", f"No clock log: {res['log_note']}."]
     return "\n".join(lines) + "\n"

@@ -20,7 +20,8 @@ import torch
 _FLUSH = None
 
 
-def _flush():
+def flush_l2():
+    """Read a 256 MiB buffer: L2 holds clean lines of it, none of the next launch's operands."""
     global _FLUSH
     if _FLUSH is None:
         _FLUSH = torch.ones(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
@@ -47,7 +48,7 @@ def bench(fn, *, target_ms: float = 30.0, min_reps: int = 5, max_reps: int = 200
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
         if flush:
-            _flush()
+            flush_l2()
         starts[i].record()
         fn()
         ends[i].record()

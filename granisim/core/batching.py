@@ -124,8 +124,8 @@ class BatchBuilder:
             if ctx is None and nd:
                 c = [r.computed for r in decode]
                 ctx = DecodeContexts(c, 0, sum(c), max(c))
-            later = [w[0].computed for w in work]
             if work:
+                later = [w[0].computed for w in work]
                 reqs = PlannedRequests(rids + [w[0].rid for w in work], later, [1] * nd + [w[1] for w in work],
                                        [False] * nd + [True] * len(work), None, None, n_decode=nd,
                                        decode_contexts=ctx, group_rows=group_rows)
@@ -133,7 +133,7 @@ class BatchBuilder:
                 cols = self._decode_cols.get(nd)
                 if cols is None:
                     cols = self._decode_cols[nd] = ([1] * nd, [False] * nd)
-                reqs = PlannedRequests(rids, later, cols[0], cols[1], None, None, n_decode=nd,
+                reqs = PlannedRequests(rids, [], cols[0], cols[1], None, None, n_decode=nd,
                                        decode_contexts=ctx, group_rows=group_rows)
         plan = batch_plan(step_id, alloc.policy, alloc.page_size, reqs, tuple(groups), tuple(alloc.take_copies()),
                           transfers=tuple(alloc.take_transfers()))

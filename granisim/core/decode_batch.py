@@ -242,7 +242,8 @@ class DecodeBatch:
         while heap and not self._current(heap[0]):
             heapq.heappop(heap)
         left = [heap[0][0] - self.clock.now] if heap else []
-        left += [r.output_len - r.generated for r in self.special.values()]
+        if self.special:
+            left += [r.output_len - r.generated for r in self.special.values()]
         return min(left) if left else None
 
     def outstanding(self, ratio: float) -> int:

@@ -46,7 +46,7 @@ class StepLog:
 
     def record(self, start: float, plan: BatchPlan, result: StepResult, allocator) -> None:
         cols = columns(plan.requests)
-        n = len(cols)
+        n = len(cols.rid)
         nd = getattr(cols, "n_decode", None)
         if nd is not None:  # decode rows first, then the prefill rows
             prefill_tokens, decode = sum(cols.num_new[nd:]) if nd != n else 0, nd

@@ -187,9 +187,13 @@ class ServingLoop:
         env, sched, ex, feed = self.env, self.scheduler, self.executor, self.feed
         n_done = 0
         counting = not isinstance(self._bar, NoBar)  # only a shown bar reads how many have finished
+        # a queue timeout is what can cut a fleet replica's block in advance (its arrivals come unannounced)
+        expiring = bool(sched.cfg.queue_timeout_s)
         while True:
-            sched.expire(env.now)
-            plan = sched.schedule(env.now)
+            now = env.now
+            if expiring:
+                sched.expire(now)
+            plan = sched.schedule(now)
             if plan is None:
                 if not self._pending and not sched.has_work:
                     if feed is None:
@@ -204,10 +208,10 @@ class ServingLoop:
             if steps > 1:
                 whole = with_steps(plan, steps)  # the plan standing for the whole block (kept if it runs whole)
                 block = ex.execute(whole)
-                cut = self._steps_until_event(block.step_durations, steps)
+                cut = self._steps_until_event(block.step_durations, steps) if feed is None or expiring else steps
                 result = block if cut == steps else None  # cut short by an event: its first steps (executor)
                 steps = cut
-            start = env.now
+            start = now
             if steps > 1 and result is not None and feed is not None:
                 # fleet replica: wait out the block unless a request is routed here first; then stop at the
                 # first step boundary at or after its arrival, as the single loop does for an arrival it knows
@@ -222,14 +226,17 @@ class ServingLoop:
                     routed = True
                 finally:
                     self._in_block = False
+                ran = whole  # the plan standing for the steps that ran
                 if routed:
                     k = _first_boundary(result.step_durations, env.now - start, steps)
-                    result = result if k == steps else ex.execute(with_steps(plan, k))
+                    if k != steps:
+                        ran = with_steps(plan, k)
+                        result = ex.execute(ran)
                     yield env.timeout(max(0.0, start + result.duration_s - env.now))
                     steps = k
                 if steps > 1:
                     sched.extend_plan(plan, steps)
-                    plan = whole if steps == whole.num_steps else with_steps(plan, steps)
+                    plan = ran
             else:
                 if steps > 1:
                     sched.extend_plan(plan, steps)

@@ -154,7 +154,7 @@ class StepPricing:
         which :meth:`StepBlock.first` gives the result of the plan's first steps without pricing again."""
         if not plan.groups and self.form != 2 and not self.engine:
             cols = columns(plan.requests)
-            fast = _ungrouped_rows(cols) if len(cols) else None
+            fast = _ungrouped_rows(cols) if cols.rid else None
             if fast is not None:
                 return self._ungrouped_step(plan, cols, fast)
         page_size = plan.page_size
@@ -180,7 +180,7 @@ class StepPricing:
         shared_len = 0  # prefix tokens of paged-group members: in their lengths, streamed at shared_eff
         fresh = [True] * len(gpaged)  # a paged group's first member streams its prefix; the rest re-read it
         cols = columns(plan.requests)
-        n_req = len(cols)
+        n_req = len(cols.rid)  # (len(cols) without its Python __len__)
         fast = _ungrouped_rows(cols) if n_req and not plan.groups else None
         sums = _grouped_rows(cols, plan.groups) if n_req and plan.groups else None
         if fast is not None:  # no groups: every decode row reads its whole context (the loop below, as sums)
@@ -321,7 +321,7 @@ class StepPricing:
             self._priv_class = storage_class(None, page_size)
         inv_priv = self._inv_eff(None, page_size)
         T, n_dec, tok, lmax, pidx = fast
-        n_req = len(cols)
+        n_req = len(cols.rid)  # (len(cols) without its Python __len__)
         n = plan.num_steps
         if pidx:
             if n > 1:
@@ -406,21 +406,26 @@ class StepPricing:
         host0 = self.step_overhead + self.overhead_req * n_req
         per_tok, per_pass = self.overhead_tok, self.overhead_pass * passes
         f_tok, b_tok, qo, launch = self.dec_f_tok, self.dec_b_tok, n_dec * self.dec_qo, self.dec_launch
-        if n_dec:  # max(a, b) as ``b if b > a else a`` (what max returns), without the call
-            dec = []
-            for s in range(n):
+        dec, host, steps = [], [], []
+        total = 0.0  # the steps summed left to right, as first() sums them
+        for s in range(n):  # one pass: each step's decode, host and whole time
+            d = 0.0
+            if n_dec:  # max(a, b) as ``b if b > a else a`` (what max returns), without the call
                 toks = tok + float(s) * n_dec
                 a = toks * f_tok
                 b = (toks * inv_priv + shared_eff) * b_tok + qo
-                dec.append((b if b > a else a) + launch)
-        else:
-            dec = [0.0] * n
-        host = [host0 + per_tok * (host_tok + n_dec * s) + per_pass for s in range(n)]
-        steps = [base + d + prefix + merge + kv_write + h for d, h in zip(dec, host)]
-        if kv_copy:  # the first step's copies: (t + kv_copy) + h (adding 0.0 to t changes nothing)
-            steps[0] = base + dec[0] + prefix + merge + kv_write + kv_copy + host[0]
+                d = (b if b > a else a) + launch
+            h = host0 + per_tok * (host_tok + n_dec * s) + per_pass
+            if kv_copy and not s:  # the first step's copies: (t + kv_copy) + h (adding 0.0 to t changes nothing)
+                t = base + d + prefix + merge + kv_write + kv_copy + h
+            else:
+                t = base + d + prefix + merge + kv_write + h
+            dec.append(d)
+            host.append(h)
+            steps.append(t)
+            total += t
         block = StepBlock(steps, dec, host, fixed, kv_copy)  # lists: first() sums them as numpy would
-        return block.first(n), block
+        return block.result(n, total, numpy_sum(dec), numpy_sum(host), steps), block
 
 
 # fast-forward blocks of at most this many steps are priced on floats (StepPricing._short_block)
@@ -459,6 +464,11 @@ class StepBlock:
         total = 0.0
         for x in durations:  # left to right, as the engine's clock adds them (sum() compensates on 3.12+)
             total += x
+        return self.result(k, total, dec_s, host_s, durations)
+
+    def result(self, k: int, total: float, dec_s: float, host_s: float, durations) -> StepResult:
+        """The result of the first ``k`` steps from their durations (``total``: summed left to right) and
+        their decode and host times summed as numpy sums them (``first``)."""
         linear, lm_head, attn_prefill, prefix, merge, kv_write = self.fixed
         breakdown = dict(zip(BREAKDOWN_KEYS, (linear * k, lm_head * k, attn_prefill * k, dec_s,
                                               prefix * k, merge * k, kv_write * k, self.kv_copy, host_s)))

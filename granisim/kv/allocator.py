@@ -287,7 +287,7 @@ class KVAllocator:
     def can_grow(self, rids: list[int], n: int) -> bool:
         """``can_extend_all(rids, n)`` for live requests (not checked), without a per-request pass when
         every new token takes one pool slot."""
-        if self._uniform_ids(rids):
+        if (self._token_slots and not self._filling) or self._uniform_ids(rids):  # (the common case, no call)
             return n * len(rids) <= self.available()
         return self.can_extend({r: n for r in rids})
 
@@ -323,12 +323,14 @@ class KVAllocator:
     def grow_tracked(self, rids: list[int], n: int) -> None:
         """``grow(rids, n)`` where ``rids`` are the tracked requests (in the order ``grow`` would take
         them): while slots are only counted, once for all of them (each catches up when read)."""
-        if len(rids) != len(self._tracked):
-            raise ValueError(f"grow_tracked: {len(rids)} requests given, {len(self._tracked)} tracked")
-        if n <= 0 or not rids or not self._owing or not self._uniform_ids(rids):
+        k = len(rids)
+        if k != len(self._tracked):
+            raise ValueError(f"grow_tracked: {k} requests given, {len(self._tracked)} tracked")
+        if n <= 0 or not k or not self._owing or not (self._token_slots and not self._filling
+                                                      or self._uniform_ids(rids)):
             self.extend_all(rids, n)
             return
-        self._owe(len(rids), n * len(rids))
+        self._owe(k, n * k)
         self._growth.now += n
 
     def _owe(self, requests: int, total: int) -> None:

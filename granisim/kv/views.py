@@ -152,8 +152,9 @@ class AllocatorViews:
         step log records after every plan, without the dicts."""
         radix_cached, store, n = self.radix.evictable, self.store, self.counters
         cached = radix_cached.get(store.name, 0)
+        pool = store.pool  # its capacity and free count, read past the store's properties
         row = (n.hit_tokens / n.lookup_tokens if n.lookup_tokens else 0.0, n.evictions,
-               store.capacity - store.free - cached, cached)
+               pool.capacity - pool.free - cached, cached)
         hot = self.hot
         if hot is None:
             return row

@@ -1,7 +1,7 @@
 """Prefill attention alone against the same launches between a layer's GEMMs, as a step runs them.
 
     python -m gpu_backend.bench.attention_after_gemm --out OUT [--models llama-3.1-8b qwen-2.5-14b]
-        [--cases 512:0 2048:0 4096:0 8192:0 8192:8192] [--rounds 3] [--smoke]
+        [--cases 2048:0 4096:0 8192:0 8192:8192 2048:16384 512:16384] [--rounds 5] [--smoke]
 
 Inside the engine's long-prompt steps the extend attention takes 10-15% longer than the same kernel timed
 alone (``granisim validation step-parts``: 8K-token steps), while the steps' GEMMs take what their tables
@@ -44,7 +44,7 @@ from pathlib import Path
 SKIP = 4  # layers at the start of a pass that inherit the mode before
 MODES = ("flushed", "alone", "dirtied", "in_layer", "in_layer_gap")
 GAP_CYCLES = 2_000_000  # ~1 ms of spinning at up to 1980 MHz
-DEFAULT_CASES = ("512:0", "2048:0", "4096:0", "8192:0", "8192:8192")
+DEFAULT_CASES = ("2048:0", "4096:0", "8192:0", "8192:8192", "2048:16384", "512:16384")
 
 
 def _case(text: str) -> tuple[int, int]:
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--models", nargs="+", default=["llama-3.1-8b", "qwen-2.5-14b"], choices=sorted(MODELS))
     ap.add_argument("--cases", nargs="+", type=_case, default=[_case(c) for c in DEFAULT_CASES],
                     help="NEW_TOKENS:CONTEXT of one request (default: %(default)s)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-log", action="store_true", help="no nvidia-smi log")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, seconds in all (CPU too)")
     args = ap.parse_args(argv)

@@ -133,8 +133,8 @@ ENGINE_DEFAULTS: dict[str, tuple[str, str, float]] = {
     # a step's prefill and prefix attention between its GEMMs against its price (reports/validation/current_engine/
     # attn_in_step.md; fitted by granisim.validation.refit): in a step with prefill work over T new tokens, the prefill
     # attention's share over the requests' own tokens (its FLOPs' share) takes self_scale times its price, the share
-    # over cached context and the prefix passes context_scale + context_per_ktok * T / 1000 times (the GEMMs' power
-    # cap is a candidate cause of the T term: gpu_backend/bench/attention_after_gemm.py); 1, 1, 0 = priced as alone
+    # over cached context and the prefix passes context_scale + context_per_ktok * T / 1000 times (measured alone by
+    # gpu_backend/bench/attention_after_gemm.py: not L2's state; the cause is open); 1, 1, 0 = priced as alone
     "engine.attn_in_step.self_scale": ("", "pos", 1.0),
     "engine.attn_in_step.context_scale": ("", "pos", 1.0),
     "engine.attn_in_step.context_per_ktok": ("", "nonneg", 0.0),

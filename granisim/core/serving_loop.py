@@ -187,12 +187,9 @@ class ServingLoop:
         env, sched, ex, feed = self.env, self.scheduler, self.executor, self.feed
         n_done = 0
         counting = not isinstance(self._bar, NoBar)  # only a shown bar reads how many have finished
-        # a queue timeout is what can cut a fleet replica's block in advance (its arrivals come unannounced)
-        expiring = bool(sched.cfg.queue_timeout_s)
         while True:
             now = env.now
-            if expiring:
-                sched.expire(now)
+            sched.expire(now)
             plan = sched.schedule(now)
             if plan is None:
                 if not self._pending and not sched.has_work:
@@ -208,7 +205,7 @@ class ServingLoop:
             if steps > 1:
                 whole = with_steps(plan, steps)  # the plan standing for the whole block (kept if it runs whole)
                 block = ex.execute(whole)
-                cut = self._steps_until_event(block.step_durations, steps) if feed is None or expiring else steps
+                cut = self._steps_until_event(block.step_durations, steps)
                 result = block if cut == steps else None  # cut short by an event: its first steps (executor)
                 steps = cut
             start = now

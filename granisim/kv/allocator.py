@@ -272,6 +272,8 @@ class KVAllocator:
 
     def _uniform_ids(self, rids: list[int]) -> bool:
         """``_uniform`` of these live requests, from the few with a HOT slab still being filled."""
+        if self._token_slots and not self._filling:  # the common case
+            return True
         if not self._uniform(()):  # the page-size test
             return False
         filling = self._filling
@@ -287,7 +289,7 @@ class KVAllocator:
     def can_grow(self, rids: list[int], n: int) -> bool:
         """``can_extend_all(rids, n)`` for live requests (not checked), without a per-request pass when
         every new token takes one pool slot."""
-        if (self._token_slots and not self._filling) or self._uniform_ids(rids):  # (the common case, no call)
+        if self._uniform_ids(rids):
             return n * len(rids) <= self.available()
         return self.can_extend({r: n for r in rids})
 
@@ -326,8 +328,7 @@ class KVAllocator:
         k = len(rids)
         if k != len(self._tracked):
             raise ValueError(f"grow_tracked: {k} requests given, {len(self._tracked)} tracked")
-        if n <= 0 or not k or not self._owing or not (self._token_slots and not self._filling
-                                                      or self._uniform_ids(rids)):
+        if n <= 0 or not k or not self._owing or not self._uniform_ids(rids):
             self.extend_all(rids, n)
             return
         self._owe(k, n * k)

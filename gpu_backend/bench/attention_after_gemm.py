@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 SKIP = 4  # layers at the start of a pass that inherit the mode before
@@ -167,6 +168,9 @@ def _timed_pass(layer: Layer, n_layers: int, mode: str) -> tuple[list[float], li
 
 
 def run(args) -> dict:
+    import torch
+    import triton
+
     from granisim.config.models import get_model
     from granisim.validation.gpu_log import GpuLog, log_summary, read_gpu_log
 
@@ -200,7 +204,9 @@ def run(args) -> dict:
             if s.get("samples"):
                 clocks.append({"model": name, "tokens": t, "context": ctx, "mode": mode,
                                "sm_mhz_p50": s["sm_mhz_p50"], "power_w_p50": s["power_w_p50"]})
-    return {"date": datetime.now().isoformat(timespec="seconds"), "args": {k: str(v) for k, v in vars(args).items()},
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "software": f"torch {torch.__version__}, triton {triton.__version__}", "commit": os.environ.get("COMMIT", "unknown"),
+            "args": {k: str(v) for k, v in vars(args).items()},
             "rows": rows, "clocks": clocks, "log_note": log.note, "table": table(rows, clocks)}
 
 

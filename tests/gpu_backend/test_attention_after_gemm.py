@@ -7,7 +7,8 @@ import pytest
 from gpu_backend.bench.attention_after_gemm import main, parse_args, table
 
 
-def test_smoke_on_cpu(tmp_path):
+def test_smoke_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMIT", "abc1234")
     assert main(["--out", str(tmp_path), "--smoke", "--rounds", "1", "--models", "llama-3.1-8b",
                  "--cases", "8192:0"]) == 0
     res = json.load(open(tmp_path / "attention_after_gemm.json"))
@@ -16,6 +17,9 @@ def test_smoke_on_cpu(tmp_path):
     assert all(r["attn_us"] > 0 for r in res["rows"])
     assert len(res["table"]) == 1 and res["table"][0]["rounds"] == 1
     assert (tmp_path / "attention_after_gemm.md").read_text().startswith("| model |")
+    # the run names its machine and code
+    assert res["gpu"] == "cpu" and res["commit"] == "abc1234" and res["software"].startswith("torch ")
+    assert res["date"].endswith("+00:00")
 
 
 def test_ratios_pair_the_modes_of_one_round():

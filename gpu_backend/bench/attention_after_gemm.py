@@ -204,9 +204,10 @@ def run(args) -> dict:
             if s.get("samples"):
                 clocks.append({"model": name, "tokens": t, "context": ctx, "mode": mode,
                                "sm_mhz_p50": s["sm_mhz_p50"], "power_w_p50": s["power_w_p50"]})
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "software": f"torch {torch.__version__}, triton {triton.__version__}", "commit": os.environ.get("COMMIT", "unknown"),
-            "args": {k: str(v) for k, v in vars(args).items()},
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
+            "software": f"torch {torch.__version__}, triton {triton.__version__}",
+            "commit": os.environ.get("COMMIT", "unknown"), "args": {k: str(v) for k, v in vars(args).items()},
             "rows": rows, "clocks": clocks, "log_note": log.note, "table": table(rows, clocks)}
 
 

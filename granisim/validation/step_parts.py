@@ -1,13 +1,15 @@
 """Which steps and which parts a profile misprices: predicted / measured time summed by step class.
 
     granisim validation step-parts RAW/validation/runJ1 [RUN ...] [--profile h200-engine] [--unit NAME ...]
-        [--bins 512,2048] [--decode-bins 4,8,16,32,64] [--pool] [--set COEFFICIENT=VALUE ...] [--out step_parts.json]
+        [--bins 512,2048] [--decode-bins 4,8,16,32,64] [--skew-bins 1.5,2,3] [--pool] [--set COEFFICIENT=VALUE ...]
+        [--out step_parts.json]
 
 Every unit of the runs (all policies and models found) is re-priced step by step with PROFILE; its steps
 are classed as decode (no prefill work) or prefill by the step's new tokens (``--bins``; by default <= 512,
 <= 2048, more: the engine runs steps over 2048 tokens eagerly) and by how many requests prefill in it (1, 2, 3, 4 or more:
 the prefill attention launch spans them all); with ``--decode-bins``, decode steps also by their batch (requests
-decoding). ``--pool`` adds one table per model and policy over all the units' steps together (``--pool machine``:
+decoding), and with ``--skew-bins`` by their batch's skew (its longest context over the mean: a batch of one long
+request among short ones splits its KV unevenly). ``--pool`` adds one table per model and policy over all the units' steps together (``--pool machine``:
 per machine, model and policy). Per unit and class: the steps, the measured seconds, and
 predicted / measured of the step and of each part summed over the class's steps (1.00: priced right on
 the whole; below 1: the profile is optimistic), and the median over its steps of |predicted / measured - 1|
@@ -46,30 +48,47 @@ TOKEN_BINS = token_bins()
 
 
 def step_class(tokens: int, prefill_requests: int, bins=TOKEN_BINS, batch: int = 0,
-               decode_edges: tuple[int, ...] = ()) -> tuple[tuple[int, int], str]:
+               decode_edges: tuple[int, ...] = (), skew: float = 1.0,
+               skew_edges: tuple[float, ...] = ()) -> tuple[tuple[int, ...], str]:
     """(sort key, label): 'decode' (with ``decode_edges``: 'decode, <lo>-<hi> req' by the step's ``batch``, the
-    last bin open), or 'prefill <bin> tokens, <n> req' (n capped at '4+') (pure)."""
+    last bin open; with ``skew_edges``, then ', skew <= <e>' by the batch's ``skew``, its longest context over
+    the mean, the last bin open), or 'prefill <bin> tokens, <n> req' (n capped at '4+') (pure)."""
     if prefill_requests == 0:
-        if not decode_edges:
-            return (0, 0), "decode"
-        lo = 1
-        for i, hi in enumerate(decode_edges):
-            if batch <= hi:
-                return (0, i), f"decode, {lo}-{hi} req"
-            lo = hi + 1
-        return (0, len(decode_edges)), f"decode, > {decode_edges[-1]} req"
+        key, label = (0, 0), "decode"
+        if decode_edges:
+            lo = 1
+            for i, hi in enumerate(decode_edges):
+                if batch <= hi:
+                    key, label = (0, i), f"decode, {lo}-{hi} req"
+                    break
+                lo = hi + 1
+            else:
+                key, label = (0, len(decode_edges)), f"decode, > {decode_edges[-1]} req"
+        if skew_edges:
+            j = next((j for j, e in enumerate(skew_edges) if skew <= e), len(skew_edges))
+            key = (*key, j)
+            label += f", skew <= {skew_edges[j]:g}" if j < len(skew_edges) else f", skew > {skew_edges[-1]:g}"
+        return key, label
     i, label = next((i, label) for i, (hi, label) in enumerate(bins) if tokens <= hi)
     n = min(prefill_requests, 4)
     return (i + 1, n), f"prefill {label} tokens, {n if n < 4 else '4+'} req"
 
 
-def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS, decode_edges: tuple[int, ...] = ()) -> pd.DataFrame:
+def batch_skew(plan) -> float:
+    """A decode step's longest context over its mean, in tokens each decoding request reads (1: all alike)."""
+    lens = [r.context_len + 1 for r in plan.requests if not r.is_prefill]
+    return max(lens) * len(lens) / sum(lens) if lens else 1.0
+
+
+def class_table(steps: pd.DataFrame, plans: list, bins=TOKEN_BINS, decode_edges: tuple[int, ...] = (),
+                skew_edges: tuple[float, ...] = ()) -> pd.DataFrame:
     """Per step class of re-priced ``steps`` (and their ``plans``): steps, measured seconds, and predicted /
     measured of the total and of each part (NaN where the class measured none of it)."""
     n_pf = [sum(1 for r in p.requests if r.is_prefill) for p in plans]
     batch = steps["batch"] if decode_edges else pd.Series(0, index=steps.index)
-    cls = pd.Series([step_class(int(t), n, bins, int(b), decode_edges)
-                     for t, n, b in zip(steps["tokens"], n_pf, batch)], index=steps.index)
+    skew = [batch_skew(p) if skew_edges and not n else 1.0 for p, n in zip(plans, n_pf)]
+    cls = pd.Series([step_class(int(t), n, bins, int(b), decode_edges, k, skew_edges)
+                     for t, n, b, k in zip(steps["tokens"], n_pf, batch, skew)], index=steps.index)
     parts = [k for k in BREAKDOWN_KEYS if f"measured_{k}" in steps and f"predicted_{k}" in steps]
     rows = []
     for (_, c), g in steps.groupby(cls, sort=True):
@@ -110,6 +129,18 @@ def _edges(flag: str, text: str, what: str) -> tuple[int, ...]:
     return edges
 
 
+def _skew_edges(text: str) -> tuple[float, ...]:
+    """Ascending numbers >= 1 from 'a,b,c' (a batch's skew is at least 1), or ValueError naming the flag and value."""
+    try:
+        edges = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        edges = ()
+    if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or not edges[0] >= 1 or not math.isfinite(edges[-1]):
+        raise ValueError(f"--skew-bins {text!r}: give ascending numbers of 1 or more (longest context over the mean), "
+                         "e.g. 1.5,2,3")
+    return edges
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = OneLineParser(prog="granisim validation step-parts", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run folders (each holding h200_run/ or the units)")
@@ -123,12 +154,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="prefill steps' token bins, their upper edges ascending (default 512,2048)")
     ap.add_argument("--decode-bins", default="",
                     help="decode steps' batch bins, their upper edges ascending (e.g. 4,8,16,32,64; default: one class)")
+    ap.add_argument("--skew-bins", default="",
+                    help="decode steps also by their batch's skew, the longest context over the mean, the bins' upper "
+                         "edges ascending (e.g. 1.5,2,3; default: not split)")
     ap.add_argument("--pool", nargs="?", const="policy", choices=("policy", "machine"),
                     help="also one table per model and policy (or per machine, model and policy: --pool machine), "
                          "the units' steps pooled")
     args = ap.parse_args(argv)
     edges = _edges("--bins", args.bins, "tokens, e.g. 512,2048")
     decode_edges = _edges("--decode-bins", args.decode_bins, "requests, e.g. 4,8,16,32,64") if args.decode_bins else ()
+    skew_edges = _skew_edges(args.skew_bins) if args.skew_bins else ()
     values = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -148,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.unit and name not in args.unit:
             continue
         priced = reprice(steps, plans, prof, get_model(model))
-        table = class_table(priced, plans, token_bins(edges), decode_edges)
+        table = class_table(priced, plans, token_bins(edges), decode_edges, skew_edges)
         doc["units"][unit] = table.to_dict(orient="records")
         print(format_table(unit, table) + "\n")
         if args.pool:
@@ -162,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         doc["pooled"] = {}
         for key, parts in sorted(pools.items()):
             table = class_table(pd.concat([s for s, _ in parts], ignore_index=True), [p for _, ps in parts for p in ps],
-                                token_bins(edges), decode_edges)
+                                token_bins(edges), decode_edges, skew_edges)
             doc["pooled"][key] = {"units": len(parts), "classes": table.to_dict(orient="records")}
             print(format_table(f"pooled: {key} ({len(parts)} units)", table) + "\n")
     if args.out:

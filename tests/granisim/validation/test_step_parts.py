@@ -112,6 +112,36 @@ def test_decode_bins_split_the_decode_class_by_each_steps_batch():
     assert pooled.set_index("class").loc["decode, > 32 req", "total"] == pytest.approx(8.0 / 8.0)
 
 
+def test_skew_bins_split_decode_steps_by_their_longest_context_over_the_mean():
+    """Two decode steps of 4 requests, one of equal contexts (skew 1) and one with a request 5x the others'
+    (skew 2.5): one class each under --skew-bins, after the batch bin; prefill steps are not split. Planted bugs
+    caught: the skew of all requests counting prefill rows, a max over min instead of over the mean."""
+    def plan(ctxs, n_prefill=0):
+        reqs = [SimpleNamespace(is_prefill=True, context_len=0)] * n_prefill + \
+            [SimpleNamespace(is_prefill=False, context_len=c - 1) for c in ctxs]
+        return SimpleNamespace(requests=reqs)
+
+    from granisim.validation.step_parts import batch_skew
+    assert batch_skew(plan([100, 100, 100, 100])) == pytest.approx(1.0)
+    assert batch_skew(plan([500, 100, 100, 100])) == pytest.approx(500 / 200)
+    assert batch_skew(plan([500, 100, 100, 100], n_prefill=3)) == pytest.approx(2.5)
+    steps = pd.DataFrame({"tokens": [4, 4, 300], "batch": [4, 4, 4], "measured_s": [1.0, 1.0, 1.0],
+                          "predicted_s": [1.0, 0.8, 1.0]})
+    plans = [plan([100] * 4), plan([500, 100, 100, 100]), plan([100] * 3, n_prefill=1)]
+    t = class_table(steps, plans, decode_edges=(8,), skew_edges=(1.5, 2)).set_index("class")
+    assert t.loc["decode, 1-8 req, skew <= 1.5", "total"] == pytest.approx(1.0)
+    assert t.loc["decode, 1-8 req, skew > 2", "total"] == pytest.approx(0.8)
+    assert "prefill <= 512 tokens, 1 req" in t.index
+    assert step_class(4, 0, skew=1.7, skew_edges=(1.5, 2))[1] == "decode, skew <= 2"
+
+
+@pytest.mark.parametrize("value", ["2,1.5", "x", "0.5,2", "1,inf"])
+def test_bad_skew_bins_are_one_line_and_exit_2(tmp_path, capsys, value):
+    assert main(["validation", "step-parts", str(tmp_path), "--skew-bins", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --skew-bins {value!r}: give ascending numbers") and "\n" not in err
+
+
 @pytest.mark.parametrize("flag,value", [("--decode-bins", "8,4"), ("--decode-bins", "x"), ("--bins", "0,512")])
 def test_bad_bins_are_one_line_and_exit_2(tmp_path, capsys, flag, value):
     assert main(["validation", "step-parts", str(tmp_path), flag, value]) == 2

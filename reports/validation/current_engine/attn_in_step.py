@@ -11,7 +11,9 @@ re-priced with the profile as it is and without the scales; per run, model and b
 the steps, and price / measured of their prefill and prefix attention summed (1: priced right; below 1: the
 engine's attention took longer than priced), and the scales fitted on that run and model alone
 (granisim.validation.refit.fit_attn_in_step); then, over all the runs, the same by bin of step tokens and of the
-cached context the prefilling requests read (their mean, weighted by their new tokens). Needs no GPU.
+cached context the prefilling requests read (their mean, weighted by their new tokens). And per run and model, the
+decode attention of the same steps where it reads short contexts (every policy's `control_short`, granikv's suffixes
+everywhere): its measured time less its price, per 1,000 step tokens and per layer (``decode_extra``). Needs no GPU.
 """
 from __future__ import annotations
 
@@ -51,7 +53,10 @@ def prefill_steps(run: Path, profile) -> pd.DataFrame:
                            **{f"predicted_{k}": b[f"predicted_{k}"] for k in PARTS},
                            "measured": sum(a[f"measured_{k}"] for k in PARTS),
                            "without": sum(b[f"predicted_{k}"] for k in PARTS),
-                           "with": sum(a[f"predicted_{k}"] for k in PARTS)})
+                           "with": sum(a[f"predicted_{k}"] for k in PARTS),
+                           "short_decode": unit.split("/", 1)[1].startswith("control_short_") or "_granikv_" in unit,
+                           "measured_attn_decode": a["measured_attn_decode"],
+                           "predicted_attn_decode": a["predicted_attn_decode"]})
         rows.append(df[df.prefill_requests > 0])
     out = pd.concat(rows, ignore_index=True)
     return out.assign(token_bin=pd.cut(out.tokens, BINS, labels=TOKEN_LABELS),
@@ -81,6 +86,17 @@ def by_context(steps: pd.DataFrame) -> list[dict]:
             for (model, tok, c), g in steps.groupby(["model", "token_bin", "context_bin"], observed=True)]
 
 
+def decode_extra(steps: pd.DataFrame) -> list[dict]:
+    """Per model, over the steps whose decode reads short contexts: the decode attention's measured time less its
+    price, in ms per 1,000 step tokens and in us per layer per 1,000 tokens (pure but for the model's layers)."""
+    out = []
+    for model, g in steps[steps.short_decode].groupby("model"):
+        per_ktok_ms = float((g.measured_attn_decode - g.predicted_attn_decode).sum() / g.tokens.sum() * 1e6)
+        out.append({"model": model, "steps": int(len(g)), "ms_per_1k_tokens": round(per_ktok_ms, 4),
+                    "us_per_layer_per_1k_tokens": round(per_ktok_ms * 1e3 / get_model(model).num_layers, 3)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="RUN=PROFILE")
@@ -93,7 +109,8 @@ def main(argv=None) -> int:
         steps = prefill_steps(Path(run), profile)
         pooled.append(steps)
         scales = {k.rsplit(".", 1)[1]: profile[k] for k in IN_STEP_KEYS}
-        doc[Path(run).name] = {"profile": Path(prof).name, "scales": scales, "rows": table(steps)}
+        doc[Path(run).name] = {"profile": Path(prof).name, "scales": scales, "rows": table(steps),
+                               "decode_extra": decode_extra(steps)}
         print(f"{Path(run).name} ({Path(prof).name}: " + ", ".join(f"{k} {v:.4f}" for k, v in scales.items()) + ")")
         print("| model | step tokens | steps | price / measured without | with |")
         print("| --- | --- | ---: | ---: | ---: |")
@@ -103,6 +120,9 @@ def main(argv=None) -> int:
                     f"{k} {v:.4f}" for k, v in r["fit"].items()) + " | |")
             else:
                 print(f"| {r['model']} | {r['tokens']} | {r['steps']} | {r['without']:.3f} | {r['with']:.3f} |")
+        for r in doc[Path(run).name]["decode_extra"]:
+            print(f"{r['model']}: short-context decode in these steps {r['ms_per_1k_tokens']:.3f} ms over its price per "
+                  f"1,000 step tokens ({r['us_per_layer_per_1k_tokens']:.2f} us a layer; {r['steps']} steps)")
     doc["by_context"] = by_context(pd.concat(pooled, ignore_index=True))
     print("all runs, by cached context")
     print("| model | step tokens | cached context | steps | price / measured without | with |")

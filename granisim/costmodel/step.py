@@ -416,10 +416,8 @@ class StepPricing:
                 b = (toks * inv_priv + shared_eff) * b_tok + qo
                 d = (b if b > a else a) + launch
             h = host0 + per_tok * (host_tok + n_dec * s) + per_pass
-            if kv_copy and not s:  # the first step's copies: (t + kv_copy) + h (adding 0.0 to t changes nothing)
-                t = base + d + prefix + merge + kv_write + kv_copy + h
-            else:
-                t = base + d + prefix + merge + kv_write + h
+            # the first step's copies (adding 0.0 to the others changes nothing)
+            t = base + d + prefix + merge + kv_write + (0.0 if s else kv_copy) + h
             dec.append(d)
             host.append(h)
             steps.append(t)

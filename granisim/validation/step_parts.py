@@ -56,22 +56,23 @@ def step_class(tokens: int, prefill_requests: int, bins=TOKEN_BINS, batch: int =
     if prefill_requests == 0:
         key, label = (0, 0), "decode"
         if decode_edges:
-            lo = 1
-            for i, hi in enumerate(decode_edges):
-                if batch <= hi:
-                    key, label = (0, i), f"decode, {lo}-{hi} req"
-                    break
-                lo = hi + 1
-            else:
-                key, label = (0, len(decode_edges)), f"decode, > {decode_edges[-1]} req"
+            i = _bin(batch, decode_edges)
+            lo = decode_edges[i - 1] + 1 if i else 1
+            key = (0, i)
+            label += f", {lo}-{decode_edges[i]} req" if i < len(decode_edges) else f", > {decode_edges[-1]} req"
         if skew_edges:
-            j = next((j for j, e in enumerate(skew_edges) if skew <= e), len(skew_edges))
+            j = _bin(skew, skew_edges)
             key = (*key, j)
             label += f", skew <= {skew_edges[j]:g}" if j < len(skew_edges) else f", skew > {skew_edges[-1]:g}"
         return key, label
     i, label = next((i, label) for i, (hi, label) in enumerate(bins) if tokens <= hi)
     n = min(prefill_requests, 4)
     return (i + 1, n), f"prefill {label} tokens, {n if n < 4 else '4+'} req"
+
+
+def _bin(x: float, edges) -> int:
+    """The index of the first upper edge ``x`` does not exceed (``len(edges)``: past the last, the open bin)."""
+    return next((i for i, e in enumerate(edges) if x <= e), len(edges))
 
 
 def batch_skew(plan) -> float:
@@ -118,26 +119,15 @@ def format_table(unit: str, table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-def _edges(flag: str, text: str, what: str) -> tuple[int, ...]:
-    """Ascending whole numbers >= 1 from 'a,b,c', or ValueError naming the flag and value."""
+def _edges(flag: str, text: str, what: str, kind=int) -> tuple:
+    """Ascending finite numbers >= 1 of ``kind`` from 'a,b,c', or ValueError naming the flag and value."""
     try:
-        edges = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        edges = ()
-    if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] < 1:
-        raise ValueError(f"{flag} {text!r}: give ascending whole numbers of {what}")
-    return edges
-
-
-def _skew_edges(text: str) -> tuple[float, ...]:
-    """Ascending numbers >= 1 from 'a,b,c' (a batch's skew is at least 1), or ValueError naming the flag and value."""
-    try:
-        edges = tuple(float(x) for x in text.split(","))
+        edges = tuple(kind(x) for x in text.split(","))
     except ValueError:
         edges = ()
     if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or not edges[0] >= 1 or not math.isfinite(edges[-1]):
-        raise ValueError(f"--skew-bins {text!r}: give ascending numbers of 1 or more (longest context over the mean), "
-                         "e.g. 1.5,2,3")
+        numbers = "whole numbers" if kind is int else "numbers"
+        raise ValueError(f"{flag} {text!r}: give ascending {numbers} of {what}")
     return edges
 
 
@@ -163,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     edges = _edges("--bins", args.bins, "tokens, e.g. 512,2048")
     decode_edges = _edges("--decode-bins", args.decode_bins, "requests, e.g. 4,8,16,32,64") if args.decode_bins else ()
-    skew_edges = _skew_edges(args.skew_bins) if args.skew_bins else ()
+    skew_edges = _edges("--skew-bins", args.skew_bins, "1 or more (longest context over the mean), e.g. 1.5,2,3",
+                        float) if args.skew_bins else ()
     values = {}
     for item in args.set:
         name, _, value = item.partition("=")

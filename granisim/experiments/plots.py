@@ -45,6 +45,14 @@ def plot_cdf(ax, values, label):
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
 
 
+def legend_or_note(ax, note: str = "no completed requests", **legend) -> None:
+    """``ax``'s legend, or ``note`` where it has no curve (an empty legend would only warn)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**legend)
+    else:
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
+
+
 def cdf_panel(ax, curves, xlabel: str, fontsize: int) -> None:
     """CDFs of several (values, label) curves on a log x axis, with a legend."""
     for values, label in curves:
@@ -52,7 +60,7 @@ def cdf_panel(ax, curves, xlabel: str, fontsize: int) -> None:
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("CDF")
-    ax.legend(fontsize=fontsize)
+    legend_or_note(ax, fontsize=fontsize)
 
 
 def latency_axis(ax, *arrays, which: str = "x") -> None:
@@ -204,10 +212,7 @@ def plot_compare(summaries: dict[str, dict], reqs: dict[str, pd.DataFrame], out:
         latency_axis(ax, *[reqs[n].loc[reqs[n].status == "completed", col].to_numpy() for n in names])
         ax.set_xlabel(lab)
         ax.set_ylabel("fraction of completed requests")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-        else:  # no policy completed a request: say so rather than draw an empty legend
-            ax.text(0.5, 0.5, "no completed requests", ha="center", va="center", transform=ax.transAxes)
+        legend_or_note(ax)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     save_figure(fig, out / "compare.png")

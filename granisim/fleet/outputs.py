@@ -31,18 +31,17 @@ def fleet_steps(result) -> pd.DataFrame:
     frames = []
     for rep in result.replicas:
         f = rep.steps_frame()
-        if len(f):
-            f.insert(0, "replica", rep.index)
-            frames.append(f)
-    if not frames:
-        return pd.DataFrame()
-    steps = pd.concat(frames, ignore_index=True)
+        f.insert(0, "replica", rep.index)
+        frames.append(f)
+    if not any(len(f) for f in frames):  # no step anywhere: the columns alone
+        return frames[0]
+    steps = pd.concat([f for f in frames if len(f)], ignore_index=True)
     return steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
 
 
 def _replica_summary(rep, reqs: pd.DataFrame, steps: pd.DataFrame, end_s: float) -> dict:
     mine = reqs[reqs.replica == rep.index]
-    own = steps[steps.replica == rep.index] if len(steps) else steps
+    own = steps[steps.replica == rep.index]
     s = summarize(mine, own, end_s)
     t = rep.totals
     setup = rep.spec.setup
@@ -77,7 +76,7 @@ def write_fleet_outputs(result, out: Path, meta: dict | None = None, plots: bool
     reqs.to_parquet(out / "requests.parquet", index=False)
     steps.to_parquet(out / "steps.parquet", index=False)
     (out / "summary.json").write_text(summary_json(summary))
-    if plots and len(steps):
+    if plots:
         from granisim.fleet.plots import fleet_trace, plot_fleet
 
         plot_fleet(reqs, steps, out, title=f"{meta.get('scenario', 'fleet') if meta else 'fleet'} ({result.router})")

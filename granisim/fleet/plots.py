@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from granisim.experiments.plots import cdf_panel, plt, save_figure
+from granisim.experiments.plots import cdf_panel, legend_or_note, plt, save_figure
 
 
 def plot_fleet(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "") -> Path:
@@ -26,7 +26,7 @@ def plot_fleet(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = 
                               "requests finished")):
         ax.set_ylabel(lab)
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper right", fontsize=7, ncol=4)
+    legend_or_note(axes[0], "no steps", loc="upper right", fontsize=7, ncol=4)
     axes[-1].set_xlabel("time (s)")
     axes[0].set_title(f"Per replica — {title}")
     path = save_figure(fig, out / "replicas.png")

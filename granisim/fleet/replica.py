@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import simpy
 
+from granisim.core.metrics import StepLog
 from granisim.core.serving_loop import ServingLoop
 from granisim.fleet.views import LoadCache, ReplicaView, RoleCache, replica_view
 
@@ -121,6 +122,8 @@ class Replica:
         self._proc = None
 
     def steps_frame(self) -> pd.DataFrame:
-        if not self._frames:
-            return pd.DataFrame()
+        if not self._frames:  # no step ran: the step log's columns alone
+            frame = StepLog().frame()
+            frame.insert(0, "incarnation", [])
+            return frame
         return pd.concat(self._frames, ignore_index=True)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 
 import pandas as pd
 import pytest
@@ -332,3 +333,18 @@ def test_a_slabs_tier_is_checked_against_the_policies_replicas_run(tmp_path, cap
     assert main(["run", path, "--out", str(tmp_path / "o")]) == (0 if ok else 2)
     err = capsys.readouterr().err.strip()
     assert ok or (len(err.splitlines()) == 1 and blamed in err), err
+
+
+def test_a_fleet_that_finishes_nothing_still_plots_without_warnings(tmp_path):
+    """Its only replica fails before the first step: every request is rejected, the steps table has its columns
+    and no row, and the plots say so instead of warning about empty legends (matplotlib's UserWarning on the
+    user's terminal). It used to write a steps table without columns and no plots, while saying it wrote them."""
+    path = write(tmp_path, TOML + "[fleet]\nreplicas = 1\n[[fleet.faults]]\nreplica = 0\nat_s = 0.0\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["run", path, "--out", str(tmp_path / "o")]) == 0
+    reqs = pd.read_parquet(tmp_path / "o" / "requests.parquet")
+    assert (reqs.status == "rejected").all() and len(reqs) == 12
+    steps = pd.read_parquet(tmp_path / "o" / "steps.parquet")
+    assert len(steps) == 0 and {"replica", "incarnation", "start_s", "duration_s"} <= set(steps.columns)
+    assert (tmp_path / "o" / "replicas.png").exists() and (tmp_path / "o" / "ttft_by_replica.png").exists()

@@ -41,6 +41,20 @@ def test_every_coefficient_has_a_valid_source(name):
         assert get_profile(name).kernel_table.source.kind == "measured"
 
 
+@pytest.mark.parametrize("name,base", [("h200-engine", "h200"), ("h100-engine", "h100-sxm")])
+def test_engine_profiles_stand_on_their_gpus_measured_profile(name, base):
+    """An engine profile is its GPU's measured profile plus the engine's corrections, each with its source."""
+    raw = json.loads((PROFILE_DIR / f"{name}.json").read_text())
+    p, b = get_profile(name), get_profile(base)
+    assert raw["base"]["profile"] == base and p.gpu == b.gpu
+    assert raw["coefficients"] and all(k.startswith(("engine.", "overhead.", "attn.", "host."))
+                                       for k in raw["coefficients"])
+    for key in raw["coefficients"]:
+        s = p.coefficients[key].source
+        assert (s.kind == "measured" and s.date and s.command) or (s.kind == "extrapolated" and s.from_ and s.how), key
+    assert p.bf16_flops == b.bf16_flops and p.linear_table == b.linear_table  # the base's measurements, unchanged
+
+
 def test_datasheet_values():
     """a100: datasheet; h200: measured (the calibration run); h100-sxm, b200: the measured h200 scaled by
     datasheet ratios (python -m granisim.calibration.shipped)."""

@@ -2,11 +2,11 @@
 without the scales engine.attn_in_step.*.
 
     python reports/validation/current_engine/attn_in_step.py RAW/validation/runZ3=h200-engine \\
-        RAW/validation/h100_Z4=h100-engine.json RAW/validation/h100_Z2=h100-engine.json \\
+        RAW/validation/h100_Z4=h100-carried.json RAW/validation/h100_Z2=h100-carried.json \\
         --out reports/validation/current_engine/attn_in_step.json
 
-Each RUN=PROFILE pair is a validation run folder and the profile that prices it (``h100-engine.json``: `granisim
-profile carry h200-engine --onto h100-sxm --out h100-engine.json`). Every step with prefill work of every unit is
+Each RUN=PROFILE pair is a validation run folder and the profile that prices it (``h100-carried.json``: `granisim
+profile carry h200-engine --onto h100-sxm --out h100-carried.json`). Every step with prefill work of every unit is
 re-priced with the profile as it is and without the scales; per run, model and bin of the step's new tokens:
 the steps, and price / measured of their prefill and prefix attention summed (1: priced right; below 1: the
 engine's attention took longer than priced), and the scales fitted on that run and model alone

@@ -117,3 +117,15 @@ def test_a_good_section_loads_and_is_described(tmp_path):
     assert prof.step_classes.for_model("qwen-2.5-14b")["paged16"]["prefill <=8191 x2 fresh"] == 1.08
     assert prof.step_classes.for_model("llama-3.1-8b") is None
     assert "step_classes: 1 factors for qwen-2.5-14b" in prof.describe()
+
+
+@pytest.mark.parametrize("name,base", [("h200-engine-steps", "h200-engine"), ("h100-engine-steps", "h100-engine")])
+def test_a_shipped_step_class_profile_is_its_engine_profile_times_its_factors(name, base):
+    """Made from its GPU's engine profile and nothing else: a step of a class with a factor costs the factor times
+    the engine profile's price."""
+    raw = json.loads((PROFILE_DIR / f"{name}.json").read_text())
+    assert raw["base"]["profile"] == base and not raw.get("coefficients")
+    prof, eng = get_profile(name), get_profile(base)
+    factor = prof.step_classes.factors["llama-3.1-8b"]["granikv"]["decode 1-4"]
+    assert step_cost(_decode(3), prof, LLAMA).duration_s == pytest.approx(
+        factor * step_cost(_decode(3), eng, LLAMA).duration_s, rel=1e-12)

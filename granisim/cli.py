@@ -244,12 +244,19 @@ def cmd_bench(args) -> int:
 def cmd_profile(args) -> int:
     from granisim.config.hardware import get_profile
 
+    if (args.name is None) != (args.action == "list"):
+        raise ScenarioError(f"profile {args.action}: " + ("takes no profile name" if args.action == "list"
+                                                          else "give a profile name or JSON file"))
     writes = args.action in ("derive", "carry")
     if (args.out is not None) != writes:
         raise ScenarioError(f"profile {args.action}: --out FILE.json goes with derive and carry, and they need it")
     if (args.onto is not None) != (args.action == "carry"):
         raise ScenarioError("profile carry ENGINE --onto BASE --out FILE.json: --onto goes with carry, and it needs it")
-    if args.action == "show":
+    if args.action == "list":
+        from granisim.config.hardware import profiles_table
+
+        print(profiles_table())
+    elif args.action == "show":
         print(get_profile(args.name).describe())
     elif args.action == "derive":
         _derive_profile(args.name, Path(args.out))
@@ -527,10 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--router", default="round_robin", help="sim: the fleet cases' router (round_robin, cache_aware)")
     b.set_defaults(fn=cmd_bench)
     pr = sub.add_parser("profile", help="hardware profiles")
-    pr.add_argument("action", choices=["show", "check", "derive", "carry"],
-                    help="derive: write a profile made from NAME (--out FILE.json) that holds only what you change; "
-                         "carry: write engine profile NAME's corrections on another GPU's profile (--onto)")
-    pr.add_argument("name", help="profile name or JSON file")
+    pr.add_argument("action", choices=["list", "show", "check", "derive", "carry"],
+                    help="list: the shipped profiles, a line each; derive: write a profile made from NAME "
+                         "(--out FILE.json) that holds only what you change; carry: write engine profile NAME's "
+                         "corrections on another GPU's profile (--onto)")
+    pr.add_argument("name", nargs="?", help="profile name or JSON file (every action but list)")
     pr.add_argument("--out", help="derive, carry: the profile file to write")
     pr.add_argument("--onto", help="carry: the microbenchmark profile of the GPU to carry to (e.g. h100-sxm)")
     pr.set_defaults(fn=cmd_profile)

@@ -359,6 +359,22 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
 
 
+def profiles_table() -> str:
+    """The shipped profiles, one line each: GPU, the profile it is made from, its coefficients' sources by kind,
+    whether it holds the real engine's corrections, and the models its step-class factors cover."""
+    rows = [("profile", "GPU", "made from", "coefficients", "engine corrections", "step classes")]
+    for name in available_profiles():
+        p = get_profile(name)
+        kinds: dict[str, int] = {}
+        for c in p.coefficients.values():
+            kinds[c.source.kind] = kinds.get(c.source.kind, 0) + 1
+        rows.append((name, p.gpu, p.base or "-", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
+                     "yes" if any(k.startswith("engine.") for k in p.coefficients) else "-",
+                     ", ".join(sorted(p.step_classes.factors)) if p.step_classes else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
 def with_values(profile: HardwareProfile, values: Mapping[str, float], where: str = "--set") -> HardwareProfile:
     """``profile`` with some coefficients set by hand (a what-if), each checked against its rule like a profile
     file's; their source says they were set, from which profile. A bad name or value is a ProfileError naming

@@ -227,3 +227,24 @@ def test_measured_shape_round_trips_a_model_and_shards_like_it():
     assert s.table_shape() == m.table_shape() and s.num_layers == 1
     assert s.shard(4).table_shape() == m.shard(4).table_shape()
     assert s.shard(8).vocab_per_gpu == m.shard(8).vocab_per_gpu == -(-m.vocab // 8)
+
+
+def test_profile_list_names_every_shipped_profile_and_what_it_is(capsys):
+    """`granisim profile list`: a line per shipped profile with its GPU, its base, its sources by kind, whether it
+    holds engine corrections and which models its step classes cover; a name with `list`, or none with another
+    action, is one line and exit 2."""
+    from granisim.cli import main
+
+    assert main(["profile", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {ln.split()[0]: ln for ln in lines[1:]}
+    assert lines[0].split()[0] == "profile" and sorted(rows) == available_profiles()
+    assert "h100-sxm" in rows["h100-engine"] and "yes" in rows["h100-engine"]
+    assert rows["h100-engine-steps"].endswith("llama-3.1-8b, qwen-2.5-14b")
+    assert rows["h200-engine-steps"].endswith("llama-3.1-8b") and rows["h200"].rstrip().endswith("-")
+    assert "published" in rows["a100-80gb"] and "measured" not in rows["a100-80gb"]
+    for argv, msg in ((["profile", "list", "h200"], "takes no profile name"),
+                      (["profile", "show"], "give a profile name or JSON file")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and msg in err

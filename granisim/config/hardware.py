@@ -40,6 +40,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import Counter
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -365,9 +366,7 @@ def profiles_table() -> str:
     rows = [("profile", "GPU", "made from", "coefficients", "engine corrections", "step classes")]
     for name in available_profiles():
         p = get_profile(name)
-        kinds: dict[str, int] = {}
-        for c in p.coefficients.values():
-            kinds[c.source.kind] = kinds.get(c.source.kind, 0) + 1
+        kinds = Counter(c.source.kind for c in p.coefficients.values())
         rows.append((name, p.gpu, p.base or "-", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
                      "yes" if any(k.startswith("engine.") for k in p.coefficients) else "-",
                      ", ".join(sorted(p.step_classes.factors)) if p.step_classes else "-"))

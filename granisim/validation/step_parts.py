@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from pathlib import Path
 
 import numpy as np
@@ -56,23 +57,18 @@ def step_class(tokens: int, prefill_requests: int, bins=TOKEN_BINS, batch: int =
     if prefill_requests == 0:
         key, label = (0, 0), "decode"
         if decode_edges:
-            i = _bin(batch, decode_edges)
+            i = bisect_left(decode_edges, batch)  # the first upper edge >= batch; past the last: the open bin
             lo = decode_edges[i - 1] + 1 if i else 1
             key = (0, i)
             label += f", {lo}-{decode_edges[i]} req" if i < len(decode_edges) else f", > {decode_edges[-1]} req"
         if skew_edges:
-            j = _bin(skew, skew_edges)
+            j = bisect_left(skew_edges, skew)
             key = (*key, j)
             label += f", skew <= {skew_edges[j]:g}" if j < len(skew_edges) else f", skew > {skew_edges[-1]:g}"
         return key, label
     i, label = next((i, label) for i, (hi, label) in enumerate(bins) if tokens <= hi)
     n = min(prefill_requests, 4)
     return (i + 1, n), f"prefill {label} tokens, {n if n < 4 else '4+'} req"
-
-
-def _bin(x: float, edges) -> int:
-    """The index of the first upper edge ``x`` does not exceed (``len(edges)``: past the last, the open bin)."""
-    return next((i for i, e in enumerate(edges) if x <= e), len(edges))
 
 
 def batch_skew(plan) -> float:

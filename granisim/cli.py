@@ -44,6 +44,10 @@ def cmd_run(args) -> int:
     if args.sensitivity is not None and args.executor == "gpu":
         raise ScenarioError(f"--sensitivity {args.sensitivity}: scales the cost model's step times; "
                             f"--executor gpu measures them")
+    if args.sensitivity is not None:  # its scaled scenarios checked before the base run
+        from granisim.experiments.sensitivity import scaled_scenarios
+
+        scaled_scenarios(scenario, args.scenario, args.sensitivity)
     summary = run_one(scenario, args.scenario, out, make_executor=make)
     if scenario.fleet is not None:
         from granisim.fleet.outputs import fleet_table

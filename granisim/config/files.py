@@ -34,6 +34,8 @@ class OneLineParser(argparse.ArgumentParser):
 def out_folder(given: str | Path | None, default: str | Path | None = None) -> Path:
     """The folder a command writes into (``--out``, else ``default``); a file there is refused (ValueError, one
     line) before anything runs, not when the outputs are written; so is a file where a folder above it goes."""
+    if given is not None and not str(given).strip():  # Path('') is the current folder: never meant
+        raise ValueError(f"--out {str(given)!r}: empty; give a folder to write into")
     out = Path(given or default)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: a file is there; give a folder to write into")

@@ -32,7 +32,8 @@ be (``attn.form = 2`` needs all of them); nothing else. A coefficient's ``source
 * ``{"kind": "published", "citation": ...}`` (+ optional note)
 * ``{"kind": "extrapolated", "from": ..., "how": ...}`` (+ optional note)
 
-A bad file raises :class:`ProfileError` with one line naming the file, the field and the value.
+Values are finite and within each coefficient's rule; a rate (``B/s``, ``FLOP/s``) is at least
+:data:`MIN_RATE`. A bad file raises :class:`ProfileError` with one line naming the file, the field and the value.
 """
 
 from __future__ import annotations
@@ -97,12 +98,18 @@ def _source(m: BaseModel) -> Source:
     return Source("measured", date=m.date, command=m.command, note=m.note, extra=MappingProxyType(extra))
 
 
-def _check_value(file: Path | str, name: str, value: float, rule: str) -> None:
+MIN_RATE = 1e6  # a bandwidth (B/s) or compute rate (FLOP/s) below it prices a step past any simulated clock
+
+
+def _check_value(file: Path | str, name: str, value: float, rule: str, unit: str = "") -> None:
     field = f"coefficients.{name}.value"
     if isinstance(value, bool) or not math.isfinite(value):
         raise _fail(file, field, value, "must be a finite number")
     if rule == "pos" and value <= 0:
         raise _fail(file, field, value, "must be > 0")
+    if unit in ("B/s", "FLOP/s") and value < MIN_RATE:
+        raise _fail(file, field, value, f"a rate below {MIN_RATE:g} {unit} (the slowest GPU or link moves "
+                                        f"gigabytes a second)")
     if rule == "nonneg" and value < 0:
         raise _fail(file, field, value, "must be >= 0")
     if rule == "frac" and not 0 < value <= 1:
@@ -245,7 +252,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
         c = m.coefficients.get(name)
         if c is None:
             continue
-        _check_value(path, name, c.value, rule)
+        _check_value(path, name, c.value, rule, unit)
         if c.unit != unit:
             raise _fail(path, f"coefficients.{name}.unit", c.unit, f"must be {unit!r}")
         coefs[name] = Coefficient(float(c.value), unit, _source(c.source))
@@ -384,7 +391,7 @@ def with_values(profile: HardwareProfile, values: Mapping[str, float], where: st
         if name not in rules:
             raise _fail(where, name, value, "unknown coefficient (granisim profile show PROFILE lists them)")
         unit, rule = rules[name]
-        _check_value(where, name, value, rule)
+        _check_value(where, name, value, rule, unit)
         coefs[name] = Coefficient(float(value), unit, Source("extrapolated", from_=f"profile {profile.name}",
                                                              how=f"set by hand ({where})"))
     return replace(profile, coefficients=MappingProxyType(coefs))

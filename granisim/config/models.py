@@ -173,4 +173,6 @@ def get_model(name: str) -> ModelShape:
 def kv_budget_tokens(model: ModelShape, gpu_mem_bytes: float, mem_fraction: float, reserve_bytes: float) -> int:
     """KV tokens that fit: GPU memory x fraction - weights - reserve (activations, workspace)."""
     free = gpu_mem_bytes * mem_fraction - model.weight_bytes - reserve_bytes
-    return max(0, int(free // model.kv_bytes_per_token))
+    if not free > 0:  # also -inf (a reserve near the float maximum), whose floor division is NaN
+        return 0
+    return int(free // model.kv_bytes_per_token)

@@ -38,6 +38,9 @@ class ModelCfg(_Strict):
         return _drop_defaults(handler(self), {"expert_routing": None, "expert_zipf_s": None})
 
 
+MAX_STEP_TIME_SCALE = 10  # hardware.step_time_scale: a what-if beyond 10x is no longer a sensitivity question
+
+
 class HardwareCfg(_Strict):
     profile: str = "a100-80gb"  # name of a shipped profile or a path to a profile JSON
     mem_fraction: float = Field(0.9, gt=0, le=1)  # share of GPU memory the engine may take
@@ -47,7 +50,7 @@ class HardwareCfg(_Strict):
     # host memory for evicted KV (granisim/kv/host_tier.py); 0 = no host tier
     host_kv_gb: float = Field(0.0, ge=0, allow_inf_nan=False)
     # a what-if for sensitivity analysis: every step's predicted time (cost model) times this; 1 = as priced
-    step_time_scale: float = Field(1.0, gt=0, le=10, allow_inf_nan=False)
+    step_time_scale: float = Field(1.0, gt=0, le=MAX_STEP_TIME_SCALE, allow_inf_nan=False)
 
     @field_validator("tp", mode="before")
     @classmethod
@@ -80,14 +83,24 @@ class PolicyCfg(_Strict):
     # cascade or no prefix pass) | cascade / dense: forced (dense needs a slab)
     dispatch: Literal["threshold", "cost", "auto", "cascade", "dense"] = "threshold"
     # with [hardware] host_kv_gb > 0: what eviction moves to host ("slabs": HOT slabs only, granikv;
-    # "slabs+pages": COLD / token / paged pages too) and which host KV goes first when host memory is full
-    host_tier: Literal["slabs", "slabs+pages"] = "slabs"
+    # "slabs+pages": COLD / token / paged pages too; unset: see host_tier_mode) and which host KV goes first when host
+    # memory is full
+    host_tier: Literal["slabs", "slabs+pages"] | None = None
     host_eviction: Literal["lru", "next_use"] = "lru"
     host_write: Literal["all", "reused"] = "all"  # "reused": only runs read since they were cached go to host
 
     @model_serializer(mode="wrap")
     def _without_default_host(self, handler):
-        return _drop_defaults(handler(self), {"host_tier": "slabs", "host_eviction": "lru", "host_write": "all"})
+        return _drop_defaults(handler(self), {"host_tier": None, "host_eviction": "lru", "host_write": "all"})
+
+    @property
+    def host_tier_mode(self) -> str:
+        """What a host tier moves: ``host_tier`` as written, else ``slabs`` where the policy keeps HOT slabs
+        (granikv with a HOT pool) and ``slabs+pages`` where it has none (token, paged: their pages, as SGLang's
+        HiCache moves them), so that a default never makes a policy refuse the tier."""
+        if self.host_tier is not None:
+            return self.host_tier
+        return "slabs" if self.name == "granikv" and self.hot_fraction != 0 else "slabs+pages"
 
     @field_validator("hot_fraction", mode="before")
     @classmethod
@@ -125,13 +138,17 @@ class SchedulerCfg(_Strict):
 
 
 # every role's prefix is drawn up front and every replica built before a run: beyond these a scenario would run out of
-# memory or time before its first step (written as powers: see granisim/core/heap.py, SIMULATION)
-MAX_ROLES, MAX_PREFIX_TOKENS, MAX_REPLICAS = 2**20, 2**30, 2**12
+# memory or time before its first step (written as powers: see granisim/core/heap.py, SIMULATION). Requests: each
+# holds a few numbers from the start (about 1-2 KB over a run: reports/sim_speed/README.md)
+MAX_ROLES, MAX_PREFIX_TOKENS, MAX_REPLICAS, MAX_REQUESTS = 2**20, 2**30, 2**12, 2**27
+# a span of simulated time (arrivals, think times) beyond this is a mistake: about 34 years, where float seconds still
+# resolve 0.25 us; the run's clock must stay below MAX_CLOCK_S (2 us resolution) for step times to add up
+MAX_TIME_S, MAX_CLOCK_S = 2.0**30, 2.0**33
 
 
 class WorkloadCfg(_Strict):
     kind: Literal["multi_agent", "control", "azure"] = "multi_agent"
-    num_requests: int = Field(0, ge=0)  # 0 = as many as the trace has rows
+    num_requests: int = Field(0, ge=0, le=MAX_REQUESTS)  # 0 = as many as the trace has rows
     rate: float = Field(1.0, gt=0)  # Poisson arrivals per second
     arrivals: Literal["poisson", "trace"] = "poisson"
     roles: int = Field(4, ge=1, le=MAX_ROLES)  # k: distinct agent prefixes
@@ -144,7 +161,7 @@ class WorkloadCfg(_Strict):
     output_scale: float = Field(1.0, gt=0)
     max_output_len: int = Field(0, ge=0)  # 0 = no cap
     turns: int = Field(1, ge=1)  # turns per session (multi-turn when > 1)
-    think_time_s: float = Field(0.0, ge=0)
+    think_time_s: float = Field(0.0, ge=0, le=MAX_TIME_S)
     followup_scale: float = Field(0.25, gt=0)  # follow-up message length vs a trace prompt
     # prompt/output lengths from this trace instead (shipped name `arxiv`, or a CSV path); arrivals unchanged
     lengths_trace: str | None = None
@@ -194,8 +211,8 @@ class FleetGroupCfg(_Strict):
 
 class FleetFaultCfg(_Strict):
     replica: int = Field(ge=0)  # index in the fleet (groups in order)
-    at_s: float = Field(ge=0)
-    for_s: float | None = Field(None, gt=0)  # absent = down for good
+    at_s: float = Field(ge=0, le=MAX_TIME_S)
+    for_s: float | None = Field(None, gt=0, le=MAX_TIME_S)  # absent = down for good
 
 
 class FleetCfg(_Strict):
@@ -206,7 +223,8 @@ class FleetCfg(_Strict):
     balance_abs: int = Field(32, ge=0)  # cache_aware / hot_aware: imbalance = max - min load > this ...
     balance_rel: float = Field(1.0001, ge=1)  # ... and max load > this x min load
     cache_threshold: float = Field(0.5, ge=0, le=1)  # cache_aware: least cached-prefix share to follow the cache
-    load_factor: float = Field(1.25, ge=1)  # role_affinity: a replica takes at most this x the mean load
+    # role_affinity: a replica takes at most this x the mean load (2^20: a replica never spills, in any fleet)
+    load_factor: float = Field(1.25, ge=1, le=2.0**20)
     rebalance_every: int = Field(256, ge=1)  # hot_aware: arrivals between placement reviews
     faults: tuple[FleetFaultCfg, ...] = ()  # replica indices are checked against the fleet's size when it is built
 
@@ -250,6 +268,8 @@ class Scenario(_Strict):
     def _name(cls, v: str) -> str:
         if not v.strip():  # it names the output folder (out/NAME)
             raise ValueError("blank; give a non-empty name")
+        if ".." in re.split(r"[/\\]", v):
+            raise ValueError("'..' would put the output folder (out/NAME) outside out/; give a plain name")
         return v
 
     @model_validator(mode="after")
@@ -550,7 +570,7 @@ def read_toml(path: Path, what: str) -> dict:
     except OSError as err:
         raise ScenarioError(f"{path}: cannot read {what} ({err.strerror})") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte order mark, as some editors write, is no mistake
     except UnicodeDecodeError as err:
         raise ScenarioError(f"{path}: {what} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
                             f"{err.start})") from None

@@ -24,8 +24,10 @@ all up front, without holding every prompt in memory.
 
 from __future__ import annotations
 
+import csv
 import functools
 import heapq
+import io
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -238,24 +240,35 @@ def load_trace(path: str | Path | None = None) -> pd.DataFrame:
     Every row is checked (:func:`check_trace`); a missing file raises FileNotFoundError, an
     unreadable one OSError, anything else wrong with it TraceError."""
     name = str(path) if path is not None else AZURE_CONV
+    raw = (resources.files("granisim.config.data").joinpath(AZURE_CONV).read_bytes() if path is None
+           else Path(path).read_bytes())
+    return check_trace(read_csv_table(raw, name, TRACE_COLUMNS), name)
+
+
+def read_csv_table(raw: bytes, name: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A CSV file's bytes as a table, or TraceError naming ``name``: not UTF-8 (the first bad byte's offset), empty
+    (``columns`` is the header it needs), a column named twice, or a row with more or fewer fields than the header
+    (pandas would shift such a row's values into other columns, or leave them empty, without a word). A UTF-8 byte
+    order mark, blank lines and CRLF line ends are fine."""
     try:
-        if path is None:
-            with resources.files("granisim.config.data").joinpath(AZURE_CONV).open("rb") as f:
-                df = pd.read_csv(f)
-        else:
-            df = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise TraceError(f"{name}: the trace file is empty (need a header row {','.join(TRACE_COLUMNS)})") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{name}: not UTF-8 text (byte at offset {err.start})") from None
+    rows = (r for r in csv.reader(io.StringIO(text, newline="")) if r)  # pandas skips blank lines too
+    header = next(rows, None)
+    if header is None:
+        raise TraceError(f"{name}: the file is empty (need a header row {','.join(columns)})")
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise TraceError(f"{name}: column {twice[0]!r} appears {header.count(twice[0])} times in the header")
+    for i, row in enumerate(rows, 1):
+        if len(row) != len(header):
+            raise TraceError(f"{name}: row {i} has {len(row)} fields, the header {len(header)} "
+                             f"({','.join(header)[:120]})")
+    try:
+        return pd.read_csv(io.StringIO(text), index_col=False)
     except pd.errors.ParserError as err:
         raise TraceError(f"{name}: not a readable CSV ({' '.join(str(err).split())[:200]})") from None
-    except UnicodeDecodeError:
-        try:  # pandas decodes in chunks: find the first bad byte's offset in the whole file
-            Path(path).read_bytes().decode("utf-8")
-            where = ""
-        except UnicodeDecodeError as err:
-            where = f" (byte at offset {err.start})"
-        raise TraceError(f"{name}: not UTF-8 text{where}") from None
-    return check_trace(df, name)
 
 
 def check_trace(df: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -287,6 +300,9 @@ def check_trace(df: pd.DataFrame, name: str) -> pd.DataFrame:
             wrong = (vals < 1) | (vals != np.floor(vals))
             if wrong.any():
                 raise bad(col, int(np.argmax(wrong)), "a token count must be an integer >= 1")
+            huge = vals >= 2.0**53  # beyond it float64 skips integers (and int64 lengths overflow when scaled)
+            if huge.any():
+                raise bad(col, int(np.argmax(huge)), "a token count must stay below 2^53")
         elif len(vals) > 1:
             back = np.diff(vals) < 0
             if back.any():
@@ -306,16 +322,9 @@ def load_lengths(ref: str) -> pd.DataFrame:
 
 @functools.lru_cache(maxsize=8)
 def _load_lengths(ref: str) -> pd.DataFrame:
-    try:
-        if ref in LENGTHS_TRACES:
-            with resources.files("granisim.config.data").joinpath(LENGTHS_TRACES[ref]).open("rb") as f:
-                df = pd.read_csv(f)
-        else:
-            df = pd.read_csv(ref)
-    except pd.errors.EmptyDataError:
-        raise TraceError(f"{ref}: the file is empty (need a header row {','.join(LENGTH_COLUMNS)})") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise TraceError(f"{ref}: not a readable UTF-8 CSV ({' '.join(str(err).split())[:160]})") from None
+    raw = (resources.files("granisim.config.data").joinpath(LENGTHS_TRACES[ref]).read_bytes()
+           if ref in LENGTHS_TRACES else Path(ref).read_bytes())
+    df = read_csv_table(raw, ref, LENGTH_COLUMNS)
     missing = [c for c in LENGTH_COLUMNS if c not in df.columns]
     if missing:
         raise TraceError(f"{ref}: missing column(s) {', '.join(missing)} (need {', '.join(LENGTH_COLUMNS)})")
@@ -414,7 +423,8 @@ class Workload:
         rng = rng_for(self.seed, "roles")
         k = len(self.prefixes)
         if self.cfg.role_dist == "zipf":
-            p = 1.0 / np.arange(1, k + 1) ** self.cfg.zipf_s
+            with np.errstate(over="ignore"):  # a huge exponent: every role past the first gets weight 0
+                p = 1.0 / np.arange(1, k + 1, dtype=np.float64) ** self.cfg.zipf_s
             return rng.choice(k, n, p=p / p.sum())
         return rng.integers(0, k, n)
 

@@ -238,6 +238,7 @@ def replay_field(wl) -> str:
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, check_effective_in_runs, read_scenario, scenario_runs
     from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios
+    from granisim.experiments.sensitivity import scaled_scenarios
 
     scenario, written = read_scenario(args.scenario)  # its policy-dependent fields: checked against the policies
     wl = scenario.workload
@@ -253,6 +254,8 @@ def capacity_cli(args) -> int:
     label = "--policies" if args.policies is not None else "capacity's default --policies"
     check_effective_in_runs(written, scenario_runs(scenario, policies=policies), args.scenario,
                             f" (in every run of {label} {','.join(policies)})")
+    if args.sensitivity is not None:  # its scaled scenarios checked before any probe
+        scaled_scenarios(scenario, args.scenario, args.sensitivity)
     out = out_folder(args.out, f"out/{scenario.name}-capacity")
     print(f"capacity of {scenario.name} within " + ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items())
           + f" ({scenario.workload.num_requests or 'all'} requests per probe)")
@@ -261,10 +264,8 @@ def capacity_cli(args) -> int:
     print(capacity_table(results, slo))
     print(f"\nwrote {out}/ (capacity.json, capacity.txt, capacity.png)")
     if args.sensitivity is not None:
-        from granisim.experiments.sensitivity import scaled_scenarios
-
         d, scaled = args.sensitivity, {}
-        for f, sc in scaled_scenarios(scenario, d):
+        for f, sc in scaled_scenarios(scenario, args.scenario, d):
             print(f"\nevery step x {f:g}:")
             scaled[f] = capacity(sc, policies, slo, out / f"steps_x{f:g}", lo=args.lo, hi=args.hi,
                                  rel_tol=args.rel_tol, max_probes=args.max_probes, workers=args.workers)

@@ -99,7 +99,7 @@ def plot_run(reqs: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = ""
     for col in [c for c in steps.columns if c.endswith("_used") or c.endswith("_cached")]:
         a1.plot(t, steps[col], label=col, lw=0.8)
     a1.set_ylabel("KV tokens")
-    a1.legend(loc="upper right", fontsize=8)
+    legend_or_note(a1, "no steps ran", loc="upper right", fontsize=8)
     a1.set_title(f"Pool occupancy — {title}")
     a2.plot(t, steps.batch, lw=0.8, label="requests in step")
     a2.plot(t, steps.decode_requests, lw=0.8, label="decoding")

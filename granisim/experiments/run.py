@@ -7,6 +7,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
 from granisim.config.files import unreadable
@@ -14,7 +15,7 @@ from granisim.config.hardware import HardwareProfile, get_profile
 from granisim.core.metrics import requests_frame, summarize, summary_json
 from granisim.config.models import ModelShape, get_model, kv_budget_tokens
 from granisim.config.replica import replica_m_sat, replica_shard
-from granisim.config.scenario import Scenario, ScenarioError
+from granisim.config.scenario import MAX_CLOCK_S, MAX_TIME_S, Scenario, ScenarioError
 from granisim.core.heap import SIMULATION, fewer_collections, release_free_heap
 from granisim.core.workload import LENGTHS_TRACES, load_lengths, load_trace
 from granisim.kv.host_tier import host_tier_config
@@ -30,6 +31,7 @@ class Setup:
     trace: pd.DataFrame
     path_chooser: Callable[[int, int, str], str] | None
     step_pricer: Callable[[object], float] | None = None  # dispatch = "auto": predicted seconds of a plan
+    source: str = "<scenario>"  # the scenario's file, for errors found while it runs
 
 
 def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
@@ -79,11 +81,16 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
                             f"{len(trace)} rows and replays one request per row (kind = 'azure' or arrivals = "
                             f"'trace'); use num_requests <= {len(trace)}, or 0 for every row")
     _check_scaled_lengths(wl, trace, source)
-    one = (wl.prefix_len if wl.kind != "azure" else 0) + 2
-    if one > budget:
+    _check_time_span(wl, trace, source)
+    shared, own = (wl.prefix_len if wl.kind != "azure" else 0), _smallest_own_tokens(wl, trace)
+    if shared + 2 > budget:
         raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
                             f"(workload.prefix_len = {wl.prefix_len} alone needs more)")
-    _check_pool_split(scenario, budget, one, source)
+    if shared + own > budget:  # every request would be rejected
+        raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for any request: the smallest "
+                            f"needs {shared + own} (workload.prefix_len = {wl.prefix_len}, then {own} of its own: "
+                            f"the trace's shortest prompt and output, scaled)")
+    _check_pool_split(scenario, budget, shared + own, own, source)
     m_sat = scenario.policy.m_sat or replica_m_sat(profile, scenario.hardware.tp)
     chooser = pricer = None
     if scenario.policy.dispatch == "cost":
@@ -95,7 +102,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
 
         chooser = partial(cheapest_group_path, profile, model)  # (prefix_len, b, storage, private_len, ...)
         pricer = partial(step_seconds, profile, model)  # (plan)
-    return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer)
+    return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer, source)
 
 
 MAX_SCALED_LEN = 2**53  # a scaled prompt or output length at or beyond this is a mistake (and overflows int64 above)
@@ -117,9 +124,39 @@ def _check_scaled_lengths(wl, trace: pd.DataFrame, source: str) -> None:
                                 f"{longest:.3g} tokens; a length must stay below 2^53")
 
 
-def _check_pool_split(scenario: Scenario, budget: int, one: int, source: str) -> None:
-    """A policy whose split of the budget leaves no room for even the smallest request (``one`` tokens)
-    would reject every request: a ScenarioError naming the field instead."""
+def _check_time_span(wl, trace: pd.DataFrame, source: str) -> None:
+    """Arrivals spread over ``MAX_TIME_S`` or more (a tiny rate, a trace's timestamps or a small time scale): a
+    ScenarioError naming the field. Beyond it float seconds no longer resolve a step, so latencies would come out
+    0 or NaN."""
+    n = wl.num_requests or len(trace)
+    if wl.kind == "azure" or wl.arrivals == "trace":
+        times = trace["arrived_at"].to_numpy()[:n]
+        span = (times[-1] - times[0]) / wl.time_scale
+        if span >= MAX_TIME_S:
+            field, value = (("workload.time_scale", wl.time_scale) if wl.time_scale != 1.0
+                            else ("workload.trace", repr(wl.trace)))
+            raise ScenarioError(f"{source}: field {field} = {value}: the {n} replayed arrivals span {span:.3g} s; "
+                                f"a run must span less than 2^30 s (about 34 years)")
+    elif not n / wl.rate < MAX_TIME_S:  # also inf: a rate near the float minimum
+        raise ScenarioError(f"{source}: field workload.rate = {wl.rate!r}: {n} Poisson arrivals at this rate span about "
+                            f"{n / wl.rate:.3g} s; a run must span less than 2^30 s (about 34 years)")
+
+
+def _smallest_own_tokens(wl, trace: pd.DataFrame) -> int:
+    """The fewest KV tokens of a request's own (prompt suffix and output, as scaled and capped; no shared prefix)
+    over the rows its lengths come from: a lower bound for every request."""
+    lengths = load_lengths(wl.lengths_trace) if wl.lengths_trace else trace
+    prompt = np.maximum(1, (lengths.num_prefill_tokens.to_numpy() * wl.suffix_scale).astype(np.int64))
+    out = np.maximum(1, (lengths.num_decode_tokens.to_numpy() * wl.output_scale).astype(np.int64))
+    if wl.max_output_len:
+        out = np.minimum(out, wl.max_output_len)
+    return int((prompt + out).min())
+
+
+def _check_pool_split(scenario: Scenario, budget: int, one: int, own: int, source: str) -> None:
+    """A policy whose split of the budget leaves no room for even the smallest request (``one`` tokens, ``own`` of
+    them its own rather than a shared prefix) would reject every request: a ScenarioError naming the field
+    instead."""
     pol = scenario.policy
     if pol.name.startswith("paged"):
         page = int(pol.name[5:]) if pol.name[5:] else pol.page_size
@@ -128,16 +165,17 @@ def _check_pool_split(scenario: Scenario, budget: int, one: int, source: str) ->
             field, value = ("policy.page_size", page) if pol.name == "paged" else ("policy.name", repr(pol.name))
             raise ScenarioError(f"{source}: field {field} = {value}: the KV budget of {budget} tokens holds {pages} "
                                 f"page(s) of {page} tokens; one request needs at least {need}")
-    elif pol.name == "granikv" and pol.hot_fraction != "adaptive" and budget - int(budget * pol.hot_fraction) < 2:
+    elif pol.name == "granikv" and pol.hot_fraction != "adaptive" and budget - int(budget * pol.hot_fraction) < own:
         raise ScenarioError(f"{source}: field policy.hot_fraction = {pol.hot_fraction}: leaves the COLD pool "
                             f"{budget - int(budget * pol.hot_fraction)} of {budget} tokens, too few for any "
-                            f"request's own tokens (use a value below 1, or 'adaptive')")
+                            f"request's own tokens (the smallest has {own}; use a smaller value, or 'adaptive')")
     elif (pol.name == "granikv" and pol.hot_fraction != "adaptive" and pol.hot_fraction > 0
-          and int(budget * pol.hot_fraction) == 0 and scenario.hardware.host_kv_gb and pol.host_tier == "slabs"):
+          and int(budget * pol.hot_fraction) == 0 and scenario.hardware.host_kv_gb and pol.host_tier_mode == "slabs"):
         # as hot_fraction = 0 (refused with the scenario): a tier of HOT slabs with no HOT pool would move nothing
         raise ScenarioError(f"{source}: field policy.hot_fraction = {pol.hot_fraction}: a HOT pool of 0 of {budget} "
                             f"tokens leaves no HOT slabs to move to host (hardware.host_kv_gb = "
-                            f"{scenario.hardware.host_kv_gb}, policy.host_tier = 'slabs'); use a larger hot_fraction "
+                            f"{scenario.hardware.host_kv_gb}, policy.host_tier = 'slabs'"
+                            f"{'' if pol.host_tier else ', its default for granikv'}); use a larger hot_fraction "
                             f"or host_tier = 'slabs+pages'")
 
 
@@ -155,6 +193,14 @@ def simulate(setup: Setup, executor=None, progress: bool = True):
 
             result = ServingLoop(setup, executor or for_setup(setup), progress=progress).run()
     release_free_heap()
+    if not result.end_s < MAX_CLOCK_S:  # NaN too: latencies would come out NaN or 0
+        wl = setup.scenario.workload
+        field, value, why = ("hardware.profile", repr(setup.profile.name), "the profile prices steps far too long")
+        if wl.think_time_s * (wl.turns - 1) >= MAX_TIME_S:
+            field, value, why = ("workload.think_time_s", wl.think_time_s, f"{wl.turns} turns' think times add up")
+        raise ScenarioError(f"{setup.source}: field {field} = {value}: the simulated clock reached "
+                            f"{result.end_s:.3g} s, beyond 2^33 s, where float seconds no longer resolve a step "
+                            f"({why})")
     return result
 
 

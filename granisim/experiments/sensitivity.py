@@ -24,10 +24,16 @@ METRICS = (("throughput_rps", "req/s"), ("output_tok_s", "out tok/s"), ("ttft_p5
 DEFAULT_DELTA = 0.03
 
 
-def scaled_scenarios(scenario, delta: float) -> list[tuple[float, object]]:
+def scaled_scenarios(scenario, source: str, delta: float) -> list[tuple[float, object]]:
     """(factor, ``scenario`` with every step's predicted time times factor, on top of its own
-    ``hardware.step_time_scale``) for the factors 1 - delta and 1 + delta (pure)."""
+    ``hardware.step_time_scale``) for the factors 1 - delta and 1 + delta (pure). A scaled value beyond the field's
+    range: a ScenarioError naming ``source``'s field and ``--sensitivity`` (call it before the base run)."""
+    from granisim.config.scenario import MAX_STEP_TIME_SCALE, ScenarioError
+
     scale = scenario.hardware.step_time_scale
+    if scale * (1.0 + delta) > MAX_STEP_TIME_SCALE:
+        raise ScenarioError(f"{source}: field hardware.step_time_scale = {scale!r}: --sensitivity {delta:g} would "
+                            f"scale it to {scale * (1.0 + delta):g}, above its limit of {MAX_STEP_TIME_SCALE}")
     return [(f, scenario.with_changes(**{"hardware.step_time_scale": scale * f})) for f in (1.0 - delta, 1.0 + delta)]
 
 
@@ -40,7 +46,7 @@ def scaled_summaries(scenario, source: str, delta: float, replicas: dict[int, in
     from granisim.experiments.run import prepare, simulate
 
     out = {}
-    for f, scaled in scaled_scenarios(scenario, delta):
+    for f, scaled in scaled_scenarios(scenario, source, delta):
         setup = prepare(scaled, source)
         if scenario.fleet is None:
             res = simulate(setup, progress=False)

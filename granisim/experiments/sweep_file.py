@@ -305,7 +305,7 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
 
     # every distinct (field, value) checked alone first, so that the error of a point that fails names the culprit;
     # a value that is only valid together with its point's other values (policy.name = 'token' beside
-    # policy.host_tier = 'slabs+pages' over a base with a host tier) is no mistake
+    # policy.host_tier = 'slabs+pages' over a base with host_tier = 'slabs') is no mistake
     where = "grid" if grids else "points"
     seen: set[tuple[str, str]] = set()
     alone: dict[tuple[str, str], ScenarioError] = {}
@@ -378,6 +378,8 @@ def scenario_columns(sc: Scenario) -> dict:
     for name in scenario_fields():
         if name not in cols and not any(k.startswith(name + ".") for k in cols):
             cols[name] = _value_of(sc, name)
+    if sc.policy.host_tier is None:  # unset: what a tier would move under the point's policy
+        cols["policy.host_tier"] = sc.policy.host_tier_mode
     return cols
 
 

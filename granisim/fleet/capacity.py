@@ -160,6 +160,7 @@ def fleet_capacity(scenario: Scenario, routers: list[str], policies: list[str], 
 def fleet_capacity_cli(args) -> int:
     from granisim.config.scenario import check_effective_in_runs, read_scenario, scenario_runs
     from granisim.experiments.capacity import parse_slo
+    from granisim.experiments.sensitivity import scaled_scenarios
     from granisim.fleet.compare import parse_routers
 
     scenario, written = read_scenario(args.scenario)  # its policy and router: checked against the runs below
@@ -179,15 +180,15 @@ def fleet_capacity_cli(args) -> int:
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any simulation
     check_effective_in_runs(written, scenario_runs(scenario, policies=policies, routers=routers), args.scenario,
                             f" (in every run of --routers {','.join(routers)} x --policies {','.join(policies)})")
+    if args.sensitivity is not None:  # its scaled scenarios checked before any probe
+        scaled_scenarios(scenario, args.scenario, args.sensitivity)
     out = out_folder(args.out, f"out/{scenario.name}-fleet-capacity")
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))
     print(f"\nwrote {out}/ (fleet_capacity.json, fleet_capacity.txt, fleet_capacity.png)")
     if args.sensitivity is not None:  # the same searches with every step slower and faster
-        from granisim.experiments.sensitivity import scaled_scenarios
-
         d, scaled = args.sensitivity, {}
-        for f, sc in scaled_scenarios(scenario, d):
+        for f, sc in scaled_scenarios(scenario, args.scenario, d):
             print(f"\nevery step x {f:g}:")
             scaled[f] = fleet_capacity(sc, routers, policies, slo, args.rate, args.max_replicas,
                                        out / f"steps_x{f:g}", args.workers)

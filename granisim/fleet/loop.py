@@ -109,12 +109,12 @@ class FleetLoop:
         env = self.env = simpy.Environment()
         initial = self.workload.initial_specs()  # each spec built when it comes up
         self._bar = request_bar(len(initial), self.progress)
+        for f in self.cfg.faults:  # first: a fault due at t is seen by the arrivals at t (t = 0 too)
+            env.process(self._fault(f))
         self._add_arrivals(initial)  # before the engines, as the single loop orders its processes
         for rep in self.replicas:
             rep.start(env)
         self._up_changed()
-        for f in self.cfg.faults:
-            env.process(self._fault(f))
         self._done = env.event()
         try:  # the run ends with its work: a fault due later would only move the clock (and the run's span)
             env.run(until=self._done)
@@ -155,11 +155,15 @@ class FleetLoop:
         self._done.succeed()
 
     def _fault(self, f):
+        """A replica down at ``f.at_s`` before anything is routed at that instant (URGENT, as arrivals are, and
+        scheduled before them), its requests re-routed once every fault of the instant has struck (so none goes to
+        a replica failing then too); back up after ``f.for_s`` (or never)."""
         env, rep = self.env, self.replicas[f.replica]
-        yield env.timeout(f.at_s)
+        yield UrgentTimeout(env, f.at_s)
         specs, started = rep.fail(env.now)
         self._views[rep.index] = None
         self._up_changed()
+        yield UrgentTimeout(env, 0.0)  # the instant's other faults strike first
         self.recomputed += started
         for spec in specs:
             self.rerouted[spec.rid] = self.rerouted.get(spec.rid, 0) + 1

@@ -108,7 +108,7 @@ def host_tier_config(scenario, model) -> HostTierConfig | None:
             f"{' per GPU' if getattr(model, 'tp', 1) > 1 else ''}), so the tier would hold nothing; use 0 for no "
             f"host tier, or at least {per_token / 1e9:.3g}")
     pol = scenario.policy
-    return HostTierConfig(cap, per_token, pol.host_tier, pol.host_eviction, pol.host_write)
+    return HostTierConfig(cap, per_token, pol.host_tier_mode, pol.host_eviction, pol.host_write)
 
 
 def _path_tokens(node: RadixNode) -> np.ndarray:

@@ -34,6 +34,7 @@ SCENARIOS = {
     "negative seed": ("seed = -1\n", "seed", "-1"),
     "empty name": ("name = ''\n", "name", "''"),
     "blank name (was an output folder named by spaces)": ("name = '   '\n", "name", "'   '"),
+    "a name leaving out/ (was written to ../../escaped)": ("name = '../../escaped'\n", "name", "'../../escaped'"),
     "paged0": ("[policy]\nname = 'paged0'\n", "policy.name", "'paged0'"),
     "unknown policy": ("[policy]\nname = 'vllm'\n", "policy.name", "'vllm'"),
     "unknown literal": ("[workload]\nkind = 'chat'\n", "workload.kind", "'chat'"),
@@ -50,6 +51,9 @@ SCENARIOS = {
                                     "1000000"),
     "paged<N> larger than the budget": ("[policy]\nname = 'paged1000000'\n", "policy.name", "'paged1000000'"),
     "no COLD pool left": ("[policy]\nhot_fraction = 1.0\n", "policy.hot_fraction", "1.0"),
+    # catches: accepted, and every request rejected (COLD held 2 tokens)
+    "a COLD pool below the smallest request": ("[policy]\nhot_fraction = 0.9999\n[hardware]\nkv_budget_tokens = 20000\n"
+                                               "[workload]\nprefix_len = 1000\n", "policy.hot_fraction", "0.9999"),
     "unknown model": ("[model]\nname = 'gpt-9'\n", "model.name", "'gpt-9'"),
     "unknown profile": ("[hardware]\nprofile = 'tpu-v9'\n", "hardware.profile", "'tpu-v9'"),
     "rate with azure": ("[workload]\nkind = 'azure'\nrate = 3.0\n", "workload.rate", "3.0"),
@@ -67,6 +71,16 @@ SCENARIOS = {
                                        "workload.followup_scale", "1e+300"),
     "more requests than trace rows": ("[workload]\nkind = 'azure'\nnum_requests = 100000\n",
                                       "workload.num_requests", "100000"),
+    # each caught a traceback (exit 1, 8 TiB asked of numpy), a line naming nothing, or NaN / 0 latencies at exit 0
+    "requests past any memory": ("[workload]\nnum_requests = 1099511627776\n", "workload.num_requests",
+                                 "1099511627776"),
+    "reserve near the float maximum": ("[hardware]\nreserve_gb = 1e300\n", "hardware.reserve_gb", "1e+300"),
+    "a rate near the float minimum": ("[workload]\nnum_requests = 20\nrate = 5e-324\n", "workload.rate", "5e-324"),
+    "arrivals over 34 years": ("[workload]\nnum_requests = 20\nrate = 1e-300\n", "workload.rate", "1e-300"),
+    "think time past any clock": ("[workload]\nturns = 50\nthink_time_s = 1e300\n", "workload.think_time_s",
+                                  "1e+300"),
+    "think times adding up past the clock": ("[workload]\nnum_requests = 2\nturns = 10\nthink_time_s = 1e9\n"
+                                             "prefix_len = 64\n", "workload.think_time_s", "1000000000.0"),
 }
 
 
@@ -76,6 +90,15 @@ def test_bad_scenario_field(tmp_path, capsys, text, field, value):
     path.write_text(text)
     line = one_line_error(capsys, main(["run", str(path), "--out", str(tmp_path / "o")]), str(path), field, value)
     assert not (tmp_path / "o").exists(), line  # nothing ran
+
+
+def test_an_empty_out_is_refused(tmp_path, capsys, monkeypatch):
+    """catches: `--out ''` wrote into out/NAME of the current folder, as if --out were not given."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "s.toml"
+    path.write_text(SMALL)
+    one_line_error(capsys, main(["run", str(path), "--out", ""]), "--out ''", "empty")
+    assert not (tmp_path / "out").exists()
 
 
 # --- scenario files that are not scenarios: (bytes or None for "a directory", what the line says) ---------
@@ -112,7 +135,15 @@ TRACES = {
     "missing column": ("arrived_at,num_prefill_tokens\n0,10\n", ["num_decode_tokens"]),
     "header only": (HEADER, ["no rows"]),
     "empty file": ("", ["empty"]),
-    "ragged row": (HEADER + "0,10,5\n1,10,5,7,8\n", ["not a readable CSV"]),
+    "ragged row": (HEADER + "0,10,5\n1,10,5,7,8\n", ["row 2 has 5 fields, the header 3"]),
+    # pandas took the first column as the index and shifted every value one column left, without a word
+    "every row one field more": (HEADER + "0,100,5,1\n1,200,6,1\n", ["row 1 has 4 fields, the header 3"]),
+    "first row one field more": (HEADER + "0,10,5,7\n1,10,5\n", ["row 1 has 4 fields"]),
+    "short row": (HEADER + "0,10\n1,10,5\n", ["row 1 has 2 fields"]),
+    "a column named twice": (HEADER.strip() + ",num_prefill_tokens\n0,10,5,999\n", ["'num_prefill_tokens' appears 2 times"]),
+    "token count past 2^53": (HEADER + "0,10,5\n1,99999999999999999999999,5\n",
+                              ["row 2", "column num_prefill_tokens", "below 2^53"]),
+    "arrivals over 2^30 s": (HEADER + "0,10,5\n1e300,10,5\n", ["2 replayed arrivals span 1e+300 s"]),
     "not UTF-8": (HEADER.encode() + b"0,10,5\n1,\xff\xfe,5\n", ["not UTF-8", "offset 57"]),
     "a directory": ("dir", ["cannot read"]),
     "more requests than rows": (HEADER + "0,10,5\n1,10,5\n2,10,5\n", ["workload.num_requests = 30", "3 rows"]),
@@ -274,6 +305,9 @@ PROFILES = {
                         "coefficients.hbm_bandwidth.value", "inf"),
     "negative coefficient": (lambda d, t: d["coefficients"]["hbm_bandwidth"].update(value=-1.0),
                              "coefficients.hbm_bandwidth.value", "-1.0"),
+    # passed as > 0, and a run priced on it exited 0 with every latency NaN
+    "bandwidth of 1e-300 B/s": (lambda d, t: d["coefficients"]["hbm_bandwidth"].update(value=1e-300),
+                                "coefficients.hbm_bandwidth.value", "1e-300"),
     "string coefficient": (lambda d, t: d["coefficients"]["hbm_bandwidth"].update(value="fast"),
                            "coefficients.hbm_bandwidth.value", "'fast'"),
     "wrong unit": (lambda d, t: d["coefficients"]["hbm_bandwidth"].update(unit="GB/s"),

@@ -83,6 +83,32 @@ def test_a_figure_with_no_value_is_null_in_strict_json(tmp_path):
             assert figures["completed"] == 6 and figures["tpot_p50_s"] is None and figures["ttft_p50_s"] > 0
 
 
+def test_a_run_with_no_step_plots_without_warnings(tmp_path):
+    """A run in which nothing ran (every request rejected) draws its occupancy panel with a note, not an empty
+    legend: matplotlib's UserWarning reached the user's terminal."""
+    import warnings
+
+    import pandas as pd
+
+    from granisim.core.metrics import StepLog
+    from granisim.experiments.plots import plot_run
+
+    reqs = pd.DataFrame({"status": ["rejected"], "ttft_s": [float("nan")], "tpot_s": [float("nan")],
+                         "e2e_s": [float("nan")]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_run(reqs, StepLog().frame(), tmp_path, "nothing ran")
+    assert (tmp_path / "occupancy_batch.png").exists() and (tmp_path / "latency_cdf.png").exists()
+
+
+def test_a_scenario_with_a_byte_order_mark_runs(tmp_path):
+    """catches: a UTF-8 byte order mark (as some editors save) was refused as 'not valid TOML (line 1, column 1)'
+    while trace CSVs with one were read."""
+    path = tmp_path / "s.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + b"[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 4\nrate = 5.0\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 0
+
+
 def test_compare_runs_each_policy(tmp_path, capsys):
     path = _write(tmp_path, "[workload]\nroles = 2\nprefix_len = 512\nnum_requests = 15\nrate = 5.0\n"
                             "max_output_len = 8\n")

@@ -130,6 +130,20 @@ def test_a_scaled_scenario_is_refused_where_steps_are_measured(tmp_path, capsys)
     assert not (tmp_path / "o").exists() and not (tmp_path / "v").exists()
 
 
+@pytest.mark.parametrize("command", [["run"], ["capacity", "--slo", "ttft_p99=5s"],
+                                     ["capacity", "--slo", "ttft_p99=5s", "--rate", "5"]])
+def test_a_scale_that_sensitivity_would_push_past_its_limit_is_refused_first(command, tmp_path, capsys):
+    """catches: `run` printed and wrote the base results, then failed naming `<override>` and a field value the user
+    never wrote (10.3), with no sensitivity.json."""
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[hardware]\nstep_time_scale = 10\n[workload]\nprefix_len = 100\nnum_requests = 10\n')
+    assert main([command[0], str(p), *command[1:], "--out", str(tmp_path / "o"), "--sensitivity"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(p) in err[0] and "hardware.step_time_scale = 10" in err[0], err
+    assert "--sensitivity 0.03" in err[0] and "10.3" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
 def test_capacity_sensitivity_rows_pair_each_policy_with_its_scaled_searches():
     from granisim.experiments.capacity import CapacityResult, sensitivity_rows, sensitivity_table
 

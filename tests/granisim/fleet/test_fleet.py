@@ -81,6 +81,24 @@ def test_a_replica_down_for_good_hands_its_requests_back():
     assert s["replicas"][1]["down_s"] > 0
 
 
+@pytest.mark.parametrize("router", ["round_robin", "least_load", "cache_aware"])
+def test_a_fault_strikes_before_anything_is_routed_in_its_instant(router):
+    """catches: arrivals at a fault's instant were routed before it struck (to the failing replica), and with two
+    replicas failing at once the first one's requests went to the second and came back again: a replica down at
+    t = 0 handed back a request it never had, and the re-route counts were inflated."""
+    both = run(scenario({"replicas": 2, "router": router, "faults": [{"replica": 0, "at_s": 0.0},
+                                                                      {"replica": 1, "at_s": 0.0}]}))
+    reqs = fleet_requests(both)
+    assert (reqs.rerouted == 0).all() and (reqs.replica == -1).all() and not both.rerouted
+    t = 0.3
+    res = run(scenario({"replicas": 3, "router": router, "faults": [{"replica": 0, "at_s": t, "for_s": 0.2},
+                                                                     {"replica": 1, "at_s": t, "for_s": 0.2}]}))
+    reqs = fleet_requests(res)
+    assert (reqs.status == "completed").all()
+    assert (reqs.rerouted <= 1).all()  # each handed back once, to replica 2, never to the other failing one
+    assert set(reqs[reqs.rerouted > 0].replica) == {2}
+
+
 def test_a_replica_that_comes_back_starts_a_new_incarnation():
     res = run(scenario({"replicas": 2, "router": "round_robin", "faults": [{"replica": 0, "at_s": 0.3,
                                                                             "for_s": 0.2}]}))
@@ -232,6 +250,11 @@ def test_cli_compare_routers_refuses_policies_it_would_not_run(tmp_path, capsys)
     ("[[fleet.groups]]\nreplicas = 1\npolicy = \"lru\"", "fleet.groups.0.policy = 'lru'"),
     ("[[fleet.groups]]\nreplicas = 1\nprofile = \"nope\"", "fleet.groups.0.profile = 'nope'"),
     ("replicas = 3\n[[fleet.groups]]\nreplicas = 2", "fleet.replicas = 3"),
+    # catches: an OverflowError traceback (exit 1) from role_affinity's cap, and a fault whose length put the clock
+    # where a 10 ms step no longer adds up (TPOT p50 0.0 at exit 0)
+    ("replicas = 2\nrouter = \"role_affinity\"\nload_factor = 1e307", "fleet.load_factor = 1e+307"),
+    ("[[fleet.faults]]\nreplica = 0\nat_s = 2.0\nfor_s = 1e16", "fleet.faults.0.for_s = 1e+16"),
+    ("[[fleet.faults]]\nreplica = 0\nat_s = 1e16", "fleet.faults.0.at_s = 1e+16"),
 ])
 def test_bad_fleet_input_is_one_line_and_exit_2(tmp_path, capsys, fleet, field):
     path = write(tmp_path, TOML + "[fleet]\n" + fleet + "\n")
@@ -282,7 +305,8 @@ def test_a_request_handed_back_after_it_started_does_not_time_out_in_the_queue()
 
 @pytest.mark.parametrize("head, group, want", [
     # catches: the group's policy refused by the host tier was reported as "<override>: field policy.host_tier"
-    ("[hardware]\nhost_kv_gb = 1.0\n", "policy = \"token\"", "field fleet.groups.1.policy = 'token': "),
+    ("[hardware]\nhost_kv_gb = 1.0\n[policy]\nhost_tier = \"slabs\"\n", "policy = \"token\"",
+     "field fleet.groups.1.policy = 'token': "),
     # catches: a group's profile without room for the KV cache blamed the scenario's field without the group
     ("[model]\nname = \"llama-3.1-70b\"\n[hardware]\nprofile = \"h200\"\ntp = 2\nreserve_gb = 10.0\n",
      "profile = \"a100-80gb\"", "field hardware.reserve_gb = 10.0: "),
@@ -326,10 +350,15 @@ def test_a_fault_without_a_required_field_says_it_is_missing(tmp_path, capsys, f
     ("granikv", ["granikv", "token"], False, "field fleet.groups.1.policy = 'token': under policy.host_tier"),
     ("token", ["token", "token"], False, "field fleet.groups.0.policy = 'token': under policy.host_tier"),
     ("token", ["granikv", None], False, "field policy.host_tier = 'slabs': policy token"),
+    # with host_tier unset each replica's tier moves what its policy keeps: slabs under granikv, pages under token
+    ("granikv", ["granikv", "token"], True, ""),
+    ("token", ["granikv", None], True, ""),
 ])
 def test_a_slabs_tier_is_checked_against_the_policies_replicas_run(tmp_path, capsys, policy, groups, ok, blamed):
     body = "".join("[[fleet.groups]]\nreplicas = 1\n" + (f'policy = "{g}"\n' if g else "") for g in groups)
-    path = write(tmp_path, TOML + f'[hardware]\nhost_kv_gb = 1.0\n[policy]\nname = "{policy}"\n[fleet]\n' + body)
+    tier = "" if blamed == "" else 'host_tier = "slabs"\n'
+    path = write(tmp_path, TOML + f'[hardware]\nhost_kv_gb = 1.0\n[policy]\nname = "{policy}"\n{tier}[fleet]\n'
+                 + body)
     assert main(["run", path, "--out", str(tmp_path / "o")]) == (0 if ok else 2)
     err = capsys.readouterr().err.strip()
     assert ok or (len(err.splitlines()) == 1 and blamed in err), err

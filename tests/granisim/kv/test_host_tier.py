@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import replace
 import sys
@@ -13,7 +14,8 @@ from granisim.config.hardware import get_profile
 from granisim.config.scenario import ScenarioError, parse_scenario_file_data
 from granisim.costmodel.transfers import copy_seconds, copy_stream_seconds, exposed_seconds
 from granisim.kv.allocator import make_allocator
-from granisim.kv.host_tier import HostTierConfig, KVTransfer
+from granisim.config.models import get_model
+from granisim.kv.host_tier import HostTierConfig, KVTransfer, host_tier_config
 
 BPT = 1000  # bytes per token in these tests
 
@@ -224,8 +226,10 @@ def test_page_gathers_move_at_their_directions_measured_rate():
 @pytest.mark.parametrize("data, needle", [
     ({"hardware": {"host_kv_gb": -1.0}}, "hardware.host_kv_gb = -1.0"),
     ({"hardware": {"host_kv_gb": float("nan")}}, "hardware.host_kv_gb = nan"),
-    ({"hardware": {"host_kv_gb": 64.0}, "policy": {"name": "token"}}, "policy.host_tier = 'slabs'"),
-    ({"hardware": {"host_kv_gb": 64.0}, "policy": {"hot_fraction": 0.0}}, "policy.host_tier = 'slabs'"),
+    ({"hardware": {"host_kv_gb": 64.0}, "policy": {"name": "token", "host_tier": "slabs"}},
+     "policy.host_tier = 'slabs'"),
+    ({"hardware": {"host_kv_gb": 64.0}, "policy": {"hot_fraction": 0.0, "host_tier": "slabs"}},
+     "policy.host_tier = 'slabs'"),
     ({"policy": {"host_eviction": "next_use"}}, "policy.host_eviction = 'next_use'"),
     ({"policy": {"host_tier": "pages"}}, "policy.host_tier = 'pages'"),
     ({"policy": {"host_write": "reused"}}, "policy.host_write = 'reused'"),
@@ -238,9 +242,34 @@ def test_bad_host_tier_input_is_one_line(data, needle):
     assert msg.startswith("f.toml: field ") and needle in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("policy, mode", [({}, "slabs"), ({"hot_fraction": "adaptive"}, "slabs"),
+                                          ({"hot_fraction": 0.0}, "slabs+pages"), ({"name": "token"}, "slabs+pages"),
+                                          ({"name": "paged16"}, "slabs+pages"),
+                                          ({"name": "token", "host_tier": "slabs+pages"}, "slabs+pages"),
+                                          ({"host_tier": "slabs+pages"}, "slabs+pages")])
+def test_an_unset_host_tier_moves_what_the_policy_keeps(policy, mode):
+    """catches: the default 'slabs' made every token / paged run of a host-tier scenario fail (`granisim compare`
+    over the default policies refused a granikv scenario with a tier, naming a field the user never wrote)."""
+    sc = parse_scenario_file_data({"hardware": {"host_kv_gb": 8.0}, "policy": policy}, "f.toml")
+    assert sc.policy.host_tier_mode == mode
+    assert host_tier_config(sc, get_model("llama-3.1-8b")).mode == mode
+
+
+def test_compare_runs_a_tier_scenario_under_every_default_policy(tmp_path, capsys):
+    """catches: `granisim compare` of a granikv scenario with a host tier (host_tier unset) refused the token run,
+    naming `policy.host_tier = 'slabs'`, a field the user never wrote."""
+    from granisim.cli import main
+
+    f = tmp_path / "s.toml"
+    f.write_text("[hardware]\nhost_kv_gb = 1\nkv_budget_tokens = 20000\n[workload]\nnum_requests = 60\nroles = 8\n"
+                 "prefix_len = 2000\nrate = 20\nmax_output_len = 16\n")
+    assert main(["compare", str(f), "--out", str(tmp_path / "o")]) == 0, capsys.readouterr().err
+    assert {"granikv", "token", "paged16"} <= set(json.loads((tmp_path / "o" / "compare.json").read_text()))
+
+
 def test_bad_host_tier_input_exits_2(tmp_path):
     f = tmp_path / "s.toml"
-    f.write_text('[hardware]\nhost_kv_gb = 64\n[policy]\nname = "paged16"\n')
+    f.write_text('[hardware]\nhost_kv_gb = 64\n[policy]\nname = "paged16"\nhost_tier = "slabs"\n')
     out = subprocess.run([sys.executable, "-m", "granisim.cli", "run", str(f)], capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and f"{f}: field policy.host_tier = 'slabs'" in out.stderr

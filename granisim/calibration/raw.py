@@ -65,6 +65,15 @@ def read_csv(f: Path, need: tuple[str, ...] = ("median_us",), **kw) -> pd.DataFr
     for col in need:
         if col not in df.columns:
             raise ProfileError(f"{f}: field {col}: value (missing): not a calibration CSV")
+    if "median_us" in df.columns:  # a time: a number >= 0 (empty where a point was not measured)
+        times = pd.to_numeric(df["median_us"], errors="coerce")
+        wrong = (times.isna() & df["median_us"].notna()) | (times < 0)
+        if wrong.any():
+            i = int(wrong.to_numpy().argmax())
+            v = df["median_us"].iloc[i]
+            raise ProfileError(f"{f}: field median_us: value {getattr(v, 'item', lambda: v)()!r} (row {i + 1}): not a "
+                               f"time in microseconds (a number >= 0)")
+        df["median_us"] = times
     return df
 
 

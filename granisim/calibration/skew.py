@@ -58,6 +58,8 @@ def points(path: Path, tables: CostTables, seed: int = 0) -> list[dict]:
         rows = json.loads(text)["rows"]
     except (ValueError, KeyError, TypeError) as err:
         raise _fail(path, "rows", None, f"not a split_balance.json ({err})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise _fail(path, "rows", type(rows).__name__, "not a list of objects (a split_balance.json)")
     out = []
     for row in rows:
         m = CASE.match(str(row.get("case", "")))

@@ -298,10 +298,16 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
     extra = [_flatten(p, "points", source) for p in (listed or [])]
     if listed is not None and not listed:
         raise ScenarioError(f"{source}: points = []: empty list of points (empty grid)")
-    if combos and extra:
+    if combos and extra:  # [[points]] crossed with the grid: a field every point sets leaves the grid's unused
+        for k in sorted({k for c in combos for k in c if all(k in e for e in extra)}):
+            raise ScenarioError(f"{source}: field points.{k}: every point sets {k}, replacing each of the grid's "
+                                f"values; give it in one place")
         combos = [{**c, **e} for e in extra for c in combos]
     elif extra:
         combos = extra
+    for k in sorted(k for k in fixed if all(k in c for c in combos)):  # a default no point keeps
+        raise ScenarioError(f"{source}: field set.{k}: every point gives {k} its own value, so set's never acts; "
+                            f"give it in one place")
 
     # every distinct (field, value) checked alone first, so that the error of a point that fails names the culprit;
     # a value that is only valid together with its point's other values (policy.name = 'token' beside

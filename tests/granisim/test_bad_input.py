@@ -233,6 +233,10 @@ SWEEPS = {
                                     + '[[base.fleet.groups]]\nreplicas = 1\n', "'fleet.groups.replicas'", "(in set)"),
     "grid into an array of tables": ('[grid]\n"fleet.faults.at_s" = [1.0, 2.0]\n', "'fleet.faults.at_s'", "(in grid)"),
     "name not a string": ('name = 3\n' + GRID, "name", "3"),
+    # catches: exit 0 with one of the two values silently unused
+    "set and grid on one field": ('set = { "workload.roles" = 3 }\n' + GRID, "set.workload.roles", "never acts"),
+    "every point over a grid field": (GRID + '[[points]]\n"workload.roles" = 4\n', "points.workload.roles",
+                                      "replacing each of the grid's values"),
     "unknown sweep key": ('plots = 3\n' + GRID, "plots", ""),
 }
 
@@ -394,9 +398,17 @@ CALIBRATE = {
     "paper: no profile (was exit 0)": ({}, ["paper", "--profiles", ",", "--out", "T/o"], ["--profiles ','"]),
     "fit: meta.json a list": ({"meta.json": "[1]"}, ["calibrate", "fit", "R", "--out", "T/p.json"],
                               ["R/meta.json", "not a JSON object"]),
-    "fit: attention.csv with no timed row": ({"attention.csv": "family,median_us\ndecode,x\n"},
+    "fit: attention.csv with no timed row": ({"attention.csv": "family,median_us\ndecode,\n"},
                                              ["calibrate", "fit", "R", "--out", "T/p.json"],
                                              ["R/attention.csv", "no measured rows"]),
+    # each a TypeError traceback (exit 1), or a row dropped without a word
+    "fit: a time that is a word": ({"attention.csv": "family,median_us\ndecode,fast\n"},
+                                   ["calibrate", "fit", "R", "--out", "T/p.json"],
+                                   ["R/attention.csv", "median_us", "'fast' (row 1)", "not a time"]),
+    "check: a time that is a word": ({"attention.csv": "family,storage,median_us\ndecode,slab,12\ndecode,slab,fast\n"},
+                                     ["calibrate", "check", "R"], ["R/attention.csv", "'fast' (row 2)"]),
+    "fit: a negative time": ({"linear.csv": "op,family,n,median_us\nx,y,1,-5\n"},
+                             ["calibrate", "fit", "R", "--out", "T/p.json"], ["R/linear.csv", "-5 (row 1)"]),
     "fit: --out a folder (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T"], ["--out", "folder"]),
     "fit: --out under a file (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T/p.json/q.json"],
                                                           ["--out", "T/p.json/q.json", "p.json is a file, not a folder"]),

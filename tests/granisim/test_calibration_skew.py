@@ -82,7 +82,10 @@ def test_calibrate_skew_writes_the_factor_and_refuses_other_files(tmp_path, caps
     other.write_text(json.dumps({"rows": [{"case": "uniform B=16 L=4096", "cap_none_us": 75.0}]}))
     h100 = tmp_path / "h100.json"
     h100.write_text(json.dumps({**json.loads(RUN.read_text()), "device": "NVIDIA H100 80GB HBM3"}))
-    for bad, says in ((other, "field rows"), (h100, "field device"), (RUN, "give --date")):
+    word = tmp_path / "word.json"  # catches: an AttributeError traceback (exit 1) on rows that are not objects
+    word.write_text(json.dumps({"rows": "x"}))
+    for bad, says in ((other, "field rows"), (h100, "field device"), (RUN, "give --date"),
+                      (word, "field rows: value 'str'")):
         assert main(["calibrate", "skew", str(bad), "--profile", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and says in err and str(bad) in err, err

@@ -155,7 +155,7 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and "workload.rate" in proc.stderr
 
 
-def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys):
+def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys, tmp_path):
     import granisim.experiments.fuzz
     from tests.granisim.planted_bugs import PLANTED
 
@@ -165,7 +165,9 @@ def test_fuzz_command_exits_1_with_the_shrunk_sequence(monkeypatch, capsys):
     # hypothesis keeps shrinking for up to 500 successful shrinks (or 300 s); the sequence after 25 is what this
     # test reads: a count, not a clock, so the run is the same on any machine
     monkeypatch.setattr(engine, "MAX_SHRINKS", 25)
+    monkeypatch.chdir(tmp_path)  # its repro goes to out/fuzz/ of the current folder: not the checkout's
     assert main(["fuzz", "--allocator", "token", "--examples", "300", "--seed", "3"]) == 1
+    assert (tmp_path / "out" / "fuzz" / "repro_token.py").is_file()
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert "FUZZ FAILURE" in text

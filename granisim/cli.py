@@ -115,6 +115,10 @@ def cmd_compare(args) -> int:
         from granisim.fleet.outputs import routers_table
 
         routers = parse_routers(args.routers)
+        if scenario.fleet is None or scenario.fleet.size < 2:  # one replica: every router sends it everything
+            raise ScenarioError(f"--routers {args.routers}: {args.scenario} is one replica "
+                                f"({'no [fleet] section' if scenario.fleet is None else 'fleet.replicas = 1'}), "
+                                f"so every router gives the same run; set [fleet] replicas >= 2")
         check_effective_in_runs(written, scenario_runs(scenario, routers=routers), args.scenario,
                                 f" (in every run of --routers {','.join(routers)})")
         out = out_folder(args.out, f"out/{scenario.name}-routers")
@@ -227,8 +231,7 @@ def cmd_bench(args) -> int:
     from granisim.experiments import bench_alloc, bench_sim, bench_sweep
 
     out = args.out or {"alloc": bench_alloc, "sweep": bench_sweep, "sim": bench_sim}[args.what].DEFAULT_OUT
-    if Path(out).is_dir():  # found before the benchmark runs, not when its report is written
-        raise ScenarioError(f"--out {out}: a folder; give the JSON file to write")
+    out_file(out, what="the JSON file to write")  # before the benchmark runs, not when its report is written
     if args.repeats is not None and args.what not in BENCH_REPEATS:
         raise ScenarioError(f"--repeats {args.repeats}: for bench {' and '.join(BENCH_REPEATS)}; bench {args.what} "
                             f"runs each point once")
@@ -315,6 +318,9 @@ def _carry_profile(engine: str, onto: str, out: Path) -> None:
     if extra:
         raise ScenarioError(f"{engine}: field {extra[0]}: value present: priced against {p.base}'s own figures; "
                             "carry a profile of coefficients alone")
+    if new.step_classes or any(k.startswith("engine.") for k in new.coefficients):  # corrections on corrections
+        raise ScenarioError(f"--onto {onto}: holds the real engine's corrections already (an engine profile); carry "
+                            f"onto the measured profile of the GPU (as h100-sxm is for h100-engine)")
     old = get_profile(base_file(p.base, p.path.parent, PROFILE_DIR))
     coefs = carry(own.get("coefficients", {}), p.name, old, new)
     notes = (f"{p.name}'s engine corrections (fitted on {old.name}, {old.gpu}) carried onto {new.name} "
@@ -376,6 +382,8 @@ def cmd_calibrate(args) -> int:
     from granisim.calibration.run import calibrate, format_errors, write_figures
 
     out = out_file(args.out, what="the profile JSON file to write")  # before the fit, not after it
+    if args.report:
+        out_folder(args.report, option="--report")
     cal = calibrate(args.raw_dir, out, name=args.name or out.stem, start_profile=args.start, folds=args.folds,
                     progress=True, workers=args.workers)
     print(format_errors(cal.result))

@@ -31,17 +31,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def out_folder(given: str | Path | None, default: str | Path | None = None) -> Path:
-    """The folder a command writes into (``--out``, else ``default``); a file there is refused (ValueError, one
+def out_folder(given: str | Path | None, default: str | Path | None = None, option: str = "--out") -> Path:
+    """The folder a command writes into (``option``, else ``default``); a file there is refused (ValueError, one
     line) before anything runs, not when the outputs are written; so is a file where a folder above it goes."""
     if given is not None and not str(given).strip():  # Path('') is the current folder: never meant
-        raise ValueError(f"--out {str(given)!r}: empty; give a folder to write into")
+        raise ValueError(f"{option} {str(given)!r}: empty; give a folder to write into")
     out = Path(given or default)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: a file is there; give a folder to write into")
+        raise ValueError(f"{option} {out}: a file is there; give a folder to write into")
     above = file_under_a_file(out)
     if above:
-        raise ValueError(f"--out {out}: {above} is a file, not a folder")
+        raise ValueError(f"{option} {out}: {above} is a file, not a folder")
     return out
 
 
@@ -62,3 +62,13 @@ def file_under_a_file(path: str | Path) -> Path | None:
     None."""
     above = next((p for p in Path(path).parents if p.exists()), None)
     return above if above is not None and not above.is_dir() else None
+
+
+def read_json(path: str | Path):
+    """A JSON file's value; unreadable, not UTF-8 or not JSON -> ValueError naming the file (one line)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable JSON file ({' '.join(str(err).split())[:160]})") from None

@@ -22,7 +22,6 @@ Nothing here needs a GPU; a bad folder or a run without units is one line and ex
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +31,7 @@ import pandas as pd
 
 from granisim.calibration.engine_fit import fit
 from granisim.config.hardware import COEFFICIENTS, OPTIONAL_COEFFICIENTS, PROFILE_DIR, Source, get_profile, with_values
+from granisim.config.files import read_json
 from granisim.config.models import get_model
 from granisim.costmodel import cost_tables
 from granisim.costmodel.step import self_share
@@ -186,7 +186,7 @@ def host_paths(runs: list[Path]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for run in runs:
         for path in sorted(units_folder(run).glob("validation_*.json")):
-            stats = json.loads(path.read_text()).get("executor") or {}
+            stats = read_json(path).get("executor") or {}
             out.setdefault("request table" if stats.get("request_table") else "listed ids", []).append(str(path))
     return out
 
@@ -210,6 +210,10 @@ def runs_to_fit(args) -> list[Path]:
     for run in args.runs:
         if not run.is_dir():
             raise ValueError(f"{run}: no such run folder")
+    listed = {r.resolve() for r in args.runs}
+    for p in args.skip:  # a mistyped name would turn a held-out judgement into an in-sample one, without a word
+        if p.resolve() not in listed:
+            raise ValueError(f"--except {p}: not one of the runs given ({' '.join(map(str, args.runs))[:160]})")
     skip = {p.resolve() for p in args.skip}
     runs = [r for r in args.runs if r.resolve() not in skip]
     if not runs:

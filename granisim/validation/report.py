@@ -36,7 +36,7 @@ from granisim.experiments.run import prepare, simulate
 from granisim.costmodel.host_build import after_each
 from granisim.validation.plans import load_plans
 from granisim.validation.validate import TARGETS, end_to_end, percentile_errors, reprice, step_errors
-from granisim.config.files import OneLineParser
+from granisim.config.files import OneLineParser, read_json
 
 
 def _setup(name: str, requests: int, profile: str):
@@ -78,7 +78,7 @@ def graph_limit(run: Path, names: list[str], steps: dict[str, pd.DataFrame]) -> 
     limits = set()
     for n in names:
         path = run / f"validation_{n}.json"
-        stats = json.loads(path.read_text()).get("executor") or {}
+        stats = read_json(path).get("executor") or {}
         if "graph_max_rows" in stats:
             limits.add(int(stats["graph_max_rows"]))
             continue
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"{args.run}: no unit of {args.policy} on {args.model} outside the held-out workloads "
                          f"({', '.join(HELD_OUT)}) to fit on")
     limit = graph_limit(args.run, names, steps)
-    raw = {n: json.loads((args.run / f"validation_{n}.json").read_text()) for n in names}
+    raw = {n: read_json(args.run / f"validation_{n}.json") for n in names}
     meta = {k: (args.run.parent / f"{k}.txt").read_text().strip() for k in ("commit", "versions")
             if (args.run.parent / f"{k}.txt").exists()}
     source = Source("measured", date=raw[names[0]]["date"],

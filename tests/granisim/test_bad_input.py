@@ -410,6 +410,8 @@ CALIBRATE = {
     "fit: a negative time": ({"linear.csv": "op,family,n,median_us\nx,y,1,-5\n"},
                              ["calibrate", "fit", "R", "--out", "T/p.json"], ["R/linear.csv", "-5 (row 1)"]),
     "fit: --out a folder (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T"], ["--out", "folder"]),
+    "fit: --report a file (was found after the fit, its profile written)": (
+        {}, ["calibrate", "fit", "R", "--out", "T/q.json", "--report", "T/p.json"], ["--report", "a file is there"]),
     "fit: --out under a file (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T/p.json/q.json"],
                                                           ["--out", "T/p.json/q.json", "p.json is a file, not a folder"]),
     "check: attention.csv empty": ({"attention.csv": ""}, ["calibrate", "check", "R"],

@@ -117,6 +117,10 @@ def test_granisim_bench_refuses_an_out_folder_before_it_runs(what, tmp_path, mon
     assert main(["bench", what, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --out {tmp_path}: a folder") and err.count("\n") == 1
+    (tmp_path / "afile").write_text("")  # catches: under a file it ran the benchmark, then failed 'File exists'
+    assert main(["bench", what, "--out", str(tmp_path / "afile" / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert "afile is a file, not a folder" in err and err.count("\n") == 1
 
 
 def test_granisim_bench_sim_takes_repeats(tmp_path, monkeypatch, capsys):

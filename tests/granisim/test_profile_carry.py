@@ -107,6 +107,9 @@ def test_carry_onto_its_own_base_changes_no_price(tmp_path):
     (["carry", "h200", "--onto", "h100-sxm", "--out", "p.json"], "field base: value None"),
     (["carry", "h200-engine-steps", "--onto", "h100-sxm", "--out", "p.json"], "field step_classes"),
     (["carry", "h200-engine", "--onto", "nope", "--out", "p.json"], "unknown profile"),
+    # catches: corrections carried onto a profile holding its own (exit 0; step factors priced against another base)
+    (["carry", "h200-engine", "--onto", "h100-engine-steps", "--out", "p.json"], "--onto h100-engine-steps: holds"),
+    (["carry", "h200-engine", "--onto", "h100-engine", "--out", "p.json"], "--onto h100-engine: holds"),
     (["carry", "h200-engine", "--out", "p.json"], "--onto goes with carry"),
     (["carry", "h200-engine", "--onto", "h100-sxm"], "--out FILE.json goes with derive and carry"),
     (["carry", "h200-engine", "--onto", "h100-sxm", "--out", "EXISTS.json"], "already exists"),

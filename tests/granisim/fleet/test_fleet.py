@@ -242,6 +242,16 @@ def test_cli_compare_routers_refuses_policies_it_would_not_run(tmp_path, capsys)
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("fleet", ["", "[fleet]\nreplicas = 1\n"])
+def test_compare_routers_refuses_a_single_replica(tmp_path, capsys, fleet):
+    """catches: `compare --routers` of a scenario without [fleet] ran one identical row per router (exit 0)."""
+    path = write(tmp_path, TOML + fleet)
+    assert main(["compare", path, "--routers", "round_robin,cache_aware", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--routers round_robin,cache_aware" in err[0] and "one replica" in err[0], err
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("fleet, field", [
     ("replicas = 0", "fleet.replicas = 0"),
     ("router = \"random\"", "fleet.router = 'random'"),

@@ -64,6 +64,8 @@ def test_the_command_writes_a_profile_that_loads(tmp_path, monkeypatch, capsys):
     (["RUN", "--out", "p.txt"], "--out p.txt: a profile is a .json file"),
     (["RUN", "--out", "p.json", "--min-steps", "0"], "--min-steps 0: give 1 or more"),
     (["RUN", "--out", "p.json", "--except", "RUN"], "leaves none of the runs to fit on"),
+    # catches: a mistyped run was ignored, turning a held-out fit into an in-sample one (exit 0)
+    (["RUN", "--out", "p.json", "--except", "NOPE"], "--except NOPE: not one of the runs given"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, says):
     monkeypatch.chdir(tmp_path)
@@ -71,3 +73,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, s
     assert main(["validation", "step-classes", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err
+
+
+def test_a_malformed_validation_json_is_named(tmp_path, capsys):
+    """catches: `validation refit` printed json's own message ('Expecting property name ...') without the file."""
+    bad = tmp_path / "RUN" / "validation_multi_agent_16k_granikv_llama-3.1-8b.json"
+    bad.parent.mkdir()
+    bad.write_text("{")
+    assert main(["validation", "refit", str(bad.parent), "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(bad) in err and "not a readable JSON file" in err, err

@@ -44,7 +44,7 @@ import hashlib
 import itertools
 import json
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from granisim.config.scenario import (Scenario, ScenarioError, check_effective_in_runs, inert, parse_scenario,
@@ -414,9 +414,12 @@ def _speedup(sp, base: dict, points: list[Point], source: str) -> Speedup | None
     for key in ("target", "baseline"):
         value = getattr(speedup, key)
         if not _some_point_has(points, speedup.field, value):  # a value some point has is valid (with its point)
-            _check_value(base, speedup.field, value, source, f"speedup.{key}")  # a bad value: its own error
-            raise ScenarioError(f"{source}: field speedup.{key} = {short_repr(value)}: no point has "
-                                f"{speedup.field} = {short_repr(value)} (the speedup column would be empty)")
+            sc = _check_value(base, speedup.field, value, source, f"speedup.{key}")  # a bad value: its own error
+            typed = _value_of(sc, speedup.field)  # as the points hold it: target = 3 for a float field is 3.0
+            if not _some_point_has(points, speedup.field, typed):
+                raise ScenarioError(f"{source}: field speedup.{key} = {short_repr(value)}: no point has "
+                                    f"{speedup.field} = {short_repr(value)} (the speedup column would be empty)")
+            speedup = replace(speedup, **{key: typed})
     return speedup
 
 

@@ -42,7 +42,17 @@ class ResultsStore:
             parts.sort(key=lambda p: want[p.name[len(PREFIX) : -len(SUFFIX)]])
         if not parts:
             return pd.DataFrame()
-        frames = [pd.read_parquet(p) for p in parts]
+        frames = [_read_part(p) for p in parts]
         cols = list(dict.fromkeys(c for f in frames for c in f.columns))
         frames = [f.dropna(axis=1, how="all") for f in frames]  # all-null columns carry no type
         return pd.concat(frames, ignore_index=True).reindex(columns=cols)
+
+
+def _read_part(path: Path) -> pd.DataFrame:
+    """One part; a damaged one (not parquet: written by something else, or a disk error) is a ValueError that says
+    how to run its point again, not pyarrow's own message."""
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{path}: a damaged results part ({' '.join(str(err).split())[:120]}); delete it and run "
+                         f"the sweep again to recompute that point") from None

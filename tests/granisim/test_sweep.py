@@ -379,3 +379,31 @@ def test_every_point_is_resolved_before_anything_runs(tmp_path, base, grid, want
     text = "name = 'x'\n" + BASE.format(n=8) + base + "[grid]\n" + grid + "\n"
     with pytest.raises(ScenarioError, match=re.escape(want)):
         load_sweep(_sweep(tmp_path, text))
+
+
+def test_a_damaged_results_part_says_how_to_recompute_its_point(tmp_path, capsys):
+    """catches: a part that is not parquet (written over by something else) stopped every later run with pyarrow's
+    own message, which did not say that deleting the part lets the sweep recompute that point."""
+    path = _sweep(tmp_path, "name = 'dmg'\n" + BASE.format(n=4) + '[grid]\n"policy.name" = ["granikv", "token"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "1"]) == 0
+    part = sorted((out / "results").glob("part-*.parquet"))[0]
+    part.write_text("garbage")
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(part) in err[0] and "delete it" in err[0], err
+    part.unlink()
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "1"]) == 0
+    assert len(pd.read_csv(out / "results.csv")) == 2
+
+
+def test_a_speedup_of_an_integer_written_for_a_float_field_finds_its_points(tmp_path):
+    """catches: `target = 3` over `workload.rate = [1.0, 3.0]` was refused ('no point has workload.rate = 3'),
+    values compared as text, where a grid takes 3 for 3.0."""
+    text = ("name = 'sp'\n" + BASE.format(n=4) + '[grid]\n"workload.rate" = [1.0, 3.0]\n'
+            '[speedup]\nfield = "workload.rate"\ntarget = 3\nbaseline = 1\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(_sweep(tmp_path, text)), "--out", str(out), "--workers", "1"]) == 0
+    sp = pd.read_csv(out / "speedup.csv")
+    assert list(sp["workload.rate"]) == [3.0] and sp.speedup.notna().all()

@@ -225,6 +225,7 @@ def cmd_fuzz(args) -> int:
 
 
 BENCH_REPEATS = {"alloc": 15, "sim": 3}  # bench --repeats unless given (sweep runs its points once)
+BENCH_OPTIONS = {"sweep": ("points", "requests", "workers", "ray"), "sim": ("fleet", "router")}  # each bench's own
 
 
 def cmd_bench(args) -> int:
@@ -235,16 +236,24 @@ def cmd_bench(args) -> int:
     if args.repeats is not None and args.what not in BENCH_REPEATS:
         raise ScenarioError(f"--repeats {args.repeats}: for bench {' and '.join(BENCH_REPEATS)}; bench {args.what} "
                             f"runs each point once")
+    for what, options in BENCH_OPTIONS.items():  # an option of another benchmark would be ignored
+        given = [o for o in options if getattr(args, o) not in (None, False)]
+        if what != args.what and given:
+            value = getattr(args, given[0])
+            raise ScenarioError(f"--{given[0]}{'' if value is True else f' {value}'}: for bench {what}; bench "
+                                f"{args.what} has no use for it")
     repeats = BENCH_REPEATS.get(args.what) if args.repeats is None else args.repeats
     if args.what == "alloc":
         bench_alloc.run(out, repeats=repeats)
     elif args.what == "sweep":
-        bench_sweep.run(out, points=args.points, requests=args.requests, workers=args.workers, ray=args.ray)
+        bench_sweep.run(out, points=args.points or 1000, requests=args.requests or 200, workers=args.workers,
+                        ray=args.ray)
     elif args.what == "sim":
-        if args.router not in bench_sim.FLEET_ROUTERS:
-            raise ScenarioError(f"--router: unknown router {args.router!r} (known: {', '.join(bench_sim.FLEET_ROUTERS)})")
+        router = args.router or "round_robin"
+        if router not in bench_sim.FLEET_ROUTERS:
+            raise ScenarioError(f"--router: unknown router {router!r} (known: {', '.join(bench_sim.FLEET_ROUTERS)})")
         bench_sim.run(out, bench_sim.FLEET_CASES if args.fleet else bench_sim.DEFAULT_CASES, repeats=repeats,
-                      router=args.router)
+                      router=router)
     return 0
 
 
@@ -538,12 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=POS_INT,
                    help=f"alloc, sim: runs per measurement, the median reported (default {BENCH_REPEATS['alloc']} for "
                         f"alloc, {BENCH_REPEATS['sim']} for sim)")
-    b.add_argument("--points", type=POS_INT, default=1000, help="sweep: points")
-    b.add_argument("--requests", type=POS_INT, default=200, help="sweep: requests per point")
+    b.add_argument("--points", type=POS_INT, help="sweep: points (default 1000)")
+    b.add_argument("--requests", type=POS_INT, help="sweep: requests per point (default 200)")
     b.add_argument("--workers", type=POS_INT, help="sweep: local processes (default: CPU count)")
     b.add_argument("--ray", metavar="ADDRESS", help="sweep: run on Ray instead")
     b.add_argument("--fleet", action="store_true", help="sim: the fleet scaling series alone (1, 4, 16, 64 replicas)")
-    b.add_argument("--router", default="round_robin", help="sim: the fleet cases' router (round_robin, cache_aware)")
+    b.add_argument("--router", help="sim: the fleet cases' router (round_robin, the default, or cache_aware)")
     b.set_defaults(fn=cmd_bench)
     pr = sub.add_parser("profile", help="hardware profiles")
     pr.add_argument("action", choices=["list", "show", "check", "derive", "carry"],

@@ -138,3 +138,19 @@ def test_granisim_bench_sim_takes_repeats(tmp_path, monkeypatch, capsys):
     assert main(["bench", "sweep", "--repeats", "2", "--out", out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --repeats 2: for bench alloc and sim") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, says", [(["sweep", "--fleet"], "--fleet: for bench sim"),
+                                        (["alloc", "--points", "3"], "--points 3: for bench sweep"),
+                                        (["sim", "--workers", "2"], "--workers 2: for bench sweep")])
+def test_granisim_bench_refuses_another_benchmarks_options(argv, says, tmp_path, monkeypatch, capsys):
+    """catches: `bench sweep --fleet --router cache_aware` and `bench alloc --points 3` ran, the options ignored."""
+    from granisim.cli import main
+    from granisim.experiments import bench_alloc, bench_sweep
+
+    for mod in (bench_alloc, bench_sweep, bench_sim):
+        monkeypatch.setattr(mod, "run", lambda *a, **k: pytest.fail("the benchmark ran"))
+    assert main(["bench", *argv, "--out", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+

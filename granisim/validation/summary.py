@@ -93,6 +93,9 @@ def report_records(paths: list[Path]) -> list[dict]:
 
 
 def _record(base: dict, metric: str, measured, predicted, error) -> dict:
+    for what, v in (("measured", measured), ("predicted", predicted), ("error", error)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):  # the caller names the file
+            raise TypeError(f"{metric} {what} = {v!r}: not a number")
     target = TARGETS.get(metric)
     ok = error is not None and not (isinstance(error, float) and math.isnan(error))
     return {**base, "metric": metric, "measured": measured, "predicted": predicted, "error": error,

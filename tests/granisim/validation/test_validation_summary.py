@@ -24,6 +24,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_figure_that_is_not_a_number_is_named(tmp_path, capsys):
+    """catches: a measured value "fast" went into the record as it was, with met = true (exit 0)."""
+    rep = _rep(0.01)
+    rep["end_to_end"]["tpot_p50_s"]["measured"] = "fast"
+    f = tmp_path / "validation_azure_replay_token_llama-3.1-8b.json"
+    f.write_text(json.dumps(rep))
+    with pytest.raises(SystemExit) as e:
+        S.main([str(tmp_path), "--out", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and str(f) in err and "tpot_p50_s measured = 'fast': not a number" in err, err
+    assert not (tmp_path / "s.json").exists()
+
+
 def test_mape_is_the_mean_over_workloads_and_machines(tmp_path):
     """Over workloads and machines, and per workload over machines (BLIS's convention). Planted bug: the MAPE
     taken as the middle value (0.03) instead of the mean (0.05) fails."""

@@ -314,7 +314,7 @@ def _carry_profile(engine: str, onto: str, out: Path) -> None:
     import json
 
     from granisim.calibration.carry import REREAD, carry
-    from granisim.config.hardware import PROFILE_DIR, get_profile
+    from granisim.config.hardware import PROFILE_DIR, get_profile, has_engine_corrections
     from granisim.config.profile_base import base_file, derived
 
     _new_profile_file(out)
@@ -327,7 +327,7 @@ def _carry_profile(engine: str, onto: str, out: Path) -> None:
     if extra:
         raise ScenarioError(f"{engine}: field {extra[0]}: value present: priced against {p.base}'s own figures; "
                             "carry a profile of coefficients alone")
-    if new.step_classes or any(k.startswith("engine.") for k in new.coefficients):  # corrections on corrections
+    if new.step_classes or has_engine_corrections(new):  # corrections on corrections
         raise ScenarioError(f"--onto {onto}: holds the real engine's corrections already (an engine profile); carry "
                             f"onto the measured profile of the GPU (as h100-sxm is for h100-engine)")
     old = get_profile(base_file(p.base, p.path.parent, PROFILE_DIR))

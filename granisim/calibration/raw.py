@@ -71,8 +71,9 @@ def read_csv(f: Path, need: tuple[str, ...] = ("median_us",), **kw) -> pd.DataFr
         if wrong.any():
             i = int(wrong.to_numpy().argmax())
             v = df["median_us"].iloc[i]
-            raise ProfileError(f"{f}: field median_us: value {getattr(v, 'item', lambda: v)()!r} (row {i + 1}): not a "
-                               f"time in microseconds (a number >= 0)")
+            v = v.item() if hasattr(v, "item") else v  # a numpy scalar printed as the number it is
+            raise ProfileError(f"{f}: field median_us: value {v!r} (row {i + 1}): not a time in microseconds "
+                               f"(a number >= 0)")
         df["median_us"] = times
     return df
 

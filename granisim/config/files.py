@@ -71,4 +71,4 @@ def read_json(path: str | Path):
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"{path}: not a readable JSON file ({' '.join(str(err).split())[:160]})") from None
+        raise ValueError(f"{path}: not a readable JSON file ({one_line(err, 160)})") from None

@@ -367,6 +367,11 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
 
 
+def has_engine_corrections(profile: HardwareProfile) -> bool:
+    """Does ``profile`` hold the real engine's corrections to its microbenchmarked prices (``engine.*``)?"""
+    return any(k.startswith("engine.") for k in profile.coefficients)
+
+
 def profiles_table() -> str:
     """The shipped profiles, one line each: GPU, the profile it is made from, its coefficients' sources by kind,
     whether it holds the real engine's corrections, and the models its step-class factors cover."""
@@ -375,7 +380,7 @@ def profiles_table() -> str:
         p = get_profile(name)
         kinds = Counter(c.source.kind for c in p.coefficients.values())
         rows.append((name, p.gpu, p.base or "-", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
-                     "yes" if any(k.startswith("engine.") for k in p.coefficients) else "-",
+                     "yes" if has_engine_corrections(p) else "-",
                      ", ".join(sorted(p.step_classes.factors)) if p.step_classes else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)

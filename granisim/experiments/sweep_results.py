@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from granisim.config.files import one_line
+
 PREFIX, SUFFIX = "part-", ".parquet"
 
 
@@ -54,5 +56,5 @@ def _read_part(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"{path}: a damaged results part ({' '.join(str(err).split())[:120]}); delete it and run "
+        raise ValueError(f"{path}: a damaged results part ({one_line(err)}); delete it and run "
                          f"the sweep again to recompute that point") from None

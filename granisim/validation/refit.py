@@ -210,12 +210,12 @@ def runs_to_fit(args) -> list[Path]:
     for run in args.runs:
         if not run.is_dir():
             raise ValueError(f"{run}: no such run folder")
-    listed = {r.resolve() for r in args.runs}
-    for p in args.skip:  # a mistyped name would turn a held-out judgement into an in-sample one, without a word
-        if p.resolve() not in listed:
-            raise ValueError(f"--except {p}: not one of the runs given ({' '.join(map(str, args.runs))[:160]})")
-    skip = {p.resolve() for p in args.skip}
+    skip = {p.resolve(): p for p in args.skip}
     runs = [r for r in args.runs if r.resolve() not in skip]
+    stray = set(skip) - {r.resolve() for r in args.runs}  # a mistyped name would make a held-out fit in-sample
+    if stray:
+        raise ValueError(f"--except {skip[min(stray)]}: not one of the runs given "
+                         f"({' '.join(map(str, args.runs))[:160]})")
     if not runs:
         raise ValueError(f"--except {' '.join(map(str, args.skip))}: leaves none of the runs to fit on")
     return runs

@@ -12,7 +12,10 @@ and its sequence) and all are written to one replayable test file (``--repro``, 
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from granisim.config.files import out_file
@@ -71,6 +74,24 @@ def progress_machine(machine, examples: int):
     return WithProgress, bar
 
 
+@contextmanager
+def _scratch_hypothesis_home():
+    """Hypothesis caches what it reads of the code under ``.hypothesis/`` in the current folder (the
+    fuzzer keeps no example database): a run leaves nothing there, unless HYPOTHESIS_STORAGE_DIRECTORY
+    names a folder for it."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    if os.getenv("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="granisim-fuzz-") as home:
+        set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            set_hypothesis_home_dir(None)
+
+
 def run_fuzz(args) -> int:
     import hypothesis
     from hypothesis.stateful import run_state_machine_as_test
@@ -88,7 +109,7 @@ def run_fuzz(args) -> int:
     machine, bar = progress_machine(fuzz.allocator_machine(fuzz.default_factory(policy), model), args.examples)
     hypothesis.seed(args.seed)(machine)
     try:
-        with fuzz.rare_full_collections():
+        with fuzz.rare_full_collections(), _scratch_hypothesis_home():
             run_state_machine_as_test(machine, settings=fuzz.fuzz_settings(args.examples, args.max_steps))
     except Exception as err:
         bar.close()

@@ -1,12 +1,16 @@
 """The CLI: bad input gives one line naming file, field and value, exit 2, no traceback."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from granisim.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(tmp_path, text):
@@ -146,6 +150,15 @@ def test_compare_runs_each_policy(tmp_path, capsys):
 
 def test_fuzz_command_passes_on_a_real_policy(capsys):
     assert main(["fuzz", "--allocator", "token", "--examples", "20", "--seed", "1"]) == 0
+
+
+def test_fuzz_leaves_nothing_in_the_current_folder(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "granisim.cli", "fuzz", "--allocator", "token", "--examples", "5",
+                           "--seed", "1"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no .hypothesis/ (hypothesis' cache of the code's constants)
 
 
 def test_console_script_reports_errors_without_traceback(tmp_path):

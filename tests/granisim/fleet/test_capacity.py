@@ -173,3 +173,14 @@ def test_a_trace_replay_is_refused_by_the_fewest_replicas_search(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"error: {path}: field {field}: "), err
     assert "--rate 3" in err and not out.exists()
+
+
+def test_faults_beyond_a_probe_are_named_not_dropped_silently(tmp_path, capsys):
+    """A probe of n replicas keeps the faults of replicas below n: the search says so once. catches: faults of
+    replica 2 left out of the 1- and 2-replica probes without a word."""
+    path = tmp_path / "f.toml"
+    path.write_text(TOML.replace("[fleet]", "[fleet]\nreplicas = 3") + "[[fleet.faults]]\nreplica = 2\nat_s = 1.0\n")
+    assert main(["capacity", str(path), "--slo", "ttft_p99=5s", "--rate", "2", "--max-replicas", "3",
+                 "--workers", "1", "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("keeps the faults of replicas 0 .. n-1 only") == 1 and "up to 2" in err, err

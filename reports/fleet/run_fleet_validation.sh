@@ -9,6 +9,7 @@
 # behind hot_aware and cache_aware: six units, each in OUT/<prefix>_<router>/ (validation.json marks it done).
 # Each replica's KV budget is KV_TOKENS (default 160,000 tokens, 21 GB: four of them and one copy of the weights
 # fit in the H200's memory); HOT pool HOT_FRACTION (default 0.45) of it, room for four 16K slabs.
+# On an H100 (80 GB): PROFILE=h100-engine KV_TOKENS=100000 HOT_FRACTION=0.66 (four 16K slabs again).
 # CALL_S: seconds this call may take (default 540); no unit starts unless LONGEST_S (default 200) still fits.
 set -u
 OUT=${1:?usage: run_fleet_validation.sh OUT [CALL_S]}
@@ -29,7 +30,7 @@ seed = 3
 [model]
 name = "llama-3.1-8b"
 [hardware]
-profile = "h200-engine"
+profile = "${PROFILE:-h200-engine}"
 kv_budget_tokens = ${KV_TOKENS:-160000}
 [policy]
 name = "granikv"

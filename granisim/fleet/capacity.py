@@ -183,10 +183,10 @@ def fleet_capacity_cli(args) -> int:
     if args.sensitivity is not None:  # its scaled scenarios checked before any probe
         scaled_scenarios(scenario, args.scenario, args.sensitivity)
     out = out_folder(args.out, f"out/{scenario.name}-fleet-capacity")
-    faults = scenario.fleet.faults if scenario.fleet is not None else ()
-    if faults and max(f.replica for f in faults) > 0:  # said, not dropped silently
+    last = max((f.replica for f in scenario.fleet.faults), default=0) if scenario.fleet is not None else 0
+    if last > 0:  # said, not dropped silently
         print(f"note: {args.scenario}: a probe of n replicas keeps the faults of replicas 0 .. n-1 only "
-              f"(fleet.faults name replicas up to {max(f.replica for f in faults)})", file=sys.stderr)
+              f"(fleet.faults name replicas up to {last})", file=sys.stderr)
     results = fleet_capacity(scenario, routers, policies, slo, args.rate, args.max_replicas, out, args.workers)
     print(fleet_capacity_table(results, slo, args.rate, args.max_replicas))
     print(f"\nwrote {out}/ (fleet_capacity.json, fleet_capacity.txt, fleet_capacity.png)")

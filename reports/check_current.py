@@ -1,19 +1,20 @@
 """Are the committed simulated figures still what the code gives? Re-run the commands behind the report pages
 whose files a CPU writes (simulations and the calibration fits) and compare their outputs with the committed ones.
 
-    python reports/check_current.py [PART ...] [--keep DIR]       # parts: demo capacity fleet calibration paper
+    python reports/check_current.py [PART ...] [--keep DIR]   # parts: demo capacity fleet host_tier calibration paper
 
 Run it after changing the cost model, a profile, the scheduler or a workload. Each part prints MATCH or DIFF per
 file (DIFF with the first values that differ) and the command that rewrites the committed files; exit status 1 if
-any file differs. Text files must match exactly. JSON files must match value for value, floats to 1e-9 relative,
-apart from the run's own commit, date, wall time and command line. The figures the pages quote in prose come from
+any file differs. Text files must match exactly. JSON and CSV files must match value for value, floats to 1e-9
+relative, apart from the run's own commit, date, wall time and command line. The figures the pages quote in prose come from
 these files. The pages of GPU runs are checked by `reports/regenerate.sh` from the raw runs instead.
-About 6 minutes on two cores for every part (`paper` about 4 of them).
+About 8 minutes on two cores for every part (`paper` about 4 of them).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import subprocess
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VOLATILE = {"commit", "date", "wall_s", "command"}  # a run's own, not a figure
+VOLATILE = {"commit", "date", "wall_s", "command", "sim_wall_s"}  # a run's own, not a figure
 FLEET = "scenarios/fleet_16roles.toml"
 FLEET_CAPACITY = [FLEET, "--slo", "ttft_p99=2s,tpot_p99=50ms", "--rate", "24", "--max-replicas", "16",
                   "--routers", "round_robin,cache_aware,hot_aware", "--policies", "granikv", "--sensitivity"]
@@ -47,6 +48,9 @@ PARTS = {
         *[(["run", f"ROUTER={router}", "--sensitivity", "--out", "OUT"],
            [("sensitivity.json", f"reports/fleet/sensitivity/{router}.json")])
           for router in ("hot_aware", "cache_aware", "least_load")]],
+    "host_tier": [(["sweep", f"sweeps/{name}.toml", "--out", "OUT", "--workers", "2"],
+                   [("results.csv", f"reports/host_tier/sweeps/{name}.csv")])
+                  for name in ("host_tier", "host_tier_steady", "host_tier_admission", "host_eviction", "host_write")],
     "calibration": [
         (["calibrate", "fit", f"calibration/raw/{raw}", "--out", f"OUT/{name}.json", "--report", "OUT"],
          [(f"{name}_fit.json", f"reports/calibration/{name}_fit.json")])
@@ -81,11 +85,25 @@ def differences(got, want, where: str = "") -> list[str]:
     return [f"{where}: {got!r}, committed {want!r}"]
 
 
+def csv_rows(path: Path) -> list[dict]:
+    """A CSV file's rows, numbers as floats."""
+    def value(cell: str):
+        try:
+            return float(cell)
+        except ValueError:
+            return cell
+
+    with path.open(newline="") as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def compare(new: Path, committed: Path) -> list[str]:
     if not new.is_file():
         return [f"{new} was not written"]
     if committed.suffix == ".json":
         return differences(json.loads(new.read_text()), json.loads(committed.read_text()))
+    if committed.suffix == ".csv":
+        return differences(csv_rows(new), csv_rows(committed))
     a, b = new.read_text().splitlines(), committed.read_text().splitlines()
     return [f"line {i + 1}: {x!r}, committed {y!r}" for i, (x, y) in enumerate(zip(a, b)) if x != y] + \
         ([f"{len(a)} lines, committed {len(b)}"] if len(a) != len(b) else [])

@@ -37,3 +37,12 @@ def test_text_files_are_compared_line_by_line(tmp_path):
     new.write_text("a\nb\n")
     assert check_current.compare(new, old) == []
     assert check_current.compare(tmp_path / "missing.txt", old) == [f"{tmp_path / 'missing.txt'} was not written"]
+
+
+def test_csv_files_are_compared_by_value_without_wall_times(tmp_path):
+    new, old = tmp_path / "new.csv", tmp_path / "old.csv"
+    old.write_text("point_id,throughput_rps,sim_wall_s\na,1.5,3.2\n")
+    new.write_text("point_id,throughput_rps,sim_wall_s\na,1.50,9.9\n")
+    assert check_current.compare(new, old) == []
+    new.write_text("point_id,throughput_rps,sim_wall_s\na,1.6,3.2\n")  # catches: a moved figure in a sweep table
+    assert check_current.compare(new, old) == ["[0]/throughput_rps: 1.6, committed 1.5"]

@@ -45,6 +45,8 @@ PARTS = {
          [("fleet_capacity.txt", "reports/fleet/capacity/fleet_capacity.txt"),
           ("fleet_capacity.json", "reports/fleet/capacity/fleet_capacity.json"),
           ("fleet_capacity_sensitivity.json", "reports/fleet/capacity/fleet_capacity_sensitivity.json")]),
+        (["compare", FLEET, "--routers", "round_robin,least_load,cache_aware,role_affinity,hot_aware", "--out", "OUT"],
+         [("compare.txt", "reports/fleet/compare/compare.txt"), ("compare.json", "reports/fleet/compare/compare.json")]),
         *[(["run", f"ROUTER={router}", "--sensitivity", "--out", "OUT"],
            [("sensitivity.json", f"reports/fleet/sensitivity/{router}.json")])
           for router in ("hot_aware", "cache_aware", "least_load")]],

@@ -6,8 +6,8 @@ whose files a CPU writes (simulations and the calibration fits) and compare thei
 Run it after changing the cost model, a profile, the scheduler or a workload. Each part prints MATCH or DIFF per
 file (DIFF with the first values that differ) and the command that rewrites the committed files; exit status 1 if
 any file differs. Text files must match exactly. JSON and CSV files must match value for value, floats to 1e-9
-relative, apart from the run's own commit, date, wall time and command line. The figures the pages quote in prose come from
-these files. The pages of GPU runs are checked by `reports/regenerate.sh` from the raw runs instead.
+relative, apart from the run's own commit, date, wall time and command line. The figures the pages quote in prose
+come from these files. The pages of GPU runs are checked by `reports/regenerate.sh` from the raw runs instead.
 About 8 minutes on two cores for every part (`paper` about 4 of them).
 """
 
@@ -46,7 +46,8 @@ PARTS = {
           ("fleet_capacity.json", "reports/fleet/capacity/fleet_capacity.json"),
           ("fleet_capacity_sensitivity.json", "reports/fleet/capacity/fleet_capacity_sensitivity.json")]),
         (["compare", FLEET, "--routers", "round_robin,least_load,cache_aware,role_affinity,hot_aware", "--out", "OUT"],
-         [("compare.txt", "reports/fleet/compare/compare.txt"), ("compare.json", "reports/fleet/compare/compare.json")]),
+         [("compare.txt", "reports/fleet/compare/compare.txt"),
+          ("compare.json", "reports/fleet/compare/compare.json")]),
         *[(["run", f"ROUTER={router}", "--sensitivity", "--out", "OUT"],
            [("sensitivity.json", f"reports/fleet/sensitivity/{router}.json")])
           for router in ("hot_aware", "cache_aware", "least_load")]],

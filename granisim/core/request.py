@@ -197,6 +197,25 @@ _RECORD_COLS = ("rid", "role", "session", "turn", "prompt_len", "output_len", "c
                 "generated", "arrival_s", "admitted_s", "first_token_s", "finish_s")
 
 
+NOT_SENT = "not sent: "  # the reason of a turn after a rejected one (unsent_turns)
+
+
+def unsent_turns(records, workload) -> list[RequestRecord]:
+    """A rejected turn ends its session: the turns after it are never sent (each prompt would hold the one
+    before's output). One rejected record per such turn, so that the records hold every turn of every session:
+    prompt length 0 (never formed), the session's output length, arrival and finish at the rejection."""
+    if workload.cfg.turns < 2:
+        return []
+    out = []
+    for r in records:
+        if r.status != "rejected":
+            continue
+        for rid, turn in workload.later_turns(r.session, r.turn):
+            out.append(RequestRecord(rid, r.role, r.session, turn, r.finish_s, 0, r.output_len, "rejected",
+                                     f"{NOT_SENT}turn {r.turn} of its session was rejected", finish_s=r.finish_s))
+    return out
+
+
 class RequestRecords:
     """The finished and rejected requests' records, held as columns (about 100 bytes per request
     instead of a :class:`RequestRecord` and its boxed fields).

@@ -36,7 +36,7 @@ from granisim.kv.host_tier import host_tier_config
 from granisim.core.metrics import StepLog
 from granisim.core.progress import NoBar, request_bar
 from granisim.core.contract import Executor, with_steps
-from granisim.core.request import JoinedRecords, RequestRecords
+from granisim.core.request import JoinedRecords, RequestRecords, unsent_turns
 from granisim.core.scheduler import Scheduler
 from granisim.core.workload import ArrivalQueue, InitialSpecs, Workload
 
@@ -140,7 +140,10 @@ class ServingLoop:
         env.process(self._engine())
         env.run()
         self._bar.close()
-        return SimResult(self.scheduler.records, self.steps, env.now,
+        records = self.scheduler.records
+        for r in unsent_turns(records, self.workload):
+            records.append(r)
+        return SimResult(records, self.steps, env.now,
                          dict(kv_budget=self.setup.kv_budget, preemptions=self.scheduler.preemptions))
 
     def start(self, env: simpy.Environment) -> simpy.Process:

@@ -428,6 +428,13 @@ class Workload:
             return rng.choice(k, n, p=p / p.sum())
         return rng.integers(0, k, n)
 
+    def later_turns(self, session: int, turn: int) -> list[tuple[int, int]]:
+        """(rid, turn) of the turns after ``turn`` of ``session`` (none for a request without a session), with
+        the ids ``follow_up`` gives them."""
+        if session < 0:
+            return []
+        return [(t * self._sessions + session, t) for t in range(turn + 1, self.cfg.turns)]
+
     def follow_up(self, spec: RequestSpec, outputs: np.ndarray, finish_s: float) -> RequestSpec | None:
         """The session's next turn: previous prompt + its output + a new user message."""
         if spec.session < 0 or spec.turn + 1 >= self.cfg.turns:
@@ -446,7 +453,7 @@ class Workload:
             new = rng.integers(0, self.vocab, suffix_len, dtype=PROMPT_DTYPE)
             suffix = np.concatenate([spec.suffix, np.asarray(outputs).astype(PROMPT_DTYPE), new])
         think = float(rng.exponential(self.cfg.think_time_s)) if self.cfg.think_time_s > 0 else 0.0
-        rid = (spec.turn + 1) * self._sessions + spec.session  # independent of completion order
+        rid = (spec.turn + 1) * self._sessions + spec.session  # independent of completion order (later_turns)
         return RequestSpec(rid, finish_s + think, spec.prefix, suffix, out_len, spec.shared_len,
                            spec.role, spec.session, spec.turn + 1)
 

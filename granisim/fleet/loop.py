@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from granisim.core.progress import request_bar
-from granisim.core.request import JoinedRecords, RequestRecord, RequestRecords
+from granisim.core.request import JoinedRecords, RequestRecord, RequestRecords, unsent_turns
 from granisim.core.serving_loop import UrgentTimeout
 from granisim.core.workload import ArrivalQueue, Workload
 from granisim.fleet.replica import Replica, ReplicaSpec
@@ -127,6 +127,9 @@ class FleetLoop:
         for rep in self.replicas:
             rep.finish(env.now)
             parts.extend((rep.index, recs) for recs in rep.records)
+        unsent = unsent_turns((r for _, recs in parts for r in recs), self.workload)
+        if unsent:  # not routed, as a rejection with no replica up is not
+            parts.append((NO_REPLICA, RequestRecords(unsent)))
         return FleetResult(FleetRecords(parts), self.replicas, env.now, self.rerouted, self.recomputed,
                            self.router.name, self.router.decisions)
 

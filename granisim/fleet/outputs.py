@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from granisim.core.metrics import requests_frame, summarize, summary_json
+from granisim.core.request import NOT_SENT
 
 
 def fleet_requests(result) -> pd.DataFrame:
@@ -63,7 +64,8 @@ def fleet_summary(result, reqs: pd.DataFrame, steps: pd.DataFrame) -> dict:
                    evictions=sum(r.totals["evictions"] for r in result.replicas),
                    preemptions=sum(r.totals["preemptions"] for r in result.replicas),
                    rerouted=int(sum(result.rerouted.values())), rerouted_requests=len(result.rerouted),
-                   recomputed=int(result.recomputed), router_rejected=int((reqs.replica < 0).sum()),
+                   recomputed=int(result.recomputed),
+                   router_rejected=int(((reqs.replica < 0) & ~reqs.reason.str.startswith(NOT_SENT)).sum()),
                    replicas=per)
     return summary
 

@@ -142,10 +142,12 @@ def test_requests_held_with_every_replica_down_wait_for_one_coming_back_only():
     assert (reqs.status == "completed").all() and len(reqs) == 36 and back.end_s > 300
 
 def check_nothing_lost(res, sessions: int, turns: int) -> None:
-    """Every request finishes or is rejected with a reason, exactly once; every finished turn's follow-up exists."""
+    """Every request finishes or is rejected with a reason, exactly once: every turn of every session is recorded
+    (a turn after a rejected one as not sent); every finished turn's follow-up exists."""
     reqs = fleet_requests(res)
     assert reqs.rid.is_unique, "a request was recorded twice"
     assert set(range(sessions)) <= set(reqs.rid), "a first turn was lost"
+    assert set(reqs.rid) == set(range(sessions * turns)), "a turn was lost"
     assert set(reqs.status) <= {"completed", "rejected"}
     assert (reqs[reqs.status == "rejected"].reason.str.len() > 0).all(), "a rejection without a reason"
     done = reqs[(reqs.status == "completed") & (reqs.turn + 1 < turns)]

@@ -128,7 +128,7 @@ class FleetLoop:
             rep.finish(env.now)
             parts.extend((rep.index, recs) for recs in rep.records)
         unsent = unsent_turns((r for _, recs in parts for r in recs), self.workload)
-        if unsent:  # not routed, as a rejection with no replica up is not
+        if unsent:  # never routed: under replica -1, beside the rejections with no replica up
             parts.append((NO_REPLICA, RequestRecords(unsent)))
         return FleetResult(FleetRecords(parts), self.replicas, env.now, self.rerouted, self.recomputed,
                            self.router.name, self.router.decisions)

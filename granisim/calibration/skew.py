@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -143,9 +144,11 @@ def add_to_file(path: Path, profile_path: Path, date: str | None = None, commit:
             f"split-balance benchmark ({shown}); priced with factor 1 their error was median {before['median']:+.1%} "
             f"({before['min']:+.1%}..{before['max']:+.1%}), with {value:g} median {after['median']:+.1%} "
             f"({after['min']:+.1%}..{after['max']:+.1%})")
+    given = "".join(f" --{k} {shlex.quote(v)}" for k, v in (("date", date), ("commit", commit), ("versions", versions))
+                    if v)  # what the run's JSON lacked: the command as it reruns
     source = {"kind": "measured", "gpu": run.get("device", "unknown"),
               "command": f"python3 -m gpu_backend.bench.split_balance --out DIR; granisim calibrate skew {shown} "
-                         f"--profile {profile_path.name}", "note": note}
+                         f"--profile {profile_path.name}{given}", "note": note}
     date = date or run.get("date")
     if not date:
         raise _fail(path, "date", None, "the run's JSON does not say when it ran: give --date")

@@ -106,3 +106,20 @@ def test_each_measured_profile_carries_the_factor_its_own_gpu_measured():
         prof = get_profile(name)
         assert prof.coefficients[NAME].source.kind == "measured" and prof[NAME] == fit(run, prof)[0]
     assert get_profile("h100-sxm")[NAME] < get_profile("h200")[NAME]
+
+
+def test_the_recorded_command_reruns_with_the_fields_the_run_lacked(tmp_path):
+    """catches: the profile recorded `granisim calibrate skew RUN --profile P` for a run whose JSON has no date, a
+    command that exits 2 asking for --date."""
+    import shlex
+
+    from granisim.calibration.skew import add_to_file
+
+    profile = tmp_path / "h200.json"
+    profile.write_text((PROFILE_DIR / "h200.json").read_text())
+    entry = add_to_file(RUN, profile, "2026-11-29", "5e12dbd", "torch 2.11.0+cu130, triton 3.6.0")
+    command = entry["source"]["command"].split("; ", 1)[1]
+    args = shlex.split(command)
+    assert args[:3] == ["granisim", "calibrate", "skew"]
+    assert args[args.index("--date") + 1] == "2026-11-29" and args[args.index("--commit") + 1] == "5e12dbd"
+    assert args[args.index("--versions") + 1] == "torch 2.11.0+cu130, triton 3.6.0"

@@ -246,8 +246,8 @@ def cmd_bench(args) -> int:
     if args.what == "alloc":
         bench_alloc.run(out, repeats=repeats)
     elif args.what == "sweep":
-        bench_sweep.run(out, points=args.points or 1000, requests=args.requests or 200, workers=args.workers,
-                        ray=args.ray)
+        given = {k: getattr(args, k) for k in ("points", "requests") if getattr(args, k) is not None}
+        bench_sweep.run(out, workers=args.workers, ray=args.ray, **given)  # its own defaults otherwise
     elif args.what == "sim":
         router = args.router or "round_robin"
         if router not in bench_sim.FLEET_ROUTERS:

@@ -371,6 +371,16 @@ class InitialSpecs:
         return bool(len(t) < 2 or (np.diff(t) >= 0).all())
 
 
+def scaled_lengths(lengths: pd.DataFrame, cfg, rows=slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt suffix, output) token counts of a lengths table's ``rows`` as a workload ``cfg`` scales and caps them:
+    at least 1 each, outputs at most ``max_output_len`` when it is set."""
+    suffix = np.maximum(1, lengths["num_prefill_tokens"].to_numpy()[rows] * cfg.suffix_scale).astype(np.int64)
+    out = np.maximum(1, lengths["num_decode_tokens"].to_numpy()[rows] * cfg.output_scale).astype(np.int64)
+    if cfg.max_output_len:
+        out = np.minimum(out, cfg.max_output_len)
+    return suffix, out
+
+
 class Workload:
     """Produces the initial arrivals and, for sessions, each follow-up turn."""
 
@@ -407,10 +417,7 @@ class Workload:
         if self._lengths is not tr:  # each request's lengths from a random row of the lengths trace (own stream)
             lt = self._lengths
             len_rows = rng_for(self.seed, "lengths_trace").integers(0, len(lt), len(rows))
-        suffix_lens = np.maximum(1, lt["num_prefill_tokens"].to_numpy()[len_rows] * cfg.suffix_scale).astype(np.int64)
-        out_lens = np.maximum(1, lt["num_decode_tokens"].to_numpy()[len_rows] * cfg.output_scale).astype(np.int64)
-        if cfg.max_output_len:
-            out_lens = np.minimum(out_lens, cfg.max_output_len)
+        suffix_lens, out_lens = scaled_lengths(lt, cfg, len_rows)
         roles = self._roles(len(rows))
         stream = SuffixStream(rng_for(self.seed, "suffix_tokens"), suffix_lens, self.vocab)
         self._sessions = len(rows)

@@ -7,7 +7,6 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pandas as pd
 
 from granisim.config.files import unreadable
@@ -17,7 +16,7 @@ from granisim.config.models import ModelShape, get_model, kv_budget_tokens
 from granisim.config.replica import replica_m_sat, replica_shard
 from granisim.config.scenario import MAX_CLOCK_S, MAX_TIME_S, Scenario, ScenarioError
 from granisim.core.heap import SIMULATION, fewer_collections, release_free_heap
-from granisim.core.workload import LENGTHS_TRACES, load_lengths, load_trace
+from granisim.core.workload import LENGTHS_TRACES, load_lengths, load_trace, scaled_lengths
 from granisim.kv.host_tier import host_tier_config
 
 
@@ -138,18 +137,14 @@ def _check_time_span(wl, trace: pd.DataFrame, source: str) -> None:
             raise ScenarioError(f"{source}: field {field} = {value}: the {n} replayed arrivals span {span:.3g} s; "
                                 f"a run must span less than 2^30 s (about 34 years)")
     elif not n / wl.rate < MAX_TIME_S:  # also inf: a rate near the float minimum
-        raise ScenarioError(f"{source}: field workload.rate = {wl.rate!r}: {n} Poisson arrivals at this rate span about "
-                            f"{n / wl.rate:.3g} s; a run must span less than 2^30 s (about 34 years)")
+        raise ScenarioError(f"{source}: field workload.rate = {wl.rate!r}: {n} Poisson arrivals at this rate span "
+                            f"about {n / wl.rate:.3g} s; a run must span less than 2^30 s (about 34 years)")
 
 
 def _smallest_own_tokens(wl, trace: pd.DataFrame) -> int:
     """The fewest KV tokens of a request's own (prompt suffix and output, as scaled and capped; no shared prefix)
     over the rows its lengths come from: a lower bound for every request."""
-    lengths = load_lengths(wl.lengths_trace) if wl.lengths_trace else trace
-    prompt = np.maximum(1, (lengths.num_prefill_tokens.to_numpy() * wl.suffix_scale).astype(np.int64))
-    out = np.maximum(1, (lengths.num_decode_tokens.to_numpy() * wl.output_scale).astype(np.int64))
-    if wl.max_output_len:
-        out = np.minimum(out, wl.max_output_len)
+    prompt, out = scaled_lengths(load_lengths(wl.lengths_trace) if wl.lengths_trace else trace, wl)
     return int((prompt + out).min())
 
 

@@ -58,14 +58,20 @@ def write_repro(path: Path, failures: list[BaseException], *, policy: str, examp
 
 
 def progress_machine(machine, examples: int):
-    """``machine`` subclassed so that each new example advances a tqdm bar on stderr."""
+    """``machine`` subclassed so that each new example advances a tqdm bar on stderr, and a stop that
+    landed where it was swallowed (a garbage-collector callback of hypothesis's) is raised again."""
     from tqdm import tqdm
+
+    from granisim.experiments.stopping import requested
 
     bar = tqdm(total=examples, desc="fuzz", unit="ex", file=sys.stderr, disable=not sys.stderr.isatty(),
                leave=False)
 
     class WithProgress(machine):
         def __init__(self):
+            stop = requested()
+            if stop is not None:
+                raise stop
             super().__init__()
             if not bar.disable and bar.n < bar.total:
                 bar.update(1)
@@ -97,6 +103,7 @@ def run_fuzz(args) -> int:
     from hypothesis.stateful import run_state_machine_as_test
 
     from granisim.experiments import fuzz
+    from granisim.experiments.stopping import requested
 
     policy = fuzz.host_policy(args.allocator) if getattr(args, "host_tier", False) else args.allocator
     args.allocator = policy
@@ -113,6 +120,8 @@ def run_fuzz(args) -> int:
             run_state_machine_as_test(machine, settings=fuzz.fuzz_settings(args.examples, args.max_steps))
     except Exception as err:
         bar.close()
+        if requested() is not None:  # hypothesis caught the stop where it landed: a stop, not a failure
+            raise requested() from None
         failures = leaf_failures(err)
         for i, f in enumerate(failures, 1):
             print(f"\n--- failure {i} of {len(failures)} ({args.allocator}): {type(f).__name__}: {f}", file=sys.stderr)
@@ -122,6 +131,8 @@ def run_fuzz(args) -> int:
               file=sys.stderr)
         return 1
     bar.close()
+    if requested() is not None:
+        raise requested()
     print(f"fuzz {args.allocator}: {args.examples} examples, no invariant violated (seed {args.seed})")
     return 0
 

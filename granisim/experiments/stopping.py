@@ -3,7 +3,11 @@
 :func:`install` (called by the ``granisim`` entry point) turns either signal into
 :class:`Stopped`, a ``BaseException`` that unwinds the driver like ``KeyboardInterrupt``
 does; the entry point prints one line (how to resume) and exits ``128 + signal``
-(130 for SIGINT, 143 for SIGTERM). Later signals are ignored while the stop unwinds.
+(130 for SIGINT, 143 for SIGTERM). Later signals are ignored for ``UNWIND_S`` while the stop
+unwinds; one after that ends the process at once (exit ``128 + signal``): the first stop was swallowed
+where it landed (a ``__del__`` or a garbage-collector callback reports and drops exceptions) or is stuck.
+:func:`requested` says whether a stop was asked for, so that code which catches every exception (the
+fuzzer's hypothesis) can tell a stop from a failure.
 
 :func:`process_pool` is a ``ProcessPoolExecutor`` (forkserver) whose workers ignore SIGINT
 (a Ctrl-C reaches the whole foreground process group; the driver alone decides) and which,
@@ -16,10 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import signal
+import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+UNWIND_S = 5.0  # later signals ignored for this long after the first: the stop's unwinding is not cut short
+
+_first: tuple[int, float] | None = None  # the first signal of this process and when it came (monotonic)
 
 
 class Stopped(BaseException):
@@ -35,20 +45,39 @@ class Stopped(BaseException):
 
 
 def _raise_stopped(signum, _frame):
-    for s in SIGNALS:  # one stop at a time: the unwinding must not be interrupted by a second signal
-        signal.signal(s, signal.SIG_IGN)
-    raise Stopped(signum)
+    global _first
+    if _first is None:
+        _first = (int(signum), time.monotonic())
+        raise Stopped(signum)
+    if time.monotonic() - _first[1] < UNWIND_S:  # one stop at a time: let the first unwind
+        return
+    os.write(2, f"stopped by {signal.Signals(signum).name}: ended at once\n".encode())
+    os._exit(128 + int(signum))
+
+
+def requested() -> Stopped | None:
+    """The stop asked for by a signal since :func:`install`, if any (whether or not it unwound)."""
+    return Stopped(_first[0]) if _first is not None else None
+
+
+def _unraisable(hook):
+    """``sys.unraisablehook`` that says nothing of a swallowed :class:`Stopped` (it is raised again where
+    :func:`requested` is read, or a second signal ends the process)."""
+    def quiet(unraisable):
+        if not isinstance(unraisable.exc_value, Stopped):
+            hook(unraisable)
+    quiet.quiets = hook
+    return quiet
 
 
 def install() -> None:
     """SIGINT and SIGTERM raise :class:`Stopped` in the main thread."""
+    global _first
+    _first = None
+    if not hasattr(sys.unraisablehook, "quiets"):
+        sys.unraisablehook = _unraisable(sys.unraisablehook)
     for s in SIGNALS:
         signal.signal(s, _raise_stopped)
-
-
-def restore() -> None:
-    for s in SIGNALS:
-        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
 
 
 def _worker_init() -> None:

@@ -403,14 +403,26 @@ def with_values(profile: HardwareProfile, values: Mapping[str, float], where: st
 
 
 @lru_cache(maxsize=None)
-def _cached(path: str) -> HardwareProfile:
+def _loaded(path: str, _stamp) -> HardwareProfile:
     return load_profile(path)
+
+
+def _cached(path: str) -> HardwareProfile:
+    """``path`` loaded once per version of the file (its modification time and size): a profile edited
+    in between is read again."""
+    try:
+        st = Path(path).stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None  # load_profile says what is wrong
+    return _loaded(path, stamp)
 
 
 def get_profile(name_or_path: str | Path) -> HardwareProfile:
     """A shipped profile by name (``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``) or a JSON file path.
 
-    Loaded once per resolved path and cached (the same object is returned on later calls).
+    Loaded once per resolved path and version of the file, and cached (the same object is returned on later
+    calls while the file is unchanged).
     """
     s = str(name_or_path)
     p = Path(s)

@@ -52,6 +52,9 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
             f"{source}: field hardware.kv_budget_tokens = {hw.kv_budget_tokens}: a KV cache of that many tokens "
             f"needs {hw.kv_budget_tokens * model.kv_bytes_per_token / 1e9:.0f} GB, more than the "
             f"{profile.memory_bytes / 1e9:.0f} GB of {profile.name}")
+    if budget > MAX_KV_TOKENS:  # the allocator holds one integer id per KV slot
+        raise ScenarioError(f"{source}: {_budget_field(hw, budget)} is more than the {MAX_KV_TOKENS:,} KV slots "
+                            f"the simulator tracks on one GPU (profile memory_bytes = {profile.memory_bytes:.4g})")
     try:  # the allocator builds the tier later: a tier it cannot track is the scenario's error, said now
         host_tier_config(scenario, model)
     except ValueError as err:
@@ -83,10 +86,10 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
     _check_time_span(wl, trace, source)
     shared, own = (wl.prefix_len if wl.kind != "azure" else 0), _smallest_own_tokens(wl, trace)
     if shared + 2 > budget:
-        raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for one request "
+        raise ScenarioError(f"{source}: {_budget_field(hw, budget)} is too small for one request "
                             f"(workload.prefix_len = {wl.prefix_len} alone needs more)")
     if shared + own > budget:  # every request would be rejected
-        raise ScenarioError(f"{source}: KV budget of {budget} tokens is too small for any request: the smallest "
+        raise ScenarioError(f"{source}: {_budget_field(hw, budget)} is too small for any request: the smallest "
                             f"needs {shared + own} (workload.prefix_len = {wl.prefix_len}, then {own} of its own: "
                             f"the trace's shortest prompt and output, scaled)")
     _check_pool_split(scenario, budget, shared + own, own, source)
@@ -102,6 +105,17 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Setup:
         chooser = partial(cheapest_group_path, profile, model)  # (prefix_len, b, storage, private_len, ...)
         pricer = partial(step_seconds, profile, model)  # (plan)
     return Setup(scenario, model, profile, budget, m_sat, trace, chooser, pricer, source)
+
+
+MAX_KV_TOKENS = 2**30  # KV slots one simulated GPU may have (their ids take 8 GB); the tiny test model on a b200: 332M
+
+
+def _budget_field(hw, budget: int) -> str:
+    """The field that set the KV budget, for an error about it."""
+    if hw.kv_budget_tokens:
+        return f"field hardware.kv_budget_tokens = {hw.kv_budget_tokens}"
+    return (f"field hardware.profile = {hw.profile!r}: the KV budget of {budget:,} tokens its memory leaves "
+            f"(hardware.mem_fraction = {hw.mem_fraction}, hardware.reserve_gb = {hw.reserve_gb})")
 
 
 MAX_SCALED_LEN = 2**53  # a scaled prompt or output length at or beyond this is a mistake (and overflows int64 above)

@@ -27,7 +27,8 @@ def _write(tmp_path, text):
     ("[policy]\nname = 'vllm'\n", "field policy.name = 'vllm'"),
     ("[model]\nname = 'gpt-9'\n", "field model.name = 'gpt-9'"),
     ("[hardware]\nprofile = 'tpu-v9'\n", "field hardware.profile = 'tpu-v9'"),
-    ("[hardware]\nkv_budget_tokens = 1000\n[workload]\nprefix_len = 16384\n", "too small for one request"),
+    ("[hardware]\nkv_budget_tokens = 1000\n[workload]\nprefix_len = 16384\n",
+     "field hardware.kv_budget_tokens = 1000 is too small for one request"),
     ("[workload]\ntrace = '/nonexistent/trace.csv'\n", "field workload.trace = '/nonexistent/trace.csv': file not found"),
     ("this is = = not toml", "not valid TOML"),
     # sizes that would run out of memory or time before the first step (they hung)
@@ -43,6 +44,23 @@ def test_bad_scenarios_exit_2_with_one_line(tmp_path, capsys, text, needle):
     assert needle in err, err
     assert path in err or "tpu-v9" in err or "gpt-9" in err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_profile_whose_memory_holds_too_many_kv_slots_exits_2(tmp_path, capsys):
+    """A user profile with memory_bytes = 1e15 leaves 6.9G KV slots for Llama-3.1-8B: refused before the
+    allocator tries to list them (it raised numpy's out-of-memory error)."""
+    prof = tmp_path / "big.json"
+    assert main(["profile", "derive", "h200", "--out", str(prof)]) == 0
+    data = json.loads(prof.read_text())
+    data["coefficients"]["memory_bytes"] = {"value": 1e15, "unit": "B", "source": {"kind": "published",
+                                                                                 "citation": "a test"}}
+    prof.write_text(json.dumps(data))
+    capsys.readouterr()
+    path = _write(tmp_path, f"[hardware]\nprofile = '{prof}'\n[workload]\nnum_requests = 5\n")
+    assert main(["run", path, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"field hardware.profile = '{prof}'" in err and "more than the 1,073,741,824 KV slots" in err, err
+    assert len(err.splitlines()) == 1
 
 
 def test_missing_scenario_file(tmp_path, capsys):

@@ -211,6 +211,10 @@ def _expand_grid(grid: dict, source: str, where: str) -> list[dict]:
             raise ScenarioError(f"{source}: field {k} = {v!r} in {where}: a grid value must be a list of values")
         if not v:
             raise ScenarioError(f"{source}: field {k} = [] in {where}: empty list of values (empty grid)")
+        twice = next((x for i, x in enumerate(v) if x in v[:i]), None)
+        if twice is not None:
+            raise ScenarioError(f"{source}: field {k} = {short_repr(v)} in {where}: the value "
+                                f"{short_repr(twice)} is listed twice (each value runs once)")
     keys = list(flat)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(flat[k] for k in keys))]
 
@@ -346,14 +350,24 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
         points.append(Point(pid, c, sc))
 
     for k in varied:  # a varied field that acts at no point gives the same results at every value
-        why = inert(k, points[0].scenario)
-        if why and all(inert(k, p.scenario) for p in points):
+        why = _inert_in_sweep(k, points[0].scenario)
+        if why and all(_inert_in_sweep(k, p.scenario) for p in points):
             raise ScenarioError(f"{source}: {where} field {k}: {why} (at every point of the sweep)")
     _check_base_in_points(written, points, base_source, base_prefix, set(varied) | set(fixed))
     speedup = _speedup(raw.get("speedup"), base, points, source)
     plots = _plots(raw.get("plot"), speedup, points, source)
     name = raw.get("name") or path.stem
     return SweepSpec(str(name), source, base_sc, points, varied, speedup, plots)
+
+
+def _inert_in_sweep(dotted: str, sc: Scenario) -> str | None:
+    """Why varying ``dotted`` changes nothing at point ``sc``: :func:`inert`'s reasons, and two a scenario file
+    may write but a grid should not vary (the run's name; a router in front of one replica)."""
+    if dotted == "name":
+        return "names the run's output, it changes nothing in the run; vary a field that does"
+    if dotted == "fleet.router" and (sc.fleet is None or sc.fleet.size < 2):
+        return "one replica (no [fleet] section, or fleet.replicas = 1): every router gives the same run"
+    return inert(dotted, sc)
 
 
 def _value_of(sc: Scenario, dotted: str):

@@ -131,6 +131,9 @@ def test_resume_after_kill_loses_nothing_finished(tmp_path):
      "grid field policy.hot_fraction: has no effect unless policy.name = 'granikv'"),
     ('[[points]]\n"policy.name" = "paged16"\n"policy.hot_fraction" = 0.1\n[[points]]\n"policy.name" = "token"\n'
      '"policy.hot_fraction" = 0.4\n', "points field policy.hot_fraction: has no effect unless policy.name = 'granikv'"),
+    ('[grid]\n"fleet.router" = ["round_robin", "hot_aware"]\n', "grid field fleet.router: one replica"),
+    ('[grid]\n"name" = ["a", "b"]\n', "grid field name: names the run's output"),
+    ('[grid]\n"seed" = [1, 2, 1]\n', "field seed = [1, 2, 1] in grid: the value 1 is listed twice"),
 ])
 def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, needle):
     path = _sweep(tmp_path, text)

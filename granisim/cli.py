@@ -450,6 +450,8 @@ def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
         if v != v or v in (float("inf"), float("-inf")) or v < lo or (lo_open and v == lo) or (hi is not None and v >= hi):
             bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and < {hi:g}" if hi is not None else "")
+            if v != v or v in (float("inf"), float("-inf")):
+                bound = f"a finite number {bound}"
             raise argparse.ArgumentTypeError(f"{text} must be {bound}")
         return v
     return parse
@@ -616,6 +618,18 @@ def _stopped_line(err, argv: list[str]) -> str:
     return f"stopped by {err}: run the same command to start again: {again}"
 
 
+def _option_of(args, filename) -> str:
+    """``"--out DIR: "`` where ``filename`` is (under) the path an output option of ``args`` gave, else ``""``."""
+    if filename is None:
+        return ""
+    for option in ("out", "repro", "report", "table", "fleet_out"):
+        given = getattr(args, option, None)
+        a, b = str(filename).rstrip("/") + "/", str(given).rstrip("/") + "/"
+        if isinstance(given, str) and given and (a.startswith(b) or b.startswith(a)):  # the path, above or below
+            return f"--{option.replace('_', '-')} {given}: cannot write "
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     from granisim.experiments import stopping
 
@@ -629,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {' '.join(str(err).splitlines())}", file=sys.stderr)
         return 2
     except OSError as err:  # an --out that is a file, an unwritable folder, ...: one line naming the path, exit 2
-        print(f"error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        print(f"error: {_option_of(args, err.filename)}{err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return 2
     except stopping.Stopped as err:
         print(_stopped_line(err, argv), file=sys.stderr, flush=True)

@@ -103,8 +103,9 @@ class ModelShape:
             return "must be 1, 2, 4 or 8"
         for what, n in (("query heads", self.n_q_heads), ("KV heads", self.n_kv_heads)):
             if n % tp:
-                return (f"does not divide the {n} {what} of {self.name} (KV heads are not replicated; "
-                        f"use a tp that divides {self.n_kv_heads})")
+                fits = [t for t in (1, 2, 4, 8) if self.n_q_heads % t == 0 and self.n_kv_heads % t == 0]
+                return (f"does not divide the {n} {what} of {self.name} (heads are split, not replicated; "
+                        f"use tp = {' or '.join(map(str, fits))})")
         for what, n in (("MLP intermediate size", self.intermediate), ("expert intermediate size",
                                                                         self.expert_intermediate)):
             if n % tp:

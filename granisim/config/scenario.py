@@ -268,8 +268,13 @@ class Scenario(_Strict):
     def _name(cls, v: str) -> str:
         if not v.strip():  # it names the output folder (out/NAME)
             raise ValueError("blank; give a non-empty name")
-        if ".." in re.split(r"[/\\]", v):
+        parts = re.split(r"[/\\]", v)
+        if ".." in parts:
             raise ValueError("'..' would put the output folder (out/NAME) outside out/; give a plain name")
+        if all(p in ("", ".") for p in parts):
+            raise ValueError("names the output folder (out/NAME) itself, not a folder in it; give a plain name")
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("a control character (a newline, a NUL, ...) in a folder name; give a plain name")
         return v
 
     @model_validator(mode="after")

@@ -35,6 +35,9 @@ def _write(tmp_path, text):
     ("[workload]\nroles = 100000000\n", "field workload.roles = 100000000"),
     ("[workload]\nroles = 100000\nprefix_len = 16384\n", "field workload.roles = 100000: 100000 roles x prefix_len"),
     ("[fleet]\nreplicas = 100000000\n", "field fleet.replicas = 100000000"),
+    ("name = '.'\n", "field name = '.': names the output folder (out/NAME) itself"),
+    ('name = "a\\nb"\n', "field name = 'a\\nb': a control character"),
+    ('name = "a\\u0000b"\n', "field name = 'a\\x00b': a control character"),
     ("[fleet]\n[[fleet.groups]]\nreplicas = 4000\n[[fleet.groups]]\nreplicas = 4000\n", "8000 replicas; at most 4096"),
 ])
 def test_bad_scenarios_exit_2_with_one_line(tmp_path, capsys, text, needle):
@@ -61,6 +64,22 @@ def test_a_profile_whose_memory_holds_too_many_kv_slots_exits_2(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert f"field hardware.profile = '{prof}'" in err and "more than the 1,073,741,824 KV slots" in err, err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no folder can be made")
+def test_an_out_folder_that_cannot_be_made_names_the_option(tmp_path, capsys):
+    path = _write(tmp_path, "[workload]\nnum_requests = 3\n")
+    assert main(["run", path, "--out", "/proc/granisim-test/o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out /proc/granisim-test/o: cannot write /proc/granisim-test"), err
+    assert len(err.splitlines()) == 1
+
+
+def test_an_infinite_rate_bound_is_refused_as_not_finite(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["capacity", _write(tmp_path, ""), "--slo", "ttft_p99=2s", "--hi", "inf"])
+    assert stop.value.code == 2
+    assert "argument --hi: inf must be a finite number > 0" in capsys.readouterr().err
 
 
 def test_missing_scenario_file(tmp_path, capsys):

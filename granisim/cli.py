@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from granisim.experiments.compare import DEMO_POLICIES, compare, demo_scenario, parse_names, run_one, summary_table
+from granisim.experiments.compare import (DEMO_POLICIES, compare, demo_scenario, own_policies, parse_names,
+                                          refuse_policies, run_one, summary_table)
 from granisim.config.files import OneLineParser, out_file, out_folder
 from granisim.config.scenario import (MAX_REPLICAS, ScenarioError, check_effective_in_runs, load_scenario,
                                       read_scenario, scenario_runs)
@@ -125,6 +126,8 @@ def cmd_compare(args) -> int:
         print(routers_table(compare_routers(scenario, args.scenario, routers, out)))
         print(f"\nwrote {out}/")
         return 0
+    if args.policies is not None and own_policies(scenario):
+        refuse_policies(scenario, args.scenario, args.policies)
     policies = parse_names("--policies", DEMO_POLICIES if args.policies is None else args.policies, DEMO_POLICIES)
     label = "--policies" if args.policies is not None else "compare's default --policies"
     check_effective_in_runs(written, scenario_runs(scenario, policies=policies), args.scenario,

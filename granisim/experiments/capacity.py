@@ -237,7 +237,7 @@ def replay_field(wl) -> str:
 
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, check_effective_in_runs, read_scenario, scenario_runs
-    from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios
+    from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios, refuse_policies
     from granisim.experiments.sensitivity import scaled_scenarios
 
     scenario, written = read_scenario(args.scenario)  # its policy-dependent fields: checked against the policies
@@ -249,6 +249,8 @@ def capacity_cli(args) -> int:
     slo = parse_slo(args.slo)
     # a fleet whose groups all set their policy is searched as written (the policies would change nothing)
     default = scenario.policy.name if own_policies(scenario) else DEMO_POLICIES
+    if args.policies is not None and own_policies(scenario):
+        refuse_policies(scenario, args.scenario, args.policies)
     policies = parse_names("--policies", default if args.policies is None else args.policies, DEMO_POLICIES)
     policy_scenarios(scenario, args.scenario, policies)  # names and budgets, early: one line, before any probe
     label = "--policies" if args.policies is not None else "capacity's default --policies"

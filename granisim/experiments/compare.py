@@ -32,16 +32,22 @@ def own_policies(scenario: Scenario) -> bool:
     return bool(groups) and all(g.policy is not None for g in groups)
 
 
+def refuse_policies(scenario: Scenario, source: str, given: str) -> None:
+    """``--policies`` given for a fleet whose every group sets its own policy: no replica would run them (and the
+    runs would be labelled with names none of them ran)."""
+    groups = scenario.fleet.groups
+    raise ScenarioError(f"--policies {given}: every [[fleet.groups]] entry of {source} sets its own "
+                        f"policy ({', '.join(g.policy for g in groups)}), so no replica would run these; leave "
+                        f"policy out of the groups that should take them")
+
+
 def policy_scenarios(scenario: Scenario, source: str, policies: list[str]) -> dict[str, Scenario]:
     """The scenario under each of ``policies`` (from --policies), every one resolved (policy name, page size, KV
     budget) before any of them runs: a bad name is one line naming --policies, not an error after the first runs."""
     from granisim.experiments.run import prepare
 
     if own_policies(scenario) and policies != [scenario.policy.name]:  # [policy] name runs on no replica
-        groups = scenario.fleet.groups
-        raise ScenarioError(f"--policies {','.join(policies)}: every [[fleet.groups]] entry of {source} sets its own "
-                            f"policy ({', '.join(g.policy for g in groups)}), so no replica would run these; leave "
-                            f"policy out of the groups that should take them")
+        refuse_policies(scenario, source, ",".join(policies))
     out = {}
     for pol in policies:
         try:

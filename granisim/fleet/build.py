@@ -91,10 +91,16 @@ def run_fleet(scenario: Scenario, source: str, out, progress: bool = True, make_
     from granisim.fleet.outputs import write_fleet_outputs
 
     result = simulate_fleet(scenario, source, make_executor, progress)
-    base = result.replicas[0].spec.setup
-    meta = dict(scenario=scenario.name, policy=scenario.policy.name, model=base.model.name,
-                profile=base.profile.name, kv_budget_tokens=base.kv_budget, m_sat=base.m_sat, seed=scenario.seed,
-                staleness_s=fleet_cfg(scenario).staleness_s)
+    setups = [r.spec.setup for r in result.replicas]
+
+    def common(value, mixed):  # the replicas' one value; where they differ, ``mixed`` (each replica's: summary's)
+        values = {value(s) for s in setups}
+        return values.pop() if len(values) == 1 else mixed
+
+    meta = dict(scenario=scenario.name, policy=common(lambda s: s.scenario.policy.name, "mixed"),
+                model=common(lambda s: s.model.name, "mixed"), profile=common(lambda s: s.profile.name, "mixed"),
+                kv_budget_tokens=common(lambda s: s.kv_budget, None), m_sat=common(lambda s: s.m_sat, None),
+                seed=scenario.seed, staleness_s=fleet_cfg(scenario).staleness_s)
     return write_fleet_outputs(result, out, meta, plots)
 
 

@@ -334,7 +334,8 @@ def test_a_replica_groups_mistake_names_the_file_and_the_group(tmp_path, capsys,
 
 def test_compare_policies_refuses_a_fleet_whose_groups_all_set_their_policy(tmp_path, capsys):
     """catches: with every [[fleet.groups]] entry naming its policy, `compare --policies granikv,token` ran the same
-    fleet twice and printed identical rows labelled granikv and token, though no replica ran token."""
+    fleet twice and printed identical rows labelled granikv and token, though no replica ran token; the fleet's
+    summary named the scenario's [policy] (granikv) as the fleet's."""
     path = write(tmp_path, TOML + '[fleet]\n[[fleet.groups]]\nreplicas = 1\npolicy = "granikv"\n'
                  '[[fleet.groups]]\nreplicas = 1\npolicy = "paged16"\n')
     out = tmp_path / "c"
@@ -342,7 +343,12 @@ def test_compare_policies_refuses_a_fleet_whose_groups_all_set_their_policy(tmp_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: --policies granikv,token: ") and path in err, err
     assert not out.exists()
-    assert main(["compare", path, "--policies", "granikv", "--out", str(out)]) == 0  # the fleet as written
+    # the scenario's own [policy] name too: its run would be labelled granikv, though a replica runs paged16
+    assert main(["compare", path, "--policies", "granikv", "--out", str(out)]) == 2 and not out.exists()
+    capsys.readouterr()
+    assert main(["run", path, "--out", str(out)]) == 0  # the fleet as written
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"] == "mixed" and [r["policy"] for r in summary["replicas"]] == ["granikv", "paged16"]
 
 
 @pytest.mark.parametrize("fault, field", [("faults = [{replica = 0}]", "fleet.faults.0.at_s"),

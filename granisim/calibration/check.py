@@ -21,7 +21,7 @@ import pandas as pd
 from granisim.config.hardware import get_profile
 from granisim.config.models import get_model
 
-from .raw import STORAGE, predict_attention, read_csv
+from .raw import ATTENTION_COLUMNS, STORAGE, predict_attention, read_csv
 
 FILES = ("attention.csv", "extend_shapes.csv", "extend_ragged.csv")
 FAMILIES = ("decode", "cascade", "dense", "extend", "merge", "kv_write", "kv_copy")
@@ -34,7 +34,7 @@ def priced_rows(raw_dir: Path, profile: str, family: str | None = None) -> pd.Da
     for name in FILES:
         f = raw_dir / name
         if f.is_file():
-            frames.append(read_csv(f, ("family", "storage", "median_us")).assign(file=name))
+            frames.append(read_csv(f, ATTENTION_COLUMNS).assign(file=name))
     if not frames:
         raise ValueError(f"{raw_dir}: no {' or '.join(FILES)} (python -m calibration.measure --out DIR writes them)")
     rows = pd.concat(frames, ignore_index=True)

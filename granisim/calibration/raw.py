@@ -56,25 +56,37 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def read_csv(f: Path, need: tuple[str, ...] = ("median_us",), **kw) -> pd.DataFrame:
-    """A calibration CSV; a ProfileError (one line) where it is unreadable or lacks a column of ``need``."""
+# The columns the fits and checks read of each file (python -m calibration.measure writes these and more): numbers
+# but for TEXT_COLUMNS, empty where a point has none. OPTIONAL_NUMBERS are read where a file has them.
+ATTENTION_COLUMNS = ("family", "storage", "G", "B", "L", "M_eff", "n_req", "q_len", "T", "median_us")
+COLUMNS = {"linear": ("op", "family", "n", "median_us"), "attention": ATTENTION_COLUMNS,
+           "overhead": ("what", "B", "median_us")}
+TEXT_COLUMNS = frozenset({"op", "family", "storage", "what"})
+OPTIONAL_NUMBERS = ("bytes", "flops")
+
+
+def read_csv(f: Path, need: tuple[str, ...] = ("median_us",)) -> pd.DataFrame:
+    """A calibration CSV; a ProfileError (one line) where it is unreadable, has a row with more fields than its
+    header, lacks a column of ``need``, or holds a value in one of them that is not a finite number (empty cells
+    are points not measured) or, in ``median_us``, a time that is not > 0."""
     try:
-        df = pd.read_csv(f, **kw)
+        df = pd.read_csv(f)
     except (OSError, ValueError) as e:  # pandas' EmptyDataError and ParserError are ValueErrors
         raise ProfileError(f"{f}: field (file): value {f.name!r}: cannot read ({one_line(e, None)})") from None
     for col in need:
         if col not in df.columns:
             raise ProfileError(f"{f}: field {col}: value (missing): not a calibration CSV")
-    if "median_us" in df.columns:  # a time: a number >= 0 (empty where a point was not measured)
-        times = pd.to_numeric(df["median_us"], errors="coerce")
-        wrong = (times.isna() & df["median_us"].notna()) | (times < 0)
+    for col in [c for c in (*need, *OPTIONAL_NUMBERS) if c in df.columns and c not in TEXT_COLUMNS]:
+        values = pd.to_numeric(df[col], errors="coerce")
+        wrong = (df[col].notna() & ~np.isfinite(values)) | ((values <= 0) if col == "median_us" else False)
         if wrong.any():
             i = int(wrong.to_numpy().argmax())
-            v = df["median_us"].iloc[i]
+            v = df[col].iloc[i]
             v = v.item() if hasattr(v, "item") else v  # a numpy scalar printed as the number it is
-            raise ProfileError(f"{f}: field median_us: value {v!r} (row {i + 1}): not a time in microseconds "
-                               f"(a number >= 0)")
-        df["median_us"] = times
+            what = "not a time in microseconds (a finite number > 0)" if col == "median_us" else "not a finite number"
+            raise ProfileError(f"{f}: field {col}: value {v!r} (row {i + 1}): {what}")
+    if "median_us" in df.columns:
+        df["median_us"] = pd.to_numeric(df["median_us"], errors="coerce")
     return df
 
 
@@ -87,7 +99,7 @@ def load_raw(path: str | Path) -> Raw:
     frames = {}
     for name in ("linear", "attention", "overhead"):
         f = path / f"{name}.csv"
-        df = read_csv(f, on_bad_lines="skip")
+        df = read_csv(f, COLUMNS[name])
         frames[name] = df[pd.to_numeric(df["median_us"], errors="coerce") > 0].reset_index(drop=True)
         if frames[name].empty:
             raise ProfileError(f"{f}: field median_us: value (no row > 0): no measured rows")

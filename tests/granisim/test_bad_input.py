@@ -391,6 +391,17 @@ def _raw(tmp, edit: dict) -> Path:
     return raw
 
 
+_LIN = "op,family,n,median_us\n"
+
+
+def _att(*times: str) -> str:
+    """attention.csv with the columns the fits read: one decode row per time."""
+    from granisim.calibration.raw import ATTENTION_COLUMNS
+
+    row = "decode,slots,4,1,1024,4,1,1,1,{}\n"
+    return ",".join(ATTENTION_COLUMNS) + "\n" + "".join(row.format(t) for t in times)
+
+
 CALIBRATE = {
     "paper: unknown profile (was a KeyError after the sweep)": (
         {}, ["paper", "--profiles", "h200,nope", "--out", "T/o", "--num-requests", "2", "--workers", "1"],
@@ -398,22 +409,40 @@ CALIBRATE = {
     "paper: no profile (was exit 0)": ({}, ["paper", "--profiles", ",", "--out", "T/o"], ["--profiles ','"]),
     "fit: meta.json a list": ({"meta.json": "[1]"}, ["calibrate", "fit", "R", "--out", "T/p.json"],
                               ["R/meta.json", "not a JSON object"]),
-    "fit: attention.csv with no timed row": ({"attention.csv": "family,median_us\ndecode,\n"},
+    "fit: attention.csv with no timed row": ({"attention.csv": _att("")},
                                              ["calibrate", "fit", "R", "--out", "T/p.json"],
                                              ["R/attention.csv", "no measured rows"]),
     # each a TypeError traceback (exit 1), or a row dropped without a word
-    "fit: a time that is a word": ({"attention.csv": "family,median_us\ndecode,fast\n"},
+    "fit: a time that is a word": ({"attention.csv": _att("fast")},
                                    ["calibrate", "fit", "R", "--out", "T/p.json"],
                                    ["R/attention.csv", "median_us", "'fast' (row 1)", "not a time"]),
-    "check: a time that is a word": ({"attention.csv": "family,storage,median_us\ndecode,slab,12\ndecode,slab,fast\n"},
+    "check: a time that is a word": ({"attention.csv": _att("12", "fast")},
                                      ["calibrate", "check", "R"], ["R/attention.csv", "'fast' (row 2)"]),
-    "fit: a negative time": ({"linear.csv": "op,family,n,median_us\nx,y,1,-5\n"},
+    "fit: a negative time": ({"linear.csv": _LIN + "x,y,1,-5\n"},
                              ["calibrate", "fit", "R", "--out", "T/p.json"], ["R/linear.csv", "-5 (row 1)"]),
     "fit: --out a folder (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T"], ["--out", "folder"]),
     "fit: --report a file (was found after the fit, its profile written)": (
         {}, ["calibrate", "fit", "R", "--out", "T/q.json", "--report", "T/p.json"], ["--report", "a file is there"]),
     "fit: --out under a file (was found after the fit)": ({}, ["calibrate", "fit", "R", "--out", "T/p.json/q.json"],
                                                           ["--out", "T/p.json/q.json", "p.json is a file, not a folder"]),
+    "fit: a time of 0 (was dropped as not measured)": ({"attention.csv": _att("0")},
+                                                       ["calibrate", "fit", "R", "--out", "T/p.json"],
+                                                       ["R/attention.csv", "median_us", "0 (row 1)", "> 0"]),
+    "fit: an infinite time (was fitted, then blamed on the output)": (
+        {"attention.csv": _att("12", "inf")}, ["calibrate", "fit", "R", "--out", "T/p.json"],
+        ["R/attention.csv", "median_us", "inf (row 2)"]),
+    "fit: a shape that is a word (was a bare 'could not convert')": (
+        {"attention.csv": _att("12").replace(",4,1,1,1,", ",4,abc,1,1,")}, ["calibrate", "fit", "R", "--out", "T/p.json"],
+        ["R/attention.csv", "n_req", "'abc' (row 1)", "not a finite number"]),
+    "fit: attention.csv without B (was an AttributeError)": (
+        {"attention.csv": _att("12").replace(",B,", ",BB,")}, ["calibrate", "fit", "R", "--out", "T/p.json"],
+        ["R/attention.csv", "field B", "missing"]),
+    "check: attention.csv without B (was an IndexError)": (
+        {"attention.csv": _att("12").replace(",B,", ",BB,")}, ["calibrate", "check", "R"],
+        ["R/attention.csv", "field B", "missing"]),
+    "fit: a row with a field too many (was skipped)": ({"attention.csv": _att("12") + _att("13").splitlines()[1] + ",x\n"},
+                                                       ["calibrate", "fit", "R", "--out", "T/p.json"],
+                                                       ["R/attention.csv", "cannot read", "Expected 10 fields"]),
     "check: attention.csv empty": ({"attention.csv": ""}, ["calibrate", "check", "R"],
                                    ["R/attention.csv", "cannot read"]),
     "check: attention.csv without family (was ignored)": ({"attention.csv": "a,median_us\n1,2\n"},

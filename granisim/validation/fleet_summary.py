@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from granisim.validation.fleet_routing import on_measured_routing, same_replica
-from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, records_json
+from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, records_json, signed_error
 from granisim.validation.validate import TARGETS
 from granisim.config.files import OneLineParser, one_line
 
@@ -35,7 +35,8 @@ def load(run_dir: Path) -> dict:
         rep = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         _fail(f"{path}: not a readable validation JSON ({one_line(err)})")
-    if not isinstance(rep, dict) or not isinstance(rep.get("replicas"), list) or "end_to_end" not in rep:
+    if not isinstance(rep, dict) or not isinstance(rep.get("replicas"), list) or not rep["replicas"] \
+            or "end_to_end" not in rep:
         _fail(f"{path}: replicas: not a fleet validation (`granisim validate` on a scenario with [fleet])")
     return rep
 
@@ -57,8 +58,13 @@ def _requests(run_dir: Path, side: str):
 def records(run_dirs: list[Path]) -> list[dict]:
     from granisim.config.scenario import ScenarioError, load_scenario
 
-    out = []
+    out, seen = [], {}
     for d in run_dirs:
+        key = (Path(d).resolve().parent.name, Path(d).name)  # the table's row: machine (the parent folder), run
+        if key in seen:
+            _fail(f"{d}: the same machine and run as {seen[key]} ({'/'.join(key)}); give each run once (a run "
+                  f"re-scored with another profile goes in a folder of its own machine name)")
+        seen[key] = d
         rep = load(d)
         measured, predicted = _requests(d, "measured"), _requests(d, "predicted")
         if set(measured.rid) != set(predicted.rid):
@@ -71,20 +77,31 @@ def records(run_dirs: list[Path]) -> list[dict]:
             except ScenarioError as err:
                 _fail(str(err))
             routed = on_measured_routing(scenario, str(path), measured)
-        base = {"scenario": rep["scenario"], "router": rep["router"], "policy": rep["policy"], "model": rep["model"],
-                "profile": rep["profile"], "replicas": rep["num_replicas"], "machine": Path(d).resolve().parent.name,
-                "run": Path(d).name, "same_replica": same_replica(measured, predicted), "date": rep.get("date")}
-        own = {r["replica"]: r for r in rep["replicas"]}
-        scopes = [({"routing": "own", "scope": "fleet", "replica": None}, rep, rep)]
-        scopes += [({"routing": "own", "scope": "replica", "replica": i}, r, r) for i, r in own.items()]
-        scopes += [({"routing": "measured", "scope": "fleet", "replica": None}, rep, routed["fleet"])]
-        scopes += [({"routing": "measured", "scope": "replica", "replica": r["replica"]}, own[r["replica"]], r)
-                   for r in routed["replicas"] if r["replica"] in own]
-        for scope, steps, sec in scopes:
-            if steps["step_errors"]["total"].get("n", 0) == 0:  # a replica that served nothing
-                continue
-            out += _unit_records({**base, **scope}, steps["step_errors"], sec["end_to_end"],
-                                 sec.get("percentile_errors", {}))
+        try:
+            out += _run_records(d, rep, measured, predicted, routed)
+        except (KeyError, TypeError, AttributeError) as err:  # a hand-edited or truncated report
+            what = f"field {err.args[0]!r} missing" if isinstance(err, KeyError) else one_line(err)
+            _fail(f"{Path(d) / 'validation.json'}: {what}: not a fleet validation of `granisim validate`")
+    return out
+
+
+def _run_records(d: Path, rep: dict, measured, predicted, routed: dict) -> list[dict]:
+    """One run's records: fleet-wide and per replica, on its own routing and on the real one."""
+    out = []
+    base = {"scenario": rep["scenario"], "router": rep["router"], "policy": rep["policy"], "model": rep["model"],
+            "profile": rep["profile"], "replicas": rep["num_replicas"], "machine": Path(d).resolve().parent.name,
+            "run": Path(d).name, "same_replica": same_replica(measured, predicted), "date": rep.get("date")}
+    own = {r["replica"]: r for r in rep["replicas"]}
+    scopes = [({"routing": "own", "scope": "fleet", "replica": None}, rep, rep)]
+    scopes += [({"routing": "own", "scope": "replica", "replica": i}, r, r) for i, r in own.items()]
+    scopes += [({"routing": "measured", "scope": "fleet", "replica": None}, rep, routed["fleet"])]
+    scopes += [({"routing": "measured", "scope": "replica", "replica": r["replica"]}, own[r["replica"]], r)
+               for r in routed["replicas"] if r["replica"] in own]
+    for scope, steps, sec in scopes:
+        if steps["step_errors"]["total"].get("n", 0) == 0:  # a replica that served nothing
+            continue
+        out += _unit_records({**base, **scope}, steps["step_errors"], sec["end_to_end"],
+                             sec.get("percentile_errors", {}))
     return out
 
 
@@ -92,7 +109,10 @@ def _cell(r: dict | None) -> str:
     if r is None or r["error"] is None:
         return "-"
     m = r["metric"]
-    text = f"{r['error']:.1%}" if m == "step_median" else f"{r['predicted'] / r['measured'] - 1.0:+.1%}"
+    v = r["error"] if m == "step_median" else signed_error(r)
+    if v is None:
+        return "-"
+    text = f"{v:.1%}" if m == "step_median" else f"{v:+.1%}"
     return text if r["met"] in (True, None) else f"**{text}**"
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from granisim.validation.plans import load_plans
+from granisim.validation.summary import signed_error
 from granisim.config.files import OneLineParser, one_line
 
 METRICS = ("throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
@@ -154,6 +155,11 @@ def rescore_fleet(run: Path, scenario: Path, out: Path, profile: str | None = No
     return report
 
 
+def _signed(e: dict) -> str:
+    err = signed_error(e)
+    return "-" if err is None else f"{err:+.1%}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="granisim validation rescore", description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+")
@@ -183,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as err:
                 print(f"error: {run}: {one_line(err, None)}", file=sys.stderr)
                 return 2
+            records.append(r)
             print(f"| {run} | {r['policy']} | {r['steps']} | {r['step_errors']['total']['median']:.1%} | "
-                  + " | ".join(f"{r['end_to_end'][m]['error']:.1%}" for m in METRICS) + f" | -> {out}")
+                  + " | ".join(_signed(r["end_to_end"][m]) for m in METRICS) + f" | -> {out}")
             continue
         r = rescore(run, toml, args.profile)
         records.append(r)

@@ -102,6 +102,13 @@ def _record(base: dict, metric: str, measured, predicted, error) -> dict:
             "target": target, "met": (error <= target) if target is not None and ok else None}
 
 
+def signed_error(r: dict) -> float | None:
+    """(predicted - measured) / measured of a record; None where a side is missing or measured is 0."""
+    if not r.get("measured") or r.get("predicted") is None:
+        return None
+    return r["predicted"] / r["measured"] - 1.0
+
+
 def records(raw: Path) -> list[dict]:
     out = []
     for js in sorted(raw.rglob("validation_*.json")):
@@ -187,7 +194,10 @@ def signed_table(recs: list[dict]) -> str:
             if r is None or r["error"] is None:
                 cells.append("-")
                 continue
-            v = r["error"] if m == "step_median" else r["predicted"] / r["measured"] - 1.0
+            v = r["error"] if m == "step_median" else signed_error(r)
+            if v is None:
+                cells.append("-")
+                continue
             text = f"{v:.1%}" if m == "step_median" else f"{v:+.1%}"
             if r["met"] is not None:
                 checks += 1

@@ -94,3 +94,36 @@ def test_bad_input_names_the_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         F.main([str(ok), "--out", str(tmp_path / "s.json")])
     assert e.value.code == 2 and "predicted_requests.parquet: no requests with their replica" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda rep: rep["replicas"][0].pop("step_errors"), "field 'step_errors' missing"),
+    (lambda rep: rep.update(step_errors={}), "field 'total' missing"),
+    (lambda rep: rep["end_to_end"]["throughput_rps"].update(measured="fast"), "measured = 'fast': not a number"),
+    (lambda rep: rep.update(replicas=[]), "replicas: not a fleet validation"),
+])
+def test_a_hand_edited_report_names_the_file(tmp_path, capsys, edit, needle):
+    """catches: each was a KeyError or TypeError traceback (exit 1), or for no replicas '0 of 0' (exit 0)."""
+    d = _run(tmp_path / "m" / "a", 0.01, [0.01, 0.01], [(0, 0), (1, 1)], [(0, 0), (1, 1)])
+    rep = json.loads((d / "validation.json").read_text())
+    edit(rep)
+    (d / "validation.json").write_text(json.dumps(rep))
+    with pytest.raises(SystemExit) as e:
+        F.main([str(d), "--out", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(f"error: {d / 'validation.json'}: ") and needle in err, err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_run_given_twice_is_refused_and_a_measured_zero_shows_a_dash(tmp_path, capsys):
+    """catches: the same folder twice doubled the JSON's records and AND-ed the two into one table row; a measured
+    figure of 0 raised ZeroDivisionError in the table."""
+    d = _run(tmp_path / "m" / "a", 0.01, [0.01, 0.01], [(0, 0), (1, 1)], [(0, 0), (1, 1)])
+    with pytest.raises(SystemExit) as e:
+        F.main([str(d), str(d), "--out", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and "give each run once" in capsys.readouterr().err
+    recs = F.records([d])
+    for r in recs:
+        if r["metric"] == "ttft_p99_s":
+            r["measured"] = 0.0
+    assert "| - |" in F.table(recs)

@@ -58,8 +58,9 @@ def test_another_profile_reprices_the_steps_and_keeps_what_was_measured(run, tmp
     stored predictions (no re-pricing) leaves the per-step errors as they were."""
     old = json.loads((run / "validation.json").read_text())
     out = tmp_path / "machineQ" / "tiny"
-    assert main([str(run), "--profile", "h200", "--fleet-out", str(tmp_path)]) == 0
+    assert main([str(run), "--profile", "h200", "--fleet-out", str(tmp_path), "--out", str(tmp_path / "r.json")]) == 0
     new = json.loads((out / "validation.json").read_text())
+    assert json.loads((tmp_path / "r.json").read_text()) == [new]  # --out: the records (was [] for a fleet)
     assert new["profile"] == "h200" and old["profile"] == "h200-engine"
     assert new["step_errors"]["total"]["median"] != old["step_errors"]["total"]["median"]
     for key, e in new["end_to_end"].items():

@@ -90,6 +90,15 @@ def test_the_table_gives_signed_errors_and_bolds_the_misses():
     assert "1 of 2 workload-policy-model runs meet every target; 3 of 4 target checks are met." in text
 
 
+def test_a_figure_measured_as_null_or_0_is_a_dash_in_the_table():
+    """catches: a TypeError (null) or ZeroDivisionError (0) in `validation summary --table`."""
+    base = {"workload": "azure_replay", "policy": "token", "model": "llama-3.1-8b", "machine": "runX",
+            "held_out": False}
+    recs = [S._record(base, "throughput_rps", None, 2.0, 0.01), S._record(base, "ttft_p99_s", 0.0, 0.5, 0.02)]
+    row = next(line for line in S.signed_table(recs).splitlines() if "| token |" in line)
+    assert "%" not in row.split("| token |")[1], row
+
+
 def test_the_glance_table_counts_machines_whose_run_meets_every_target():
     """azure_replay under token on three machines: X meets every target, Y misses one of two checks, Z meets its
     one: "2 / 3". A policy no machine ran is '-'. Planted bug caught: a run counted as met when any of its checks

@@ -468,7 +468,7 @@ MAX_FOLDS = 20  # calibrate fit --folds: each fold refits every family, so more 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="granisim", description="GraniKV serving simulator")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     r = sub.add_parser("run", help="simulate one scenario")
     r.add_argument("scenario")
     r.add_argument("--out")
@@ -569,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--onto", help="carry: the microbenchmark profile of the GPU to carry to (e.g. h100-sxm)")
     pr.set_defaults(fn=cmd_profile)
     cal = sub.add_parser("calibrate", help="fit a hardware profile from GPU measurements")
-    cal_sub = cal.add_subparsers(dest="calibrate_cmd", required=True)
+    cal_sub = cal.add_subparsers(dest="calibrate_cmd", required=True, metavar="VERB")
     cf = cal_sub.add_parser("fit", help="fit RAW_DIR (python -m calibration.measure --out RAW_DIR) into a profile")
     cf.add_argument("raw_dir")
     cf.add_argument("--out", required=True, help="profile JSON to write (its tables are written beside it)")

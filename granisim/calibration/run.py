@@ -53,7 +53,8 @@ def calibrate(raw_dir, out, *, name: str | None = None, start_profile: str = "h2
                           f"{', '.join(str(v['best']) for v in per_L.values())}")
     name = name or str(raw.meta.get("gpu_flag") or "gpu")
     out = Path(out)
-    command = command or (f"python -m calibration.measure --gpu {name} --model {raw.meta.get('model')} --out RAW; "
+    command = command or (f"python -m calibration.measure --gpu {raw.meta.get('gpu_flag') or name} "
+                          f"--model {raw.meta.get('model')} --out RAW; "
                           f"granisim calibrate fit RAW --out {out.name}")
     doc = profile_doc(raw, res, name=name, command=command, table_prefix=f"{name}_{raw.meta.get('model', 'model')}")
     path = write_profile(doc, raw, res, out, extra_table_dirs)

@@ -233,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="PREFIX",
                     help="refit only the coefficients whose names start so; the rest from --keep-from")
     args = ap.parse_args(argv)
-    runs = runs_to_fit(args)
     known = [*COEFFICIENTS, *OPTIONAL_COEFFICIENTS]
-    for p in args.only or ():
+    for p in args.only or ():  # the options first, then the runs they would fit
+        if not p.strip():
+            raise ValueError(f"--only {p!r}: an empty prefix names every coefficient; leave --only out for that")
         if not any(k.startswith(p) for k in known):
             raise ValueError(f"--only {p}: no profile coefficient is named so (e.g. engine.eager.linear)")
+    runs = runs_to_fit(args)
     base, kept_from = get_profile(args.base), get_profile(args.keep_from)
     keep = {k: kept_from.coefficients[k] for k in KEEP if k in kept_from.coefficients}
     only = args.only or []

@@ -65,6 +65,14 @@ def test_several_models_are_pooled_only_for_the_multi_prefill_factor(tmp_path):
               "--out", str(tmp_path / "p.json")])
 
 
+def test_an_empty_only_prefix_is_refused(tmp_path):
+    """catches: --only '' matched every coefficient and refitted them all."""
+    from granisim.validation.refit import main
+
+    with pytest.raises(ValueError, match="--only '': an empty prefix names every coefficient"):
+        main([str(tmp_path), "--only", "", "--out", str(tmp_path / "p.json")])
+
+
 def test_a_refit_on_a_profile_made_from_another_is_made_from_it(tmp_path):
     """--keep-from h200-engine-steps (itself made from h200-engine): the refitted profile is made from it, keeps
     its step classes and everything else, and carries the refitted values (write_engine_profile)."""

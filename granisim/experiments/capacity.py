@@ -43,6 +43,9 @@ def parse_slo(text: str) -> dict[str, float]:
         if not m:
             raise ScenarioError(f"--slo: cannot read {item.strip()!r}; write e.g. ttft_p99=2s,tpot_p99=100ms")
         name, value, unit = m.group(1).lower(), float(m.group(2)), m.group(3)
+        if not unit and not name.endswith("_s"):  # 100 read as seconds where milliseconds were meant
+            raise ScenarioError(f"--slo: {item.strip()!r}: give the limit's unit (e.g. {name}={m.group(2)}ms or "
+                                f"{name}={m.group(2)}s; a name ending in _s takes seconds)")
         name = name.removesuffix("_s")
         if name not in SLO_METRICS:
             raise ScenarioError(f"--slo: unknown metric {name!r} in {item.strip()!r}; use {', '.join(SLO_METRICS)}")

@@ -12,12 +12,13 @@ from granisim.config.scenario import ScenarioError
 
 def test_parse_slo_units():
     assert parse_slo("ttft_p99=2s,tpot_p99=100ms") == {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1}
-    got = parse_slo("e2e_p50=1.5min, queue_p50=250us,ttft_p50=0.5")
+    got = parse_slo("e2e_p50=1.5min, queue_p50=250us,ttft_p50_s=0.5")
     assert got == pytest.approx({"e2e_p50_s": 90.0, "queue_p50_s": 250e-6, "ttft_p50_s": 0.5})
     assert parse_slo("ttft_p99_s=3") == {"ttft_p99_s": 3.0}
 
 
-@pytest.mark.parametrize("bad", ["ttft_p99=2parsecs", "goodput=3s", "ttft_p99", "", "ttft_p99=0s"])
+@pytest.mark.parametrize("bad", ["ttft_p99=2parsecs", "goodput=3s", "ttft_p99", "", "ttft_p99=0s",
+                                 "tpot_p99=100"])  # no unit: was 100 s where 100 ms was meant
 def test_parse_slo_rejects(bad):
     with pytest.raises(ScenarioError):
         parse_slo(bad)

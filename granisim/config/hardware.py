@@ -207,9 +207,9 @@ def write_checked(path: str | Path, doc: dict) -> None:
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     try:
         load_profile(tmp)
-    except ValueError:
+    except ValueError as err:  # named as the file it would have become
         tmp.unlink()
-        raise
+        raise ProfileError(str(err).replace(str(tmp), str(path))) from None
     tmp.replace(path)
 
 

@@ -106,7 +106,7 @@ def rebuild_plans(scenario_path: Path, steps: pd.DataFrame, steps_source: str = 
         from granisim.core.serving_loop import ServingLoop
         from granisim.experiments.run import prepare
 
-        setup = prepare(scenario)
+        setup = prepare(scenario, str(scenario_path))
         execs = [PairedExecutor(MeasuredReplay(steps, str(scenario_path)), setup.profile, setup.model, idle=False)]
         ServingLoop(setup, execs[0], progress=False).run()
     else:
@@ -118,8 +118,8 @@ def rebuild_plans(scenario_path: Path, steps: pd.DataFrame, steps_source: str = 
 
         def make(setup):  # the fleet builds its replicas in order, once each without faults
             k = len(execs)
-            execs.append(PairedExecutor(MeasuredReplay(steps[steps.replica == k], f"replica {k}"), setup.profile,
-                                        setup.model, idle=False))
+            execs.append(PairedExecutor(MeasuredReplay(steps[steps.replica == k], f"{scenario_path}: replica {k}"),
+                                        setup.profile, setup.model, idle=False))
             return execs[-1]
 
         simulate_fleet(scenario, str(scenario_path), make, progress=False)

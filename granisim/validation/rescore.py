@@ -80,9 +80,11 @@ def rescore(run: Path, scenario: Path, profile: str | None = None) -> dict:
     sc = load_scenario(scenario)
     if profile:
         sc = sc.with_changes(**{"hardware.profile": profile})
-    setup = prepare(sc)
-    steps = reprice(pd.read_parquet(run / "steps.parquet"), load_plans(run / "plans.pkl"), setup.profile,
-                    setup.model)
+    setup = prepare(sc, str(scenario))
+    steps, plans = pd.read_parquet(run / "steps.parquet"), load_plans(run / "plans.pkl")
+    if len(steps) != len(plans):
+        raise ValueError(f"{run}: {len(plans)} plans for {len(steps)} steps")
+    steps = reprice(steps, plans, setup.profile, setup.model)
     mreq = pd.read_parquet(run / "measured_requests.parquet")
     # what the engine measured does not depend on the profile: the run's own figures
     measured = {k: v["measured"] for k, v in _run_report(run)["end_to_end"].items()}
@@ -196,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         r = rescore(run, toml, args.profile)
         records.append(r)
         e = r["end_to_end"]
-        cells = [f"{e[m]['measured']:.4g} / {e[m]['predicted']:.4g} ({e[m]['predicted'] / e[m]['measured'] - 1:+.1%})"
-                 for m in METRICS]
+        cells = [f"{e[m]['measured']:.4g} / {e[m]['predicted']:.4g} ({_signed(e[m])})" for m in METRICS]
         print(f"| {run} | {r['policy']} | {r['steps']} | {r['step_errors']['total']['median']:.1%} | "
               + " | ".join(cells) + " |")
     if args.out:

@@ -248,3 +248,14 @@ def test_profile_list_names_every_shipped_profile_and_what_it_is(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err
+
+
+def test_a_profile_written_wrong_is_named_as_itself_not_as_its_scratch_file(tmp_path):
+    """catches: `calibrate reread --profile p.json` on a file without a schema named '.p.json.new'."""
+    from granisim.config.hardware import write_checked
+
+    path = tmp_path / "p.json"
+    with pytest.raises(ProfileError) as err:
+        write_checked(path, {"name": "x"})
+    assert str(err.value).startswith(f"{path}: field schema") and ".new" not in str(err.value)
+    assert not path.exists() and not list(tmp_path.iterdir())

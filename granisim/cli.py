@@ -451,11 +451,10 @@ def _number(kind, lo: float, lo_open: bool, hi: float | None = None):
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
-        if v != v or v in (float("inf"), float("-inf")) or v < lo or (lo_open and v == lo) or (hi is not None and v >= hi):
+        finite = not (v != v or v in (float("inf"), float("-inf")))
+        if not finite or v < lo or (lo_open and v == lo) or (hi is not None and v >= hi):
             bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and < {hi:g}" if hi is not None else "")
-            if v != v or v in (float("inf"), float("-inf")):
-                bound = f"a finite number {bound}"
-            raise argparse.ArgumentTypeError(f"{text} must be {bound}")
+            raise argparse.ArgumentTypeError(f"{text} must be {'' if finite else 'a finite number '}{bound}")
         return v
     return parse
 
@@ -627,8 +626,10 @@ def _option_of(args, filename) -> str:
         return ""
     for option in ("out", "repro", "report", "table", "fleet_out"):
         given = getattr(args, option, None)
+        if given is None or not str(given):
+            continue
         a, b = str(filename).rstrip("/") + "/", str(given).rstrip("/") + "/"
-        if isinstance(given, str) and given and (a.startswith(b) or b.startswith(a)):  # the path, above or below
+        if a.startswith(b) or b.startswith(a):  # the path, or a folder above it that could not be made
             return f"--{option.replace('_', '-')} {given}: cannot write "
     return ""
 

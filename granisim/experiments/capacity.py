@@ -240,7 +240,8 @@ def replay_field(wl) -> str:
 
 def capacity_cli(args) -> int:
     from granisim.config.scenario import ScenarioError, check_effective_in_runs, read_scenario, scenario_runs
-    from granisim.experiments.compare import DEMO_POLICIES, own_policies, parse_names, policy_scenarios, refuse_policies
+    from granisim.experiments.compare import (DEMO_POLICIES, own_policies, parse_names, policy_scenarios,
+                                              refuse_policies)
     from granisim.experiments.sensitivity import scaled_scenarios
 
     scenario, written = read_scenario(args.scenario)  # its policy-dependent fields: checked against the policies

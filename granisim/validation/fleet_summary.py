@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from granisim.validation.fleet_routing import on_measured_routing, same_replica
-from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, records_json, signed_error
+from granisim.validation.summary import TABLE_METRICS, _fail, _unit_records, error_text, records_json
 from granisim.validation.validate import TARGETS
 from granisim.config.files import OneLineParser, one_line
 
@@ -106,13 +106,9 @@ def _run_records(d: Path, rep: dict, measured, predicted, routed: dict) -> list[
 
 
 def _cell(r: dict | None) -> str:
-    if r is None or r["error"] is None:
+    text = None if r is None or r["error"] is None else error_text(r)
+    if text is None:
         return "-"
-    m = r["metric"]
-    v = r["error"] if m == "step_median" else signed_error(r)
-    if v is None:
-        return "-"
-    text = f"{v:.1%}" if m == "step_median" else f"{v:+.1%}"
     return text if r["met"] in (True, None) else f"**{text}**"
 
 

@@ -109,6 +109,14 @@ def signed_error(r: dict) -> float | None:
     return r["predicted"] / r["measured"] - 1.0
 
 
+def error_text(r: dict) -> str | None:
+    """A table cell: the per-step median's |error|, or an end-to-end figure's signed error; None where it has none."""
+    if r["metric"] == "step_median":
+        return None if r["error"] is None else f"{r['error']:.1%}"
+    v = signed_error(r)
+    return None if v is None else f"{v:+.1%}"
+
+
 def records(raw: Path) -> list[dict]:
     out = []
     for js in sorted(raw.rglob("validation_*.json")):
@@ -191,14 +199,10 @@ def signed_table(recs: list[dict]) -> str:
         cells, ok = [], True
         for m in TABLE_METRICS:
             r = rows[key].get(m)
-            if r is None or r["error"] is None:
+            text = None if r is None or r["error"] is None else error_text(r)
+            if text is None:
                 cells.append("-")
                 continue
-            v = r["error"] if m == "step_median" else signed_error(r)
-            if v is None:
-                cells.append("-")
-                continue
-            text = f"{v:.1%}" if m == "step_median" else f"{v:+.1%}"
             if r["met"] is not None:
                 checks += 1
                 checks_met += r["met"]

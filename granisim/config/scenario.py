@@ -219,7 +219,7 @@ class FleetCfg(_Strict):
     groups: tuple[FleetGroupCfg, ...] = ()
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)  # default 1; with groups: their sum (may be left out)
     router: Literal[ROUTERS] = "round_robin"
-    staleness_s: float = Field(0.0, ge=0)  # the router's views are refreshed this often (0 = live)
+    staleness_s: float = Field(0.0, ge=0, le=MAX_TIME_S)  # the router's views are refreshed this often (0 = live)
     balance_abs: int = Field(32, ge=0)  # cache_aware / hot_aware: imbalance = max - min load > this ...
     balance_rel: float = Field(1.0001, ge=1)  # ... and max load > this x min load
     cache_threshold: float = Field(0.5, ge=0, le=1)  # cache_aware: least cached-prefix share to follow the cache

@@ -300,6 +300,10 @@ def sweep_from_dict(raw: dict, source: str = "<sweep>", path: Path | None = None
     for i, g in enumerate(grids or []):
         combos.extend(_expand_grid(g, source, "grid" if len(grids) == 1 else f"grid #{i + 1}"))
     extra = [_flatten(p, "points", source) for p in (listed or [])]
+    for i, e in enumerate(extra):
+        if e in extra[:i]:
+            raise ScenarioError(f"{source}: points #{i + 1} = {short_repr(e)}: the same as points "
+                                f"#{extra.index(e) + 1} (each point runs once)")
     if listed is not None and not listed:
         raise ScenarioError(f"{source}: points = []: empty list of points (empty grid)")
     if combos and extra:  # [[points]] crossed with the grid: a field every point sets leaves the grid's unused

@@ -134,6 +134,7 @@ def test_resume_after_kill_loses_nothing_finished(tmp_path):
     ('[grid]\n"fleet.router" = ["round_robin", "hot_aware"]\n', "grid field fleet.router: one replica"),
     ('[grid]\n"name" = ["a", "b"]\n', "grid field name: names the run's output"),
     ('[grid]\n"seed" = [1, 2, 1]\n', "field seed = [1, 2, 1] in grid: the value 1 is listed twice"),
+    ('[[points]]\nseed = 1\n[[points]]\nseed = 2\n[[points]]\nseed = 1\n', "points #3 = {'seed': 1}: the same as points #1"),
 ])
 def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, needle):
     path = _sweep(tmp_path, text)
